@@ -1,0 +1,285 @@
+"""The conversion pipeline: scan → decode/resize in worker processes → one writer → manifest.
+
+Workers return payloads in input order through a bounded window of in-flight batches, so memory
+stays flat (at most one shard buffer plus the window) whatever the dataset size. A worker that
+dies or hangs is detected: its batch is retried one image at a time in a fresh pool and the image
+that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
+last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+from collections import deque
+
+from tqdm import tqdm
+
+from converters.decode import DecodeOptions, prepare_batch
+from converters.scan import scan_folder
+from converters.writers import WRITERS, ShardBuffer
+from fastdata.env import warn_if_not_simd
+from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
+                             SHARD_SUFFIX, ShardMeta, check_choice, check_size, shard_file,
+                             write_json_atomic)
+from fastdata.readers import READERS
+from fastdata.verify import verify_shard
+
+log = logging.getLogger("fastdata.convert")
+
+SHARD_BUFFER_BYTES = 256 << 20      # default --shard-size keeps one shard buffer near this
+BATCH = 8                           # images per worker task
+ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
+
+
+class ConversionError(RuntimeError):
+    pass
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+def default_shard_size(sizes, encoding: str) -> int:
+    per_sample = sum(3 * s * s for s in sizes) // (1 if encoding == "raw" else 8)
+    return max(64, min(100_000, SHARD_BUFFER_BYTES // per_sample))
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+
+
+class _Decoder:
+    """A process pool that yields results in order and survives dead or hung workers."""
+
+    def __init__(self, workers: int, opts: DecodeOptions):
+        self.workers, self.opts = workers, opts
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        self._ctx, self._pool = ctx, None
+
+    def _new_pool(self):
+        self.close()
+        self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
+                                            initializer=_worker_init)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for p in list(getattr(self._pool, "_processes", {}).values()):
+                if p.is_alive():
+                    p.kill()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def _result(self, fut, n):
+        try:
+            return fut.result(timeout=ITEM_TIMEOUT_S * n)
+        except (cf.process.BrokenProcessPool, cf.TimeoutError) as e:
+            kind = "hung" if isinstance(e, cf.TimeoutError) else "died"
+            raise _WorkerDied(kind) from None
+
+    def run(self, jobs):
+        """``jobs``: iterable of (position, path) → yields (position, payloads, error)."""
+        self._new_pool()
+        window: deque = deque()
+        it = iter(jobs)
+        while True:
+            while len(window) < 4 * self.workers:
+                batch = [j for _, j in zip(range(BATCH), it)]
+                if not batch:
+                    break
+                window.append((batch, self._pool.submit(prepare_batch, batch, self.opts)))
+            if not window:
+                return
+            batch, fut = window[0]
+            try:
+                results = self._result(fut, len(batch))
+                window.popleft()
+                yield from results
+            except _WorkerDied as e:
+                pending = [j for b, _ in window for j in b]
+                window.clear()
+                log.warning("a decode worker %s; retrying %d images one by one", e, len(pending))
+                yield from self._isolate(pending)
+                self._new_pool()
+
+    def _isolate(self, jobs):
+        for job in jobs:
+            self._new_pool()
+            try:
+                yield from self._result(self._pool.submit(prepare_batch, [job], self.opts), 1)
+            except _WorkerDied as e:
+                yield job[0], None, f"worker process {e} while decoding this file"
+
+
+def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
+    h = hashlib.sha256(json.dumps([FORMAT_VERSION, container, list(opts.sizes), opts.fit,
+                                   opts.encoding, opts.quality, shard_size, scan.classes]).encode())
+    for path, label in scan.files:
+        h.update(f"{label}\0{path}\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def _prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
+    real_out, real_src = os.path.realpath(out), os.path.realpath(src)
+    if real_out == real_src or real_out.startswith(real_src + os.sep):
+        raise ValueError(f"output {out!r} is inside the source folder {src!r}; "
+                         f"choose a directory outside it (the source is never modified)")
+    os.makedirs(out, exist_ok=True)
+    ours = [n for n in os.listdir(out) if n.startswith(("shard-", MANIFEST))]
+    if not os.listdir(out) or resume:
+        return
+    if not overwrite:
+        raise FileExistsError(f"output {out!r} is not empty; pass --overwrite to replace it or "
+                              f"--resume to finish an interrupted conversion")
+    for n in ours:
+        p = os.path.join(out, n)
+        os.remove(p) if os.path.isfile(p) else shutil.rmtree(p)
+    others = set(os.listdir(out))
+    if others:
+        log.warning("--overwrite left %d files in %s that fastdata did not write", len(others), out)
+
+
+def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> list[ShardMeta]:
+    """The longest run of complete, checksum-valid shards 0..k-1 of this very job."""
+    kept: list[ShardMeta] = []
+    while True:
+        path = os.path.join(out, shard_file(container, len(kept)))
+        if not os.path.isfile(path):
+            break
+        reader = READERS[container](path, sizes=sizes, encoding=encoding, count=0)
+        try:
+            meta = reader.meta()
+            reader.count = meta.count
+        except Exception:   # noqa: BLE001 - an unreadable shard is simply redone
+            break
+        finally:
+            reader.close()
+        expected_start = kept[-1].start + kept[-1].count if kept else 0
+        if meta.config != fp or meta.index != len(kept) or meta.start != expected_start:
+            break
+        if verify_shard(reader, {"start": meta.start, "count": meta.count,
+                                 "sha256": meta.sha256}):
+            break
+        kept.append(meta)
+    for name in os.listdir(out):     # drop partial files and shards after the first bad one
+        if name.startswith("shard-") and name.endswith((".tmp", SHARD_SUFFIX[container])):
+            if name.endswith(".tmp") or int(name[6:11]) >= len(kept):
+                os.remove(os.path.join(out, name))
+    return kept
+
+
+def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
+            quality: int = 90, fit: str = "crop", workers: int | None = None,
+            shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
+            resume: bool = False, progress: bool = True) -> dict:
+    """Pack the image folder ``src`` into a shard set at ``out``; return the manifest."""
+    check_choice("container", container, CONTAINERS)
+    check_choice("encoding", encoding, ENCODINGS)
+    check_choice("fit", fit, FITS)
+    check_choice("on_error", on_error, ("skip", "raise"))
+    if isinstance(sizes, (int, str)):
+        sizes = [sizes]
+    sizes = tuple(sorted({check_size(s) for s in sizes}))
+    if not sizes:
+        raise ValueError("give at least one size (a power of two >= 8)")
+    if not 1 <= int(quality) <= 100:
+        raise ValueError(f"quality={quality!r} is not valid; use 1..100")
+    workers = (os.cpu_count() or 1) if workers is None else int(workers)
+    if workers < 1:
+        raise ValueError(f"workers={workers!r} is not valid; use 1 or more")
+    shard_size = default_shard_size(sizes, encoding) if shard_size is None else int(shard_size)
+    if shard_size < 1:
+        raise ValueError(f"shard_size={shard_size!r} is not valid; use 1 or more")
+    if overwrite and resume:
+        raise ValueError("overwrite and resume exclude each other")
+    src, out = os.path.abspath(src), os.path.abspath(out)
+    warn_if_not_simd()
+
+    scan = scan_folder(src)
+    opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=int(quality))
+    fp = _fingerprint(scan, opts, container, shard_size)
+    _prepare_out(out, src, overwrite=overwrite, resume=resume)
+    if resume and os.path.isfile(os.path.join(out, MANIFEST)):
+        with open(os.path.join(out, MANIFEST), encoding="utf-8") as f:
+            done = json.load(f)
+        if done.get("config") != fp:
+            raise ValueError(f"{out} holds a finished conversion with other options or inputs; "
+                             f"use --overwrite to replace it")
+        log.info("%s is already complete", out)
+        return done
+    kept = _reusable_shards(out, container, sizes, encoding, fp) if resume else []
+    if kept:
+        log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
+                 kept[-1].start + kept[-1].count)
+
+    writer = WRITERS[container]()
+    shards = [{"file": shard_file(container, m.index), "start": m.start, "count": m.count,
+               "sha256": m.sha256, "bytes": os.path.getsize(os.path.join(out, shard_file(
+                   container, m.index)))} for m in kept]
+    skipped = [s for m in kept for s in m.skipped]
+    first = kept[-1].sources[1] if kept else 0
+    n_done = kept[-1].start + kept[-1].count if kept else 0
+    buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], first
+
+    def flush(end: int) -> None:
+        nonlocal buf, shard_skipped, shard_first, n_done
+        meta = ShardMeta(index=len(shards), start=n_done, count=len(buf), sha256=buf.checksum(),
+                         config=fp, sources=(shard_first, end), skipped=shard_skipped)
+        name = shard_file(container, meta.index)
+        nbytes = writer.write(os.path.join(out, name), buf, meta)
+        shards.append({"file": name, "start": meta.start, "count": meta.count,
+                       "sha256": meta.sha256, "bytes": nbytes})
+        skipped.extend(shard_skipped)
+        n_done += len(buf)
+        buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], end
+
+    decoder = _Decoder(workers, opts)
+    jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
+    bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",
+               disable=not progress, dynamic_ncols=True)
+    try:
+        for pos, payloads, error in decoder.run(jobs):
+            bar.update(1)
+            if error is not None:
+                if on_error == "raise":
+                    raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
+                shard_skipped.append({"path": scan.files[pos][0], "reason": error})
+                continue
+            buf.add(scan.files[pos][1], payloads)
+            if len(buf) == shard_size:
+                flush(pos + 1)
+    except KeyboardInterrupt:
+        log.error("interrupted: %d complete shards kept in %s; finish with --resume",
+                  len(shards), out)
+        raise
+    finally:
+        decoder.close()
+        bar.close()
+    if len(buf):
+        flush(len(scan.files))
+    skipped.extend(shard_skipped)
+    if not shards:
+        raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "
+                              f"read ({len(skipped)} skipped)")
+    manifest = {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": container,
+        "encoding": encoding, "quality": int(quality) if encoding == "jpeg" else None,
+        "sizes": list(sizes), "fit": fit, "classes": scan.classes, "num_samples": n_done,
+        "shards": shards, "skipped": skipped, "ignored": scan.ignored,
+        "empty_classes": scan.empty_classes, "source": src, "config": fp,
+    }
+    write_json_atomic(os.path.join(out, MANIFEST), manifest)
+    ignored = sum(scan.ignored.values())
+    log.info("converted %d images into %d %s shards in %s (%d skipped as unreadable, %d "
+             "non-image files ignored)", n_done, len(shards), container, out, len(skipped),
+             ignored)
+    for s in skipped[:20]:
+        log.warning("skipped %s: %s", s["path"], s["reason"])
+    if len(skipped) > 20:
+        log.warning("... and %d more skipped (see %s)", len(skipped) - 20, MANIFEST)
+    return manifest

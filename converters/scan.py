@@ -1,0 +1,63 @@
+"""Walk an ImageFolder-style tree: ``root/<class>/**/<image>``.
+
+Classes are the sorted names of the top-level directories (as torchvision's ImageFolder), files
+are matched by extension case-insensitively, nested sub-directories and symlinks (to files and to
+directories, loops broken) are followed, dotfiles/dot-directories and non-image files are ignored
+and counted. A class directory without images keeps its index (so indices always match sorted
+folder names, like ``ImageFolder(allow_empty=True)``) and is reported in ``empty_classes``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from fastdata.format import IMAGE_EXTENSIONS
+
+
+@dataclass
+class Scan:
+    root: str
+    classes: list[str]
+    files: list[tuple[str, int]]            # (path relative to root, label), sorted
+    ignored: dict[str, int] = field(default_factory=dict)   # reason -> count
+    empty_classes: list[str] = field(default_factory=list)
+
+
+def scan_folder(root: str) -> Scan:
+    root = os.path.abspath(root)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
+    classes = sorted(e.name for e in os.scandir(root)
+                     if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise ValueError(f"no class directories in {root!r}: expected root/<class>/<images> "
+                         f"(the ImageFolder layout)")
+    ignored: dict[str, int] = {}
+    files: list[tuple[str, int]] = []
+    for label, name in enumerate(classes):
+        found = []
+        seen = set()
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in seen:            # a symlink loop: do not descend twice
+                dirnames[:] = []
+                continue
+            seen.add(real)
+            for d in [d for d in dirnames if d.startswith(".")]:
+                dirnames.remove(d)
+                ignored["hidden"] = ignored.get("hidden", 0) + 1
+            for fn in filenames:
+                if fn.startswith("."):
+                    reason = "hidden"
+                elif not fn.lower().endswith(IMAGE_EXTENSIONS):
+                    reason = "not an image extension"
+                elif not os.path.isfile(os.path.join(dirpath, fn)):
+                    reason = "broken link"
+                else:
+                    found.append(os.path.relpath(os.path.join(dirpath, fn), root))
+                    continue
+                ignored[reason] = ignored.get(reason, 0) + 1
+        files.extend((p, label) for p in sorted(found))
+    counts = {label for _, label in files}
+    empty = [c for i, c in enumerate(classes) if i not in counts]
+    return Scan(root, classes, files, ignored, empty)

@@ -1,0 +1,118 @@
+"""Shard writers: one ``Writer`` per container, registered by container name.
+
+The converter fills a ``ShardBuffer`` (bounded by ``--shard-size``) and hands it to
+``Writer.write``, which writes ``<file>.tmp`` and renames it into place, so a shard file on disk
+is always complete. Layouts are documented in ``fastdata.format``.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+
+from fastdata.format import (LMDB_LABELS, LMDB_META, ContentHasher, ShardMeta, lmdb_crc_key,
+                             lmdb_key)
+
+
+class ShardBuffer:
+    """Samples of one shard, in order. Raw payloads go into preallocated arrays (no copies later)."""
+
+    def __init__(self, sizes: tuple[int, ...], encoding: str, capacity: int):
+        self.sizes, self.encoding, self.capacity = sizes, encoding, capacity
+        self.labels: list[int] = []
+        self.crcs = {s: np.zeros(capacity, np.uint32) for s in sizes}
+        self.raw = ({s: np.empty((capacity, s, s, 3), np.uint8) for s in sizes}
+                    if encoding == "raw" else {})
+        self.encoded: dict[int, list[bytes]] = {s: [] for s in sizes}
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def add(self, label: int, payloads: list[bytes]) -> None:
+        i = len(self.labels)
+        for s, p in zip(self.sizes, payloads):
+            self.crcs[s][i] = zlib.crc32(p)
+            if self.encoding == "raw":
+                self.raw[s][i] = np.frombuffer(p, np.uint8).reshape(s, s, 3)
+            else:
+                self.encoded[s].append(p)
+        self.labels.append(label)
+
+    def payloads(self, size: int):
+        n = len(self)
+        if self.encoding == "raw":
+            return (self.raw[size][i] for i in range(n))
+        return iter(self.encoded[size])
+
+    def checksum(self) -> str:
+        h = ContentHasher(np.asarray(self.labels, np.int64).tobytes())
+        for s in self.sizes:
+            if self.encoding == "raw":
+                h.update(self.raw[s][: len(self)].tobytes())   # == concatenated payloads
+            else:
+                for p in self.encoded[s]:
+                    h.update(p)
+        return h.hexdigest()
+
+
+class Writer:
+    container: str = ""
+
+    def write(self, path: str, buf: ShardBuffer, meta: ShardMeta) -> int:
+        """Write the shard atomically to ``path``; return its size in bytes."""
+        tmp = path + ".tmp"
+        self._write(tmp, buf, meta)
+        os.replace(tmp, path)
+        return os.path.getsize(path)
+
+    def _write(self, tmp: str, buf: ShardBuffer, meta: ShardMeta) -> None:
+        raise NotImplementedError
+
+
+class HDF5Writer(Writer):
+    container = "hdf5"
+
+    def _write(self, tmp, buf, meta):
+        import h5py
+
+        n = len(buf)
+        with h5py.File(tmp, "w") as f:
+            f.attrs["meta"] = meta.to_json()
+            f.create_dataset("labels", data=np.asarray(buf.labels, np.int64), track_times=False)
+            for s in buf.sizes:     # no chunks, no compression: contiguous, memory-mappable
+                if buf.encoding == "raw":
+                    f.create_dataset(f"images/{s}", data=buf.raw[s][:n], track_times=False)
+                else:
+                    lens = np.fromiter((len(p) for p in buf.encoded[s]), np.int64, n)
+                    offsets = np.concatenate([[0], np.cumsum(lens)])
+                    flat = np.frombuffer(b"".join(buf.encoded[s]), np.uint8)
+                    f.create_dataset(f"jpeg/{s}", data=flat, track_times=False)
+                    f.create_dataset(f"offsets/{s}", data=offsets, track_times=False)
+                f.create_dataset(f"crc32/{s}", data=buf.crcs[s][:n], track_times=False)
+
+
+class LMDBWriter(Writer):
+    container = "lmdb"
+
+    def _write(self, tmp, buf, meta):
+        import lmdb
+
+        n = len(buf)
+        payload_bytes = sum(len(p) for s in buf.sizes for p in buf.payloads(s)) if n else 0
+        env = lmdb.open(tmp, subdir=False, map_size=int(payload_bytes * 1.5) + (64 << 20),
+                        lock=False, sync=False, metasync=False, meminit=False)
+        try:
+            with env.begin(write=True) as txn:
+                for s in buf.sizes:
+                    for i, p in enumerate(buf.payloads(s)):
+                        txn.put(lmdb_key(s, i), p if isinstance(p, bytes) else p.tobytes())
+                    txn.put(lmdb_crc_key(s), buf.crcs[s][:n].tobytes())
+                txn.put(LMDB_LABELS, np.asarray(buf.labels, np.int64).tobytes())
+                txn.put(LMDB_META, meta.to_json().encode())
+            env.sync(True)
+        finally:
+            env.close()
+
+
+WRITERS: dict[str, type[Writer]] = {w.container: w for w in (HDF5Writer, LMDBWriter)}

@@ -1,0 +1,254 @@
+"""Read a shard set: one ``ShardSet`` API over HDF5 and LMDB containers, raw and JPEG encodings.
+
+Each shard file has a ``ShardReader`` (registered by container name) that opens its handle
+lazily in the process that reads and reopens after a fork; pickling drops handles, so a
+``ShardSet`` can be sent to ``spawn`` workers. Raw HDF5 data is read through ``np.memmap`` of
+the contiguous dataset (h5py is only used once to find the byte offsets).
+"""
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, check_size, lmdb_crc_key,
+                             lmdb_key, read_manifest)
+
+
+class ShardReader:
+    """One shard file. Subclasses implement ``_open`` → a dict of per-process handles."""
+
+    container = ""
+
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
+        self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
+        self._h: dict | None = None
+        self._pid = -1
+
+    @property
+    def h(self) -> dict:
+        if self._h is None or self._pid != os.getpid():
+            self._h, self._pid = self._open(), os.getpid()
+        return self._h
+
+    def __getstate__(self):
+        return {**self.__dict__, "_h": None, "_pid": -1}
+
+    def _open(self) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._h = None
+
+    # --- record access (all indices are local to the shard) ---
+    def meta(self) -> ShardMeta:
+        return self.h["meta"]
+
+    def labels(self) -> np.ndarray:
+        return self.h["labels"]
+
+    def crcs(self, size: int) -> np.ndarray:
+        return self.h["crc32"][size]
+
+    def payload(self, size: int, i: int):
+        """The stored bytes of sample ``i`` (a buffer: bytes, memoryview or uint8 array)."""
+        raise NotImplementedError
+
+    def read_raw(self, size: int, local: np.ndarray, out: np.ndarray) -> None:
+        """Copy raw samples ``local`` into ``out[k]`` for each k (in ascending-index order)."""
+        for k in np.argsort(local, kind="stable"):
+            out[k] = np.frombuffer(self.payload(size, int(local[k])), np.uint8).reshape(
+                size, size, 3)
+
+
+class HDF5ShardReader(ShardReader):
+    container = "hdf5"
+
+    def _open(self):
+        import h5py
+
+        maps = {}
+        with h5py.File(self.path, "r") as f:
+            meta = ShardMeta.from_json(f.attrs["meta"])
+            labels = f["labels"][()]
+            crcs = {s: f[f"crc32/{s}"][()] for s in self.sizes}
+            offsets = {}
+            for s in self.sizes:
+                name = f"images/{s}" if self.encoding == "raw" else f"jpeg/{s}"
+                ds = f[name]
+                off = ds.id.get_offset()
+                if off is None or ds.chunks is not None or ds.compression is not None:
+                    raise ValueError(f"{self.path}: dataset {name} is not contiguous and "
+                                     f"uncompressed; re-convert with fastdata")
+                maps[s] = np.memmap(self.path, np.uint8, "r", offset=off, shape=ds.shape)
+                if self.encoding == "jpeg":
+                    offsets[s] = f[f"offsets/{s}"][()]
+        return {"meta": meta, "labels": labels, "crc32": crcs, "maps": maps, "offsets": offsets}
+
+    def payload(self, size, i):
+        if self.encoding == "raw":
+            return self.h["maps"][size][i]
+        o = self.h["offsets"][size]
+        return self.h["maps"][size][o[i]:o[i + 1]]
+
+    def read_raw(self, size, local, out):
+        mm = self.h["maps"][size]
+        for k in np.argsort(local, kind="stable"):
+            out[k] = mm[local[k]]
+
+
+# LMDB (and py-lmdb's guard) allow one env per file per process: readers of one file share it.
+# (dev, inode) -> [pid, env, users]. An entry made before a fork is the parent's: the child
+# closes its inherited copy (munmap/close of the child's own mapping and fds) and reopens.
+_LMDB_ENVS: dict[tuple, list] = {}
+
+
+class LMDBShardReader(ShardReader):
+    container = "lmdb"
+
+    def _open(self):
+        import lmdb
+
+        st = os.stat(self.path)
+        key = (st.st_dev, st.st_ino)
+        entry = _LMDB_ENVS.get(key)
+        if entry is not None and entry[0] != os.getpid():
+            entry[1].close()
+            entry = None
+        if entry is None:
+            entry = _LMDB_ENVS[key] = [os.getpid(), lmdb.open(
+                self.path, subdir=False, readonly=True, lock=False, readahead=False,
+                max_readers=1024), 0]
+        entry[2] += 1
+        env = entry[1]
+        with env.begin() as txn:
+            meta = ShardMeta.from_json(txn.get(LMDB_META))
+            labels = np.frombuffer(txn.get(LMDB_LABELS), np.int64)
+            crcs = {s: np.frombuffer(txn.get(lmdb_crc_key(s)), np.uint32) for s in self.sizes}
+        return {"env": env, "key": key, "meta": meta, "labels": labels, "crc32": crcs}
+
+    def close(self):
+        entry = _LMDB_ENVS.get(self._h["key"]) if self._h is not None else None
+        if entry is not None and entry[0] == os.getpid() == self._pid:
+            entry[2] -= 1
+            if entry[2] == 0:
+                entry[1].close()
+                del _LMDB_ENVS[self._h["key"]]
+        self._h = None
+
+    def payload(self, size, i):
+        with self.h["env"].begin() as txn:
+            v = txn.get(lmdb_key(size, i))
+        if v is None:
+            raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
+        return v
+
+    def read_raw(self, size, local, out):
+        with self.h["env"].begin(buffers=True) as txn:     # one transaction per batch
+            for k in np.argsort(local, kind="stable"):
+                v = txn.get(lmdb_key(size, int(local[k])))
+                out[k] = np.frombuffer(v, np.uint8).reshape(size, size, 3)
+
+
+READERS: dict[str, type[ShardReader]] = {r.container: r for r in (HDF5ShardReader,
+                                                                  LMDBShardReader)}
+
+
+def decode_jpeg(buf, out: np.ndarray) -> None:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(buf)) as im:
+        out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
+
+
+class ShardSet:
+    """A shard set on disk: ``len``, ``classes``, ``labels``, ``ds[i]``, ``read_batch``."""
+
+    def __init__(self, root: str | os.PathLike, *, size: int | None = None):
+        self.root = os.path.abspath(os.fspath(root))
+        self.manifest = m = read_manifest(self.root)
+        self.container, self.encoding = m["container"], m["encoding"]
+        self.sizes: tuple[int, ...] = tuple(m["sizes"])
+        self.classes: list[str] = list(m["classes"])
+        reader = READERS[self.container]
+        self.shards = [reader(os.path.join(self.root, s["file"]), sizes=self.sizes,
+                              encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+        self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
+        self._n = int(m["num_samples"])
+        self.size = self.sizes[-1] if size is None else self._check_size(size)
+        self._labels: np.ndarray | None = None
+
+    def _check_size(self, size) -> int:
+        s = check_size(size)
+        if s not in self.sizes:
+            raise ValueError(f"size {size!r} is not stored in {self.root}; stored sizes: "
+                             f"{', '.join(map(str, self.sizes))}")
+        return s
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return (f"ShardSet({self.root!r}, {self._n} samples, {len(self.classes)} classes, "
+                f"{self.container}/{self.encoding}, sizes={list(self.sizes)})")
+
+    @property
+    def labels(self) -> np.ndarray:
+        if self._labels is None:
+            self._labels = (np.concatenate([s.labels() for s in self.shards])
+                            if self.shards else np.zeros(0, np.int64))
+        return self._labels
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
+            bad = idx[(idx < 0) | (idx >= self._n)][0]
+            raise IndexError(f"sample index {bad} out of range for {self._n} samples")
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        return shard, idx - self._starts[shard]
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        if i < 0:
+            i += self._n
+        return self.read_batch([i])[0], int(self.labels[i])
+
+    def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
+        s = self.size if size is None else self._check_size(size)
+        shard, local = self.locate(indices)
+        if out is None:
+            out = np.empty((len(local), s, s, 3), np.uint8)
+        elif out.shape != (len(local), s, s, 3) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {(len(local), s, s, 3)}, got "
+                             f"{out.dtype} {out.shape}")
+        for sh in np.unique(shard):
+            rows = np.flatnonzero(shard == sh)
+            reader = self.shards[sh]
+            if self.encoding == "raw":
+                if len(rows) == len(local):
+                    reader.read_raw(s, local, out)
+                else:
+                    tmp = np.empty((len(rows), s, s, 3), np.uint8)
+                    reader.read_raw(s, local[rows], tmp)
+                    out[rows] = tmp
+            else:
+                for r in rows:
+                    decode_jpeg(reader.payload(s, int(local[r])), out[r])
+        return out
+
+    def read_encoded(self, indices, size: int | None = None) -> list:
+        """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""
+        s = self.size if size is None else self._check_size(size)
+        shard, local = self.locate(indices)
+        return [self.shards[a].payload(s, int(b)) for a, b in zip(shard, local)]
+
+    def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
+        return zip(self.manifest["shards"], self.shards)
+
+
+def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # noqa: A001
+    """Open the shard set at ``root`` (a directory with ``manifest.json``)."""
+    return ShardSet(root, size=size)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install fastdata into ./.venv (or $VENV) on a fresh machine.
+#   ./install.sh          the package (+ pillow-simd, built from source, installed last)
+#   ./install.sh --test   the package and its test dependencies
+#   ./install.sh --dali   also NVIDIA DALI (large download)
+# TORCH sets the torch requirement (default torch==2.13.0: the CPU build on this machine's disk;
+# on a CUDA machine use e.g. TORCH="torch>=2.4").
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+TORCH=${TORCH:-torch==2.13.0}
+extras=()
+for a in "$@"; do
+  case "$a" in
+    --test) extras+=(test) ;;
+    --dali) extras+=(dali) ;;
+    --plot) extras+=(plot) ;;
+    *) echo "install.sh: unknown option $a (use --test, --dali, --plot)" >&2; exit 2 ;;
+  esac
+done
+
+# pillow-simd compiles against the system's image libraries (JPEG, zlib, WebP, TIFF).
+if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  need=()
+  for p in libjpeg-dev zlib1g-dev libwebp-dev libtiff-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
+pip install --upgrade pip wheel
+pip install "$TORCH"                          # first, so nothing pulls another torch build
+spec="."
+[ ${#extras[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
+pip install -e "$spec"
+# Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
+# put it back last, and check what is live.
+if ! "$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)'; then
+  pip install --force-reinstall --no-deps pillow-simd
+fi
+"$VENV/bin/fastdata" info --env | grep -E "pil|torch" >&2

@@ -1,0 +1,119 @@
+"""Tiny generated fixtures. Every image is made here; nothing binary is committed."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image, features
+
+RED, BLUE = (255, 0, 0), (0, 0, 255)
+
+
+def noise(w: int, h: int, seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8))
+
+
+def smooth(w: int, h: int, seed: int) -> Image.Image:
+    """A random smooth image: unique per seed, yet robust to half-pixel resampling shifts."""
+    small = np.random.default_rng(seed).integers(0, 256, (3, 3, 3), np.uint8)
+    return Image.fromarray(small).resize((w, h), Image.BICUBIC)
+
+
+def plain_folder(root, classes=("a", "b", "c"), per_class=7, seed=0, size=(40, 30)):
+    """root/<class>/img_i.{jpg,png}: smooth random pictures, every payload unique."""
+    k = 0
+    for c in classes:
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+        for i in range(per_class):
+            ext = ".png" if i % 3 == 0 else ".jpg"
+            smooth(size[0] + i, size[1] + k % 5, seed * 1000 + k).save(
+                os.path.join(root, c, f"img_{i:03d}{ext}"), **({"quality": 95} if ext == ".jpg"
+                                                                else {}))
+            k += 1
+    return str(root)
+
+
+def odd_folder(root, outside) -> dict:
+    """Every input oddity the converter must handle; returns what the test should expect."""
+    root, outside = str(root), str(outside)
+    for d in ("good/nested/deeper", "good/.hidden_dir", "modes", "broken", "zz_empty"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    j = lambda *p: os.path.join(root, *p)  # noqa: E731
+    noise(30, 20, 1).save(j("good", "UPPER.JPG"))
+    noise(30, 20, 2).save(j("good", "mixed.JpEg"))
+    noise(30, 20, 3).save(j("good", "nested", "deeper", "deep.png"))
+    noise(30, 20, 4).save(j("good", "çà_日本 ✓.png"))
+    noise(30, 20, 5).save(j("good", "b.bmp"))
+    noise(30, 20, 6).save(j("good", "t.TIF"))
+    if features.check("webp"):
+        noise(30, 20, 7).save(j("good", "w.webp"))
+    os.makedirs(outside, exist_ok=True)
+    noise(30, 20, 8).save(os.path.join(outside, "target.png"))
+    os.symlink(os.path.join(outside, "target.png"), j("good", "link.png"))
+    noise(30, 20, 9).save(j("good", ".hidden.jpg"))
+    noise(30, 20, 10).save(j("good", ".hidden_dir", "x.jpg"))
+    for name, text in (("notes.txt", "hi"), ("vector.svg", "<svg/>"), ("sound.wav", "RIFF")):
+        with open(j("good", name), "w") as f:
+            f.write(text)
+    # --- modes: each file's expected top-left pixel after conversion (size 8, stretch)
+    wide = Image.new("RGB", (40, 20), RED)
+    wide.paste(BLUE, (20, 0, 40, 20))
+    exif = Image.Exif()
+    exif[0x0112] = 6                   # rotate 90° clockwise to display: left half → top half
+    wide.save(j("modes", "exif_rot.jpg"), exif=exif.tobytes(), quality=95)
+    Image.new("L", (20, 20), 77).save(j("modes", "gray.png"))
+    Image.new("RGBA", (20, 20), (0, 0, 0, 0)).save(j("modes", "rgba_clear.png"))
+    Image.new("LA", (20, 20), (0, 0)).save(j("modes", "la_clear.png"))
+    Image.new("RGB", (20, 20), (0, 200, 0)).convert("P").save(j("modes", "palette.png"))
+    pal = Image.new("P", (20, 20), 0)
+    pal.putpalette([10, 20, 30] * 256)
+    pal.save(j("modes", "pal_transparent.gif"), transparency=0)
+    Image.new("CMYK", (20, 20), (0, 255, 255, 0)).save(j("modes", "cmyk.jpg"), quality=95)
+    Image.fromarray(np.full((20, 20), 40000, np.uint16)).save(j("modes", "gray16.png"))
+    frames = [Image.new("RGB", (20, 20), RED), Image.new("RGB", (20, 20), BLUE)]
+    frames[0].save(j("modes", "anim.gif"), save_all=True, append_images=frames[1:])
+    # --- corrupt inputs, each must be skipped with its path and a reason
+    open(j("broken", "zero.jpg"), "wb").close()
+    good = io.BytesIO()
+    noise(64, 64, 11).save(good, "JPEG")
+    with open(j("broken", "truncated.jpg"), "wb") as f:
+        f.write(good.getvalue()[: len(good.getvalue()) // 2])
+    with open(j("broken", "text.jpg"), "w") as f:
+        f.write("this is not a jpeg")
+    png = io.BytesIO()
+    noise(64, 64, 12).save(png, "PNG")
+    with open(j("broken", "broken.png"), "wb") as f:
+        f.write(png.getvalue()[:60] + b"\x00" * 200)
+    noise(30, 20, 13).save(j("broken", "ok.png"))
+    return {
+        "corrupt": {"broken/zero.jpg", "broken/truncated.jpg", "broken/text.jpg",
+                    "broken/broken.png"},
+        "expect_pixel": {   # name -> RGB at (0, 0) and, for exif, the bottom-left too
+            "modes/gray.png": (77, 77, 77), "modes/rgba_clear.png": (255, 255, 255),
+            "modes/la_clear.png": (255, 255, 255), "modes/palette.png": (0, 200, 0),
+            "modes/pal_transparent.gif": (255, 255, 255), "modes/cmyk.jpg": RED,
+            "modes/gray16.png": (156, 156, 156), "modes/anim.gif": RED,
+            "modes/exif_rot.jpg": RED,
+        },
+        "ignored": {"hidden": 2, "not an image extension": 3},
+        "good": 7 + features.check("webp"),
+    }
+
+
+def tree_digest(root) -> dict:
+    out = {}
+    for dp, dn, fn in os.walk(root):
+        for n in fn:
+            p = os.path.join(dp, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = (os.lstat(p).st_mtime_ns,
+                                                 hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return plain_folder(tmp_path / "src")

@@ -1,0 +1,109 @@
+"""Every input oddity of an ImageFolder tree, through the real converter and reader."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import fastdata
+import converters.convert as convert_mod
+from converters import decode
+from converters.convert import ConversionError, convert
+from tests.conftest import odd_folder, plain_folder, tree_digest
+
+
+@pytest.fixture
+def odd(tmp_path):
+    src = tmp_path / "src"
+    expect = odd_folder(src, tmp_path / "outside")
+    before = tree_digest(src)
+    m = convert(str(src), str(tmp_path / "out"), sizes=[8, 16], fit="stretch", workers=2,
+                shard_size=5, progress=False)
+    return src, tmp_path / "out", m, expect, before
+
+
+def test_classes_counts_and_ignored(odd):
+    src, out, m, expect, _ = odd
+    assert m["classes"] == ["broken", "good", "modes", "zz_empty"]   # sorted, empty kept
+    assert m["empty_classes"] == ["zz_empty"]
+    assert m["ignored"] == expect["ignored"]
+    ds = fastdata.open(out)
+    counts = np.bincount(ds.labels, minlength=4)
+    assert counts.tolist() == [1, expect["good"], len(expect["expect_pixel"]), 0]
+
+
+def test_corrupt_inputs_skipped_with_reasons(odd):
+    _, _, m, expect, _ = odd
+    skipped = {s["path"]: s["reason"] for s in m["skipped"]}
+    assert set(skipped) == expect["corrupt"]
+    assert all(reason.strip() for reason in skipped.values())
+
+
+def test_modes_orientation_alpha_bitdepth(odd):
+    src, out, m, expect, _ = odd
+    ds = fastdata.open(out, size=16)
+    files = sorted(
+        os.path.relpath(os.path.join(dp, f), src).replace(os.sep, "/")
+        for dp, _, fs in os.walk(src, followlinks=True) for f in fs)
+    accepted = [p for p in sorted(files, key=lambda p: (p.split("/")[0], p))
+                if p not in expect["corrupt"] and not os.path.basename(p).startswith(".")
+                and "/.hidden_dir/" not in p and p.split("/")[0] != "zz_empty"
+                and os.path.splitext(p)[1].lower() in decode_exts()]
+    for name, rgb in expect["expect_pixel"].items():
+        img, _ = ds[accepted.index(name)]
+        assert np.abs(img[1, 1].astype(int) - rgb).max() <= 12, (name, img[1, 1])
+    rot, _ = ds[accepted.index("modes/exif_rot.jpg")]
+    assert np.abs(rot[14, 1].astype(int) - (0, 0, 255)).max() <= 12   # bottom is blue
+    assert np.abs(rot[1, 14].astype(int) - (255, 0, 0)).max() <= 12   # top right still red
+
+
+def decode_exts():
+    from fastdata.format import IMAGE_EXTENSIONS
+    return IMAGE_EXTENSIONS
+
+
+def test_source_untouched_unicode_symlink(odd):
+    src, out, m, _, before = odd
+    assert tree_digest(src) == before
+    names = {os.path.basename(p) for p in os.listdir(os.path.join(src, "good"))}
+    assert "çà_日本 ✓.png" in names and "link.png" in names
+    assert set(os.listdir(out)) == {"manifest.json"} | {s["file"] for s in m["shards"]}
+
+
+def test_on_error_raise_names_the_file(tmp_path):
+    src = tmp_path / "src"
+    odd_folder(src, tmp_path / "outside")
+    with pytest.raises(ConversionError, match="broken/"):
+        convert(str(src), str(tmp_path / "out"), sizes=[8], on_error="raise", workers=1,
+                progress=False)
+
+
+def _die_on(name, real=decode.prepare):
+    def prepare(path, opts):
+        if os.path.basename(path) == name:
+            os._exit(3) if name.startswith("die") else time.sleep(3600)
+        return real(path, opts)
+    return prepare
+
+
+@pytest.mark.parametrize("culprit", ["die.png", "hang.png"])
+def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culprit):
+    src = plain_folder(tmp_path / "src", per_class=6)
+    os.rename(os.path.join(src, "b", "img_000.png"), os.path.join(src, "b", culprit))
+    monkeypatch.setattr(decode, "prepare", _die_on(culprit))       # inherited by forked workers
+    monkeypatch.setattr(convert_mod, "ITEM_TIMEOUT_S", 1.0)
+    m = convert(src, str(tmp_path / "out"), sizes=[8], workers=2, progress=False)
+    assert m["num_samples"] == 17
+    assert [s["path"] for s in m["skipped"]] == [f"b/{culprit}"]
+    assert ("died" if culprit.startswith("die") else "hung") in m["skipped"][0]["reason"]
+
+
+def test_no_class_dirs_and_missing_source(tmp_path):
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "x.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="no class directories"):
+        convert(str(tmp_path / "flat"), str(tmp_path / "o1"), progress=False)
+    with pytest.raises(FileNotFoundError):
+        convert(str(tmp_path / "nope"), str(tmp_path / "o2"), progress=False)

@@ -1,0 +1,103 @@
+"""Resume after a real SIGKILL; verify catches a single flipped byte and names the sample."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fastdata
+from converters.convert import convert
+from fastdata.cli import main as cli
+from fastdata.verify import verify
+from tests.conftest import plain_folder
+
+# A converting child that is slow per image, so it can be killed between shard writes.
+CHILD = """
+import sys, time
+from converters import decode
+from converters.convert import convert
+real = decode.prepare
+decode.prepare = lambda p, o: (time.sleep(0.05), real(p, o))[1]
+convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], sizes=[8, 16],
+        shard_size=4, workers=1, progress=False)
+"""
+
+
+@pytest.mark.parametrize("container,encoding", [("hdf5", "raw"), ("lmdb", "jpeg")])
+def test_resume_after_sigkill_matches_uninterrupted(tmp_path, container, encoding):
+    src = plain_folder(tmp_path / "src", per_class=8)
+    out = tmp_path / "killed"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, src, str(out), container, encoding],
+                            cwd=repo, env={**os.environ, "PYTHONPATH": repo})
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        names = os.listdir(out) if out.exists() else []
+        if len([n for n in names if n.startswith("shard-") and not n.endswith(".tmp")]) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the child finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "manifest.json").exists()
+    done_before = sorted(n for n in os.listdir(out) if not n.endswith(".tmp"))
+    assert 2 <= len(done_before) < 6
+
+    resumed = convert(src, str(out), container=container, encoding=encoding, sizes=[8, 16],
+                      shard_size=4, workers=1, resume=True, progress=False)
+    clean = convert(src, str(tmp_path / "clean"), container=container, encoding=encoding,
+                    sizes=[8, 16], shard_size=4, workers=1, progress=False)
+    assert resumed == clean        # same order, same shards, same checksums, whole manifest
+    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))
+    assert verify(str(out)) == []
+
+
+def test_resume_rejects_other_options(folder, tmp_path):
+    out = str(tmp_path / "o")
+    convert(folder, out, sizes=[8], shard_size=4, progress=False)
+    with pytest.raises(ValueError, match="other options"):
+        convert(folder, out, sizes=[16], shard_size=4, resume=True, progress=False)
+    again = convert(folder, out, sizes=[8], shard_size=4, resume=True, progress=False)
+    assert again["num_samples"] == 21
+
+
+def test_resume_redoes_a_damaged_shard(folder, tmp_path):
+    out = tmp_path / "o"
+    full = convert(folder, str(out), sizes=[8], shard_size=4, progress=False)
+    os.remove(out / "manifest.json")
+    _flip(out / "shard-00002.h5")          # damaged: redone, with everything after it
+    assert convert(folder, str(out), sizes=[8], shard_size=4, resume=True,
+                   progress=False) == full
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_verify_catches_one_flipped_byte(folder, tmp_path, capsys, container, encoding):
+    out = tmp_path / "o"
+    convert(folder, str(out), container=container, encoding=encoding, sizes=[8, 32],
+            shard_size=5, progress=False)
+    assert cli(["-q", "verify", str(out)]) == 0
+    ds = fastdata.open(out)
+    target = 12                                         # shard 2, local sample 2
+    payload = bytes(ds.read_encoded([target], size=32)[0])
+    shard = out / ds.manifest["shards"][2]["file"]
+    data = bytearray(shard.read_bytes())
+    at = data.find(payload)
+    assert at >= 0 and data.find(payload, at + 1) < 0   # the sample's bytes, exactly once
+    data[at + len(payload) // 2] ^= 0x10
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert cli(["-q", "verify", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert f"{shard.name} sample {target}: size 32" in report, report

@@ -1,0 +1,159 @@
+"""Both containers × both encodings × two sizes: conversion, reading, pickling, CLI."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import pickle
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import fastdata
+from converters.convert import convert
+from fastdata.cli import main as cli
+from tests.conftest import plain_folder
+
+SIZES = [16, 32]
+
+
+def reference(path: str, size: int) -> np.ndarray:
+    """Independent reference: PIL open → RGB → integer centre crop → resize."""
+    img = Image.open(path).convert("RGB")
+    w, h = img.size
+    s = min(w, h)
+    x, y = (w - s) // 2, (h - s) // 2
+    return np.asarray(img.crop((x, y, x + s, y + s)).resize((size, size), Image.BICUBIC))
+
+
+@pytest.fixture(scope="module")
+def shard_sets(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("shards")
+    src = plain_folder(tmp / "src")
+    out = {}
+    for container in ("hdf5", "lmdb"):
+        for encoding in ("raw", "jpeg"):
+            path = str(tmp / f"{container}-{encoding}")
+            convert(src, path, container=container, sizes=SIZES, encoding=encoding,
+                    quality=95, shard_size=5, workers=2, progress=False)
+            out[container, encoding] = path
+    return src, out
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+@pytest.mark.parametrize("size", SIZES)
+def test_pixels_labels_and_order(shard_sets, container, encoding, size):
+    src, sets = shard_sets
+    ds = fastdata.open(sets[container, encoding], size=size)
+    files = [(c, f) for c in sorted(os.listdir(src)) for f in sorted(os.listdir(f"{src}/{c}"))]
+    assert len(ds) == len(files) == 21 and ds.classes == ["a", "b", "c"]
+    assert ds.labels.tolist() == [ds.classes.index(c) for c, _ in files]
+    assert len(ds.manifest["shards"]) == 5          # 21 samples, 5 per shard
+    batch = ds.read_batch(np.arange(len(ds)))
+    assert batch.shape == (21, size, size, 3) and batch.dtype == np.uint8
+    for i, (c, f) in enumerate(files):
+        diff = np.abs(batch[i].astype(int) - reference(f"{src}/{c}/{f}", size)).mean()
+        assert diff < (4 if encoding == "raw" else 6), (i, diff)
+    img, label = ds[7]
+    assert np.array_equal(img, batch[7]) and label == ds.labels[7]
+    idx = [20, 3, 3, 11, 0]                         # unsorted, repeated, across shards
+    assert np.array_equal(ds.read_batch(idx), batch[idx])
+
+
+def test_containers_hold_identical_data(shard_sets):
+    _, sets = shard_sets
+    for enc in ("raw", "jpeg"):
+        a, b = fastdata.open(sets["hdf5", enc]), fastdata.open(sets["lmdb", enc])
+        assert [s["sha256"] for s in a.manifest["shards"]] == \
+               [s["sha256"] for s in b.manifest["shards"]]
+        for s in SIZES:
+            assert np.array_equal(a.read_batch(range(21), size=s), b.read_batch(range(21), size=s))
+
+
+def _read_in_child(ds, q):
+    q.put(ds.read_batch([1, 9, 17]).sum())
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_pickle_fork_spawn(shard_sets, method, container):
+    ds = fastdata.open(shard_sets[1][container, "raw"])
+    expected = ds.read_batch([1, 9, 17]).sum()      # handles now open in the parent
+    assert pickle.loads(pickle.dumps(ds)).read_batch([1, 9, 17]).sum() == expected
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_read_in_child, args=(ds, q))
+    p.start()
+    got = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and got == expected
+
+
+def test_reader_errors(shard_sets, tmp_path):
+    ds = fastdata.open(shard_sets[1]["hdf5", "raw"])
+    with pytest.raises(ValueError, match=r"size 64 is not stored.*16, 32"):
+        ds.read_batch([0], size=64)
+    with pytest.raises(IndexError, match="21"):
+        ds.read_batch([21])
+    with pytest.raises(fastdata.format.ShardFormatError, match="no manifest.json"):
+        fastdata.open(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sizes": [100]}, "size 100 is not a power of two"),
+    ({"sizes": [4]}, "size 4 is not a power of two >= 8"),
+    ({"container": "zip"}, "container='zip' is not valid; choose one of hdf5, lmdb"),
+    ({"encoding": "png"}, "choose one of raw, jpeg"),
+    ({"fit": "zoom"}, "choose one of crop, pad, stretch"),
+    ({"quality": 0}, "quality=0"),
+    ({"workers": 0}, "workers=0"),
+])
+def test_bad_arguments_are_named(folder, tmp_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        convert(folder, str(tmp_path / "o"), progress=False, **kwargs)
+
+
+def test_refuses_nonempty_out_and_out_inside_src(folder, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        convert(folder, str(out), sizes=[8], progress=False)
+    with pytest.raises(ValueError, match="inside the source"):
+        convert(folder, os.path.join(folder, "a", "out"), sizes=[8], progress=False)
+    m = convert(folder, str(out), sizes=[8], overwrite=True, progress=False)
+    assert (out / "keep.txt").exists() and m["num_samples"] == 21
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
+def test_fit_modes(tmp_path, fit):
+    src = tmp_path / "src" / "x"
+    src.mkdir(parents=True)
+    img = Image.new("RGB", (64, 32), (255, 0, 0))
+    img.paste((0, 0, 255), (0, 0, 16, 32))          # blue left quarter
+    img.save(src / "wide.png")
+    ds = fastdata.open(convert(str(tmp_path / "src"), str(tmp_path / "o"), sizes=[16], fit=fit,
+                               progress=False) and tmp_path / "o")
+    px = ds[0][0]
+    left, top = tuple(px[8, 2]), tuple(px[2, 8])     # (edge pixels see the bicubic kernel)
+    expected = {"crop": ((255, 0, 0), (255, 0, 0)),     # blue quarter cropped away
+                "pad": ((0, 0, 255), (255, 255, 255)),  # letterboxed, white bar on top
+                "stretch": ((0, 0, 255), (255, 0, 0))}[fit]
+    assert np.abs(np.subtract((left, top), expected)).max() <= 10, (left, top)
+
+
+def test_cli_convert_info_verify(folder, tmp_path, capsys):
+    out = str(tmp_path / "o")
+    assert cli(["-q", "convert", folder, out, "--format", "lmdb", "--size", "8,16",
+                "--size", "32", "--encoding", "jpeg", "--shard-size", "10"]) == 0
+    assert cli(["info", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["sizes"] == [8, 16, 32] and info["classes"] == {"a": 7, "b": 7, "c": 7}
+    assert info["container"] == "lmdb" and info["shards"] == 3 and info["bytes"] > 0
+    assert cli(["-q", "verify", out]) == 0
+    assert cli(["-q", "convert", folder, out]) == 2      # non-empty OUT refused, no traceback
+    with pytest.raises(SystemExit):
+        cli(["convert", folder, out, "--size", "48"])
+    assert "48" in capsys.readouterr().err
