@@ -83,7 +83,7 @@ class _Decoder:
             raise _WorkerDied(kind) from None
 
     def run(self, jobs):
-        """``jobs``: iterable of (position, path) → yields (position, payloads, error)."""
+        """``jobs``: iterable of (position, path) → (position, payloads, crc32s, error)."""
         self._new_pool()
         window: deque = deque()
         it = iter(jobs)
@@ -113,7 +113,7 @@ class _Decoder:
             try:
                 yield from self._result(self._pool.submit(prepare_batch, [job], self.opts), 1)
             except _WorkerDied as e:
-                yield job[0], None, f"worker process {e} while decoding this file"
+                yield job[0], None, None, f"worker process {e} while decoding this file"
 
 
 def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
@@ -243,14 +243,14 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)
     try:
-        for pos, payloads, error in decoder.run(jobs):
+        for pos, payloads, crcs, error in decoder.run(jobs):
             bar.update(1)
             if error is not None:
                 if on_error == "raise":
                     raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
                 shard_skipped.append({"path": scan.files[pos][0], "reason": error})
                 continue
-            buf.add(scan.files[pos][1], payloads)
+            buf.add(scan.files[pos][1], payloads, crcs)
             if len(buf) == shard_size:
                 flush(pos + 1)
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,11 +97,12 @@ def prepare(path: str, opts: DecodeOptions) -> list[bytes]:
 
 
 def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions) -> list[tuple]:
-    """Worker entry: ``[(position, path)]`` → ``[(position, payloads | None, error | None)]``."""
+    """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``."""
     out = []
     for pos, path in jobs:
         try:
-            out.append((pos, prepare(path, opts), None))
+            payloads = prepare(path, opts)
+            out.append((pos, payloads, [zlib.crc32(p) for p in payloads], None))
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported
-            out.append((pos, None, f"{type(e).__name__}: {e}"))
+            out.append((pos, None, None, f"{type(e).__name__}: {e}"))
     return out

@@ -7,12 +7,11 @@ is always complete. Layouts are documented in ``fastdata.format``.
 from __future__ import annotations
 
 import os
-import zlib
 
 import numpy as np
 
-from fastdata.format import (LMDB_LABELS, LMDB_META, ContentHasher, ShardMeta, lmdb_crc_key,
-                             lmdb_key)
+from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, lmdb_crc_key, lmdb_key,
+                             shard_checksum)
 
 
 class ShardBuffer:
@@ -29,10 +28,10 @@ class ShardBuffer:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def add(self, label: int, payloads: list[bytes]) -> None:
+    def add(self, label: int, payloads: list[bytes], crcs: list[int]) -> None:
         i = len(self.labels)
-        for s, p in zip(self.sizes, payloads):
-            self.crcs[s][i] = zlib.crc32(p)
+        for s, p, c in zip(self.sizes, payloads, crcs):
+            self.crcs[s][i] = c
             if self.encoding == "raw":
                 self.raw[s][i] = np.frombuffer(p, np.uint8).reshape(s, s, 3)
             else:
@@ -46,14 +45,7 @@ class ShardBuffer:
         return iter(self.encoded[size])
 
     def checksum(self) -> str:
-        h = ContentHasher(np.asarray(self.labels, np.int64).tobytes())
-        for s in self.sizes:
-            if self.encoding == "raw":
-                h.update(self.raw[s][: len(self)].tobytes())   # == concatenated payloads
-            else:
-                for p in self.encoded[s]:
-                    h.update(p)
-        return h.hexdigest()
+        return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes])
 
 
 class Writer:
@@ -99,14 +91,14 @@ class LMDBWriter(Writer):
         import lmdb
 
         n = len(buf)
-        payload_bytes = sum(len(p) for s in buf.sizes for p in buf.payloads(s)) if n else 0
+        payload_bytes = sum(memoryview(p).nbytes for s in buf.sizes for p in buf.payloads(s))
         env = lmdb.open(tmp, subdir=False, map_size=int(payload_bytes * 1.5) + (64 << 20),
                         lock=False, sync=False, metasync=False, meminit=False)
         try:
             with env.begin(write=True) as txn:
                 for s in buf.sizes:
                     for i, p in enumerate(buf.payloads(s)):
-                        txn.put(lmdb_key(s, i), p if isinstance(p, bytes) else p.tobytes())
+                        txn.put(lmdb_key(s, i), memoryview(p))
                     txn.put(lmdb_crc_key(s), buf.crcs[s][:n].tobytes())
                 txn.put(LMDB_LABELS, np.asarray(buf.labels, np.int64).tobytes())
                 txn.put(LMDB_META, meta.to_json().encode())

@@ -1,5 +1,6 @@
 """fastdata: image shards (HDF5/LMDB) and loaders that keep the GPU fed."""
+from fastdata.loaders import Loader
 from fastdata.readers import ShardSet, open  # noqa: A004
 
 __version__ = "0.1.0"
-__all__ = ["open", "ShardSet", "__version__"]
+__all__ = ["open", "ShardSet", "Loader", "__version__"]

@@ -1,0 +1,132 @@
+"""Converter and reader throughput (figures recorded in benchmarks/RESULTS.md).
+
+    python benchmarks/make_photos.py /tmp/photos
+    python benchmarks/convert.py /tmp/photos --size 256 --size 128
+
+1. convert: ``fastdata`` (worker processes, JPEG draft, pillow-simd, one writer) vs the naive
+   single-process loop a user would write (PIL open → RGB → resize shorter side → centre crop →
+   write one by one into an h5py dataset), same images, same output size, same machine, one run.
+2. read_batch: random batches of 64 from raw HDF5 and raw LMDB shards, as a fraction of a plain
+   ``np.memmap`` over the same bytes (the HDF5 dataset), interleaved repeats, median.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import h5py
+import numpy as np
+from PIL import Image
+
+import fastdata
+from converters.convert import convert
+from converters.scan import scan_folder
+from fastdata.env import env_info
+
+
+def naive(src: str, out: str, size: int) -> int:
+    files = scan_folder(src).files
+    with h5py.File(out, "w") as f:
+        ds = f.create_dataset("images", (len(files), size, size, 3), np.uint8)
+        labels = f.create_dataset("labels", (len(files),), np.int64)
+        for i, (rel, label) in enumerate(files):
+            img = Image.open(os.path.join(src, rel)).convert("RGB")
+            w, h = img.size
+            k = size / min(w, h)
+            img = img.resize((max(size, round(w * k)), max(size, round(h * k))), Image.BICUBIC)
+            x, y = (img.width - size) // 2, (img.height - size) // 2
+            ds[i] = np.asarray(img.crop((x, y, x + size, y + size)))
+            labels[i] = label
+    return len(files)
+
+
+def timed(fn, *args) -> tuple[float, object]:
+    t = time.perf_counter()
+    r = fn(*args)
+    return time.perf_counter() - t, r
+
+
+def bench_convert(src: str, tmp: str, size: int, workers: int) -> dict:
+    dt_naive, n = timed(naive, src, os.path.join(tmp, "naive.h5"), size)
+    res = {"size": size, "images": n, "naive_img_s": n / dt_naive}
+    for container in ("hdf5", "lmdb"):
+        out = os.path.join(tmp, f"fd-{container}-{size}")
+        dt, _ = timed(lambda: convert(src, out, container=container, sizes=[size],
+                                      workers=workers, overwrite=True, progress=False))
+        res[f"fastdata_{container}_img_s"] = n / dt
+        res[f"speedup_{container}"] = dt_naive / dt
+    return res
+
+
+def bench_read(tmp: str, size: int, batches: int, repeats: int, batch: int = 64) -> dict:
+    h5 = fastdata.open(os.path.join(tmp, f"fd-hdf5-{size}"))
+    lm = fastdata.open(os.path.join(tmp, f"fd-lmdb-{size}"))
+    path = h5.shards[0].path
+    with h5py.File(path, "r") as f:
+        d = f[f"images/{size}"]
+        mm = np.memmap(path, np.uint8, "r", offset=d.id.get_offset(), shape=d.shape)
+    n = len(mm)     # one shard: indices within it, so the memmap holds the same bytes
+    rng = np.random.default_rng(0)
+    idx = [rng.choice(n, batch, replace=False) for _ in range(batches)]
+    out = np.empty((batch, size, size, 3), np.uint8)
+    def memmap_loop(i):
+        for k, j in enumerate(i):
+            out[k] = mm[j]
+
+    runs = {            # the plain-memmap baseline is the better of two ways to read it
+        "memmap_fancy": lambda i: mm[i],
+        "memmap_loop": memmap_loop,
+        "hdf5": lambda i: h5.read_batch(i, out=out),
+        "lmdb": lambda i: lm.read_batch(i, out=out),
+    }
+    for fn in runs.values():        # warm the page cache and the handles
+        for i in idx:
+            fn(i)
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t = time.perf_counter()
+            for i in idx:
+                fn(i)
+            rates[k].append(batch * batches / (time.perf_counter() - t))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    med["memmap"] = max(med["memmap_fancy"], med["memmap_loop"])
+    return {"size": size, "batch": batch, "samples_in_shard": n,
+            **{f"{k}_img_s": v for k, v in med.items()},
+            "hdf5_vs_memmap": med["hdf5"] / med["memmap"],
+            "lmdb_vs_memmap": med["lmdb"] / med["memmap"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("photos")
+    ap.add_argument("--size", type=int, action="append")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    env = env_info()
+    print(f"# env: {os.cpu_count()} cpus, PIL {env['pil']} (simd={env['pil_simd']}), "
+          f"h5py {env['h5py']}, lmdb {env['lmdb']}")
+    tmp = tempfile.mkdtemp(prefix="fd-bench-", dir=os.environ.get("BENCH_TMP"))
+    try:
+        for size in a.size or [256]:
+            r = bench_convert(a.photos, tmp, size, a.workers)
+            print(f"convert {size}px, {r['images']} images: naive {r['naive_img_s']:.0f} img/s | "
+                  f"fastdata hdf5 {r['fastdata_hdf5_img_s']:.0f} img/s "
+                  f"({r['speedup_hdf5']:.2f}x) | lmdb {r['fastdata_lmdb_img_s']:.0f} img/s "
+                  f"({r['speedup_lmdb']:.2f}x)")
+            r = bench_read(tmp, size, a.batches, a.repeats)
+            print(f"read_batch {size}px, batch 64: memmap {r['memmap_img_s']:.0f} img/s | "
+                  f"hdf5 {r['hdf5_img_s']:.0f} ({r['hdf5_vs_memmap']:.0%}) | "
+                  f"lmdb {r['lmdb_img_s']:.0f} ({r['lmdb_vs_memmap']:.0%})")
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()

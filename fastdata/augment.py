@@ -1,0 +1,149 @@
+"""Batched crop/flip/resize/normalize on a device, from uint8 NHWC batches.
+
+Train: RandomResizedCrop with torchvision's sampling (scale, log-uniform ratio, 10 attempts,
+then the centre-crop fallback) + horizontal flip. Eval: centre crop of ``eval_ratio`` of the
+stored square (torchvision's Resize(256)+CenterCrop(224) is ratio 0.875) resized to ``crop``.
+Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 output skips it).
+
+Two kernels give the same geometry: ``per_sample`` (uint8 antialiased bilinear ``interpolate``
+per image, fastest on CPU) and ``batched`` (one ``grid_sample`` for the whole batch, for CUDA).
+All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
+worker ran a batch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def random_resized_crop_boxes(n: int, height: int, width: int, *, scale=(0.08, 1.0),
+                              ratio=(3 / 4, 4 / 3), generator=None) -> torch.Tensor:
+    """``(n, 4)`` int64 boxes (top, left, h, w), torchvision's RandomResizedCrop.get_params."""
+    attempts = 10
+    area = height * width
+    target = area * torch.empty(n, attempts).uniform_(scale[0], scale[1], generator=generator)
+    logr = torch.empty(n, attempts).uniform_(math.log(ratio[0]), math.log(ratio[1]),
+                                             generator=generator)
+    aspect = torch.exp(logr)
+    w = torch.sqrt(target * aspect).round().long()
+    h = torch.sqrt(target / aspect).round().long()
+    ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = torch.where(ok.any(1), ok.float().argmax(1), torch.full((n,), -1))
+    u = torch.rand(n, 2, generator=generator)
+    boxes = torch.empty(n, 4, dtype=torch.long)
+    for k in range(n):                   # n is a batch: cheap scalar work, no device syncs
+        a = int(first[k])
+        if a >= 0:
+            bh, bw = int(h[k, a]), int(w[k, a])
+        else:                            # fallback: whole image, ratio clamped
+            r = width / height
+            if r < ratio[0]:
+                bw, bh = width, int(round(width / ratio[0]))
+            elif r > ratio[1]:
+                bh, bw = height, int(round(height * ratio[1]))
+            else:
+                bh, bw = height, width
+        top = int(u[k, 0] * (height - bh + 1))
+        left = int(u[k, 1] * (width - bw + 1))
+        boxes[k] = torch.tensor([top, left, bh, bw])
+    return boxes
+
+
+def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
+    bh, bw = max(1, round(height * ratio)), max(1, round(width * ratio))
+    box = torch.tensor([(height - bh) // 2, (width - bw) // 2, bh, bw])
+    return box.expand(n, 4).clone()
+
+
+def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor:
+    """x: (B, H, W, 3) uint8 → (B, 3, out, out) uint8, channels_last."""
+    b = x.shape[0]
+    y = torch.empty((b, 3, out, out), dtype=x.dtype, device=x.device,
+                    memory_format=torch.channels_last)
+    for k, (t, l, h, w) in enumerate(boxes.tolist()):
+        patch = x[k, t:t + h, l:l + w].permute(2, 0, 1).unsqueeze(0)   # channels_last view
+        if (h, w) != (out, out):
+            patch = F.interpolate(patch, size=(out, out), mode="bilinear", antialias=True,
+                                  align_corners=False)
+        y[k] = patch[0].flip(-1) if flips[k] else patch[0]
+    return y
+
+
+def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor:
+    """x: (B, H, W, 3) uint8 → (B, 3, out, out) float32 (bilinear ``grid_sample``, one launch)."""
+    b, height, width, _ = x.shape
+    boxes = boxes.to(torch.float32)
+    top, left, h, w = boxes.unbind(1)
+    theta = torch.zeros(b, 2, 3)
+    sx = w / width
+    theta[:, 0, 0] = torch.where(torch.as_tensor(flips, dtype=torch.bool), -sx, sx)
+    theta[:, 0, 2] = (2 * left + w) / width - 1
+    theta[:, 1, 1] = h / height
+    theta[:, 1, 2] = (2 * top + h) / height - 1
+    theta = theta.to(x.device, non_blocking=True)
+    grid = F.affine_grid(theta, [b, 3, out, out], align_corners=False)
+    src = x.permute(0, 3, 1, 2).float()
+    return F.grid_sample(src, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+class Augment:
+    """Callable: ``(uint8 (B,H,W,3) tensor, generator) -> (B,3,crop,crop)`` per the contract
+    (``crop=None``: the input's size)."""
+
+    def __init__(self, *, train: bool, crop: int | None = None, dtype: torch.dtype = torch.float32,
+                 channels_last: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: float = 0.5,
+                 eval_ratio: float | None = None, kernel: str = "auto"):
+        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            raise ValueError(f"mean={mean!r}/std={std!r} must be 3 values each, std > 0")
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"scale={scale!r} must satisfy 0 < lo <= hi <= 1 and "
+                             f"ratio={ratio!r} 0 < lo <= hi")
+        if kernel not in ("auto", "per_sample", "batched"):
+            raise ValueError(f"kernel={kernel!r}; choose one of auto, per_sample, batched")
+        self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
+        if eval_ratio is None:          # torchvision's Resize(256)+CenterCrop(224) with a crop
+            eval_ratio = 0.875 if crop else 1.0
+        self.scale, self.ratio, self.flip, self.eval_ratio = scale, ratio, flip, eval_ratio
+        self.kernel = kernel
+        self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+
+    def params(self, n: int, height: int, width: int, generator):
+        if self.train:
+            boxes = random_resized_crop_boxes(n, height, width, scale=self.scale,
+                                              ratio=self.ratio, generator=generator)
+            flips = (torch.rand(n, generator=generator) < self.flip).tolist()
+        else:
+            boxes, flips = center_boxes(n, height, width, self.eval_ratio), [False] * n
+        return boxes, flips
+
+    def __call__(self, x: torch.Tensor, generator=None) -> torch.Tensor:
+        n, height, width, _ = x.shape
+        boxes, flips = self.params(n, height, width, generator)
+        kernel = self.kernel
+        if kernel == "auto":
+            kernel = "batched" if x.device.type == "cuda" else "per_sample"
+        out = self.crop or height          # no crop: output at the stored size
+        if kernel == "per_sample":
+            y = crop_resize_per_sample(x, boxes, flips, out)
+        else:
+            y = crop_resize_batched(x, boxes, flips, out)
+            if self.dtype == torch.uint8:
+                y = y.round_().clamp_(0, 255).to(torch.uint8)
+        return self.normalize(y)
+
+    def normalize(self, y: torch.Tensor) -> torch.Tensor:
+        """(B,3,h,w) uint8 or float in 0..255 → the requested dtype and memory format."""
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        if self.dtype == torch.uint8:
+            return y.contiguous(memory_format=fmt)
+        dev = y.device
+        a = torch.tensor([1 / (255 * s) for s in self.std], device=dev).view(1, 3, 1, 1)
+        b = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=dev).view(1, 3, 1, 1)
+        z = torch.addcmul(b, y.float() if y.dtype == torch.uint8 else y, a)   # keeps layout
+        return z.to(dtype=self.dtype, memory_format=fmt)

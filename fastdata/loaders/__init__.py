@@ -1,0 +1,165 @@
+"""``fastdata.Loader``: one constructor, interchangeable backends (registry by name).
+
+The facade validates the arguments, owns the ``Order`` (the one order/partition implementation)
+and the augmentation settings; a backend only turns this rank's batches of indices into
+``(images, labels)`` on the device. See ``../shared/DESIGN.md`` ("Batch contract").
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import torch
+
+from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
+from fastdata.format import check_size
+from fastdata.order import Order
+from fastdata.readers import ShardSet
+
+BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
+            "dali": "fastdata.loaders.dali_backend:DaliBackend"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "uint8": torch.uint8}
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class Backend:
+    """Base of loader backends: ``iterate(...)`` yields ``(images, labels)`` per batch."""
+
+    name = ""
+
+    def __init__(self, loader: "Loader"):
+        self.loader = loader
+
+    def iterate(self, batches: list[np.ndarray], epoch: int, start: int):
+        """``batches[k]`` is batch number ``start + k`` of ``epoch`` for this rank."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Loader:
+    """Iterate a shard set as ``(images, labels)`` batches, per the batch contract."""
+
+    def __init__(self, path, *, backend: str = "torch", batch_size: int, train: bool = True,
+                 size: int | None = None, crop: int | None = None, augment: bool | None = None,
+                 device=None, dtype=torch.float32, channels_last: bool | None = None,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
+                 mp_context: str | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not valid; choose one of "
+                             f"{', '.join(BACKENDS)}")
+        self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
+        if isinstance(dtype, str):
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype={dtype!r} is not valid; choose one of "
+                                 f"{', '.join(DTYPES)}")
+            dtype = DTYPES[dtype]
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
+        self.device = torch.device(device if device is not None else
+                                   ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device={device!r} is not valid; use 'cpu' or 'cuda[:N]'")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but CUDA is not available; use device='cpu'")
+        if workers not in ("thread", "process"):
+            raise ValueError(f"workers={workers!r} is not valid; choose one of thread, process")
+        num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} is not valid; use an integer >= 0")
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch={prefetch!r} is not valid; use an integer >= 1")
+        if rank is None or world_size is None:
+            r, w = _dist_rank_world()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self.order = Order(len(self.dataset), batch_size=batch_size, train=train,
+                           shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                           drop_last=drop_last)
+        self.train = bool(train)
+        self._size = self.dataset.size
+        if size is not None:
+            self.size = size
+        self.crop = None if crop is None else int(crop)
+        if self.crop is not None and self.crop < 1:
+            raise ValueError(f"crop={crop!r} is not valid; use a positive size in pixels")
+        self.augment = self.train if augment is None else bool(augment)
+        self.dtype = dtype
+        self.channels_last = (self.device.type == "cuda") if channels_last is None \
+            else bool(channels_last)
+        self.transform = Augment(train=self.augment, crop=self.crop, dtype=dtype,
+                                 channels_last=self.channels_last, mean=mean, std=std,
+                                 scale=scale, ratio=ratio)
+        self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
+        self.mp_context = mp_context
+        module, cls = BACKENDS[backend].split(":")
+        self.backend_name = backend
+        self._backend: Backend = getattr(importlib.import_module(module), cls)(self)
+
+    # ---- the contract ----
+    @property
+    def size(self) -> int:
+        """Stored square size read from the shards; may change between epochs."""
+        return self._size
+
+    @size.setter
+    def size(self, value) -> None:
+        s = check_size(value)
+        if s not in self.dataset.sizes:
+            raise ValueError(f"size={value!r} is not stored in {self.dataset.root}; stored: "
+                             f"{', '.join(map(str, self.dataset.sizes))}")
+        self._size = s
+
+    def out_size(self) -> int:
+        return self.crop or self._size
+
+    def needs_transform(self) -> bool:
+        """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
+        return self.augment or self.crop is not None or self.dtype != torch.uint8
+
+    def batch_seed(self, epoch: int, position: int) -> int:
+        """Seed of one batch's augmentation: independent of which worker runs it."""
+        o = self.order
+        return int(np.random.SeedSequence([o.seed, epoch, o.rank, position]).generate_state(1)[0])
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return {"order": self.order.state_dict(), "size": self._size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.order.load_state_dict(state["order"])
+        self.size = state["size"]
+
+    def __iter__(self):
+        order = self.order
+        batches = order.batches()
+        for images, labels in self._backend.iterate(batches, order.epoch, order.position):
+            order.position += 1
+            yield images, labels
+        order.position = 0          # a finished epoch repeats its order until set_epoch
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dataset.root!r}, backend={self.backend_name!r}, "
+                f"batch_size={self.order.batch_size}, train={self.train}, size={self._size}, "
+                f"crop={self.crop}, device={str(self.device)!r}, {len(self)} batches/epoch)")

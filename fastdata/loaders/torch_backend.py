@@ -1,0 +1,198 @@
+"""The torch backend: whole-batch reads in worker threads or processes, recycled (pinned)
+buffers, uint8 until the device, prefetch on a side CUDA stream, augmentation on the device.
+
+Host stage: each task reads one batch with ``ShardSet.read_batch`` (indices sorted for locality
+inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform runs in the same
+task, so it is spread over the workers. On CUDA the buffer is pinned, copied ``non_blocking`` on
+a side stream and transformed there, ``prefetch`` batches ahead of the consumer.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections import deque
+
+import numpy as np
+import torch
+
+from fastdata.loaders import Backend
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class BufferPool:
+    """Tensors of one shape, handed out again only when nothing references them any more.
+
+    Each ``get()`` returns a new *view* of a pooled tensor: a view holds its storage, so while
+    the caller (or a batch derived from it, or a queued result) is alive the storage's use count
+    stays above idle and the buffer is not handed out again. Thread-safe.
+    """
+
+    def __init__(self, shape, dtype, *, pin: bool = False):
+        self.shape, self.dtype, self.pin = tuple(shape), dtype, pin
+        self._all: list[torch.Tensor] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+        self.recycle = hasattr(torch._C, "_storage_Use_Count")
+
+    def get(self) -> torch.Tensor:
+        with self._lock:
+            if self.recycle:
+                for t in self._all:
+                    if _use_count(t) == self._idle:
+                        return t.view(self.shape)
+            t = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
+            if self.recycle and len(self._all) < 64:
+                self._all.append(t)
+                self._idle = _use_count(t)    # only the pool's own tensor holds it
+            return t.view(self.shape)
+
+
+class _BatchReader:
+    """Read (and on CPU, transform) one batch. Picklable for worker processes."""
+
+    def __init__(self, loader, size: int, transform_on_host: bool):
+        self.ds, self.size, self.transform_on_host = loader.dataset, size, transform_on_host
+        self.transform = loader.transform
+        self.out_size, self.seed_of = loader.out_size(), loader.batch_seed
+        self.pin = loader.device.type == "cuda"
+        self._pools: dict = {}
+
+    def _pool(self, key, shape, dtype):
+        if key not in self._pools:
+            self._pools[key] = BufferPool(shape, dtype, pin=self.pin)
+            # a DataLoader worker's result moves into shared memory still read by the parent
+            self._pools[key].recycle &= torch.utils.data.get_worker_info() is None
+        return self._pools[key]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_pools": {}}
+
+    def __call__(self, indices: np.ndarray, epoch: int, position: int):
+        b, s = len(indices), self.size
+        raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
+        self.ds.read_batch(indices, size=s, out=raw.numpy())
+        labels = torch.from_numpy(self.ds.labels[indices])
+        if not self.transform_on_host:
+            return raw, labels, self.seed_of(epoch, position)
+        g = torch.Generator().manual_seed(self.seed_of(epoch, position))
+        return self.transform(raw, g), labels, None
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    def _reader(self) -> _BatchReader:
+        l = self.loader
+        on_host = l.device.type == "cpu" and l.needs_transform()
+        return _BatchReader(l, l.size, on_host)
+
+    # ---- host stage: ordered batches from threads, processes or the calling thread ----
+    def _host(self, reader, batches, epoch, start):
+        l = self.loader
+        jobs = [(idx, epoch, start + k) for k, idx in enumerate(batches)]
+        if l.num_workers == 0:
+            for job in jobs:
+                yield reader(*job)
+        elif l.workers == "thread":
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(l.num_workers, thread_name_prefix="fastdata")
+            window: deque = deque()
+            it = iter(jobs)
+            depth = l.num_workers + l.prefetch
+            for job in it:
+                window.append(self._pool.submit(reader, *job))
+                if len(window) >= depth:
+                    yield window.popleft().result()
+            while window:
+                yield window.popleft().result()
+        else:
+            yield from _process_batches(reader, jobs, l)
+
+    def iterate(self, batches, epoch, start):
+        l = self.loader
+        reader = self._reader()
+        host = self._host(reader, batches, epoch, start)
+        if l.device.type == "cpu":
+            for images, labels, seed in host:
+                if seed is not None:        # no transform: deliver the stored uint8 as NCHW
+                    images = images.permute(0, 3, 1, 2)
+                    if not l.channels_last:
+                        images = images.contiguous()
+                yield images, labels
+        else:
+            yield from self._cuda(host)
+
+    def _cuda(self, host):
+        l = self.loader
+        dev = l.device
+        stream = torch.cuda.Stream(dev)
+        pending: deque = deque()
+        copying: deque = deque()    # (event, pinned buffer): kept alive until the copy is done
+
+        def stage(item):
+            while copying and copying[0][0].query():
+                copying.popleft()
+            raw, labels, seed = item
+            with torch.cuda.stream(stream):
+                x = raw.to(dev, non_blocking=True)
+                y = labels.to(dev, non_blocking=True)
+                if l.needs_transform():
+                    g = torch.Generator().manual_seed(seed)
+                    x = l.transform(x, g)
+                else:
+                    x = x.permute(0, 3, 1, 2)
+                    x = x.contiguous(memory_format=torch.channels_last if l.channels_last
+                                     else torch.contiguous_format)
+                done = torch.cuda.Event()
+                done.record(stream)
+            copying.append((done, raw))
+            return x, y, done
+
+        for item in host:
+            pending.append(stage(item))
+            if len(pending) > l.prefetch:
+                yield self._hand_over(*pending.popleft())
+        while pending:
+            yield self._hand_over(*pending.popleft())
+
+    @staticmethod
+    def _hand_over(x, y, done):
+        cur = torch.cuda.current_stream(x.device)
+        cur.wait_event(done)                     # no host sync: the GPU orders the streams
+        x.record_stream(cur)
+        y.record_stream(cur)
+        return x, y
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    def __init__(self, reader, jobs):
+        self.reader, self.jobs = reader, jobs
+
+    def __len__(self):
+        return len(self.jobs)
+
+    def __getitem__(self, k):
+        return self.reader(*self.jobs[k])
+
+
+def _process_batches(reader, jobs, loader):
+    """Worker processes through torch's DataLoader (one item = one whole batch)."""
+    dl = torch.utils.data.DataLoader(
+        _BatchDataset(reader, jobs), batch_size=None, shuffle=False,
+        num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
+        multiprocessing_context=loader.mp_context,
+        pin_memory=loader.device.type == "cuda",
+        pin_memory_device=str(loader.device) if loader.device.type == "cuda" else "")
+    yield from dl

@@ -1,0 +1,195 @@
+"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+import fastdata
+from converters.convert import convert
+from fastdata.augment import Augment, random_resized_crop_boxes
+from fastdata.order import Order
+from tests.conftest import plain_folder
+
+N = 23      # not a multiple of any batch size or world size used here
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loader")
+    src = plain_folder(tmp / "src", per_class=[8, 8, 7][0], classes=("a", "b", "c"))
+    # 24 files; drop one so N = 23
+    import os
+    os.remove(os.path.join(src, "c", "img_007.jpg"))
+    out = {}
+    for c in ("hdf5", "lmdb"):
+        out[c] = str(tmp / c)
+        convert(src, out[c], container=c, sizes=[16, 32], shard_size=6, workers=1,
+                progress=False)
+    return out
+
+
+def ids_of(ds) -> dict:
+    """Pixel fingerprint → sample index (every fixture image is unique)."""
+    raw = ds.read_batch(range(len(ds)), size=16)
+    return {hashlib.md5(raw[i].tobytes()).hexdigest(): i for i in range(len(ds))}
+
+
+def seen(loader, ids) -> list[list[int]]:
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.shape[1:] == (3, 16, 16)
+        nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
+        batch = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
+        assert labels.tolist() == loader.dataset.labels[batch].tolist()
+        out.append(batch)
+    return out
+
+
+def make(path, **kw):
+    args = dict(batch_size=4, size=16, dtype=torch.uint8, augment=False, device="cpu")
+    return fastdata.Loader(path, **{**args, **kw})
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_partition_eval_exactly_once_train_equal_disjoint(shards, container, world, workers):
+    ds = fastdata.open(shards[container])
+    ids = ids_of(ds)
+    evals = [seen(make(ds, train=False, rank=r, world_size=world, num_workers=workers), ids)
+             for r in range(world)]
+    flat = sorted(i for per_rank in evals for b in per_rank for i in b)
+    assert flat == list(range(N))                       # every sample exactly once
+    kind = "process" if container == "lmdb" else "thread"
+    trains = [make(ds, train=True, rank=r, world_size=world, num_workers=workers,
+                   workers=kind) for r in range(world)]
+    got = [seen(loader, ids) for loader in trains]
+    per_rank = (N // world) // 4
+    assert all(len(g) == per_rank == len(t) for g, t in zip(got, trains))
+    assert all(len(b) == 4 for g in got for b in g)     # full batches only
+    all_ids = [i for g in got for b in g for i in b]
+    assert len(all_ids) == len(set(all_ids))            # disjoint across ranks
+
+
+def test_seed_and_epoch_decide_the_order(shards):
+    ds = fastdata.open(shards["hdf5"])
+    ids = ids_of(ds)
+    a, b, c = (make(ds, seed=s) for s in (1, 1, 2))
+    first = seen(a, ids)
+    assert first == seen(b, ids) and first != seen(c, ids)
+    assert seen(a, ids) == first                        # same epoch repeats its order
+    a.set_epoch(1)
+    assert seen(a, ids) != first
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_resume_mid_epoch_yields_exactly_the_rest(shards, train):
+    ds = fastdata.open(shards["lmdb"])
+    ids = ids_of(ds)
+    full = seen(make(ds, train=train, seed=3, num_workers=2), ids)
+    loader = make(ds, train=train, seed=3, num_workers=2)
+    loader.set_epoch(0)
+    it = iter(loader)
+    head = [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    del it, head
+    resumed = make(ds, train=train, seed=3)
+    resumed.load_state_dict(state)
+    assert seen(resumed, ids) == full[2:]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_process_workers_fork_and_spawn(shards, method):
+    ds = fastdata.open(shards["lmdb"])
+    ds.read_batch([0])                                  # handles open in the parent first
+    ids = ids_of(ds)
+    ref = seen(make(ds, seed=5, num_workers=0), ids)
+    got = seen(make(ds, seed=5, num_workers=2, workers="process", mp_context=method), ids)
+    assert got == ref
+
+
+def test_float_output_contract_and_determinism(shards):
+    def run(workers, kind):
+        loader = fastdata.Loader(shards["hdf5"], batch_size=5, size=32, crop=24, device="cpu",
+                                 num_workers=workers, workers=kind, seed=9,
+                                 channels_last=True, dtype="bfloat16")
+        return list(loader)
+    a, b = run(0, "thread"), run(2, "process")
+    x, y = a[0]
+    assert x.shape == (5, 3, 24, 24) and x.dtype == torch.bfloat16
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
+
+
+# ---------------------------------------------------------------- augmentation
+def test_crop_boxes_follow_torchvision_semantics():
+    g = torch.Generator().manual_seed(0)
+    boxes = random_resized_crop_boxes(4000, 48, 64, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                                      generator=g)
+    top, left, h, w = boxes.T
+    assert (top >= 0).all() and (left >= 0).all()
+    assert (top + h <= 48).all() and (left + w <= 64).all()          # inside the image
+    area = (h * w).float() / (48 * 64)
+    aspect = w.float() / h.float()
+    assert area.min() >= 0.06 and area.max() <= 1.0
+    assert aspect.min() >= 0.7 and aspect.max() <= 1.4
+    assert area.std() > 0.1 and len({tuple(b) for b in boxes.tolist()}) > 3000
+
+
+def _images(n=16, s=20, seed=0):
+    return torch.from_numpy(np.random.default_rng(seed).integers(0, 256, (n, s, s, 3),
+                                                                   dtype=np.uint8))
+
+
+def test_flip_really_flips():
+    x = _images()
+    aug = Augment(train=True, dtype=torch.uint8, scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    y = aug(x, torch.Generator().manual_seed(1)).permute(0, 2, 3, 1)
+    flipped = [bool(torch.equal(y[k], x[k].flip(1))) for k in range(len(x))]
+    same = [bool(torch.equal(y[k], x[k])) for k in range(len(x))]
+    assert all(f != s for f, s in zip(flipped, same))                # each is one or the other
+    assert 0 < sum(flipped) < len(x)
+
+
+def test_normalisation_and_kernels_agree():
+    x = _images(8, 32)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    ident = Augment(train=False, mean=mean, std=std)(x)               # no crop: exact values
+    ref = (x.permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) \
+        / torch.tensor(std).view(1, 3, 1, 1)
+    assert torch.allclose(ident, ref, atol=1e-5)
+    const = torch.full((4, 32, 32, 3), 128, dtype=torch.uint8)
+    y = Augment(train=True, crop=24)(const, torch.Generator().manual_seed(0))
+    expected = (128 / 255 - torch.tensor((0.485, 0.456, 0.406))) / torch.tensor((0.229, 0.224, 0.225))
+    assert torch.allclose(y.mean((0, 2, 3)), expected, atol=1e-3)
+    for train in (False, True):
+        a = Augment(train=train, crop=24, kernel="per_sample")(x, torch.Generator().manual_seed(4))
+        b = Augment(train=train, crop=24, kernel="batched")(x, torch.Generator().manual_seed(4))
+        assert a.shape == b.shape and (a - b).abs().mean() < 0.25     # same geometry
+
+
+def test_order_lengths():
+    assert len(Order(23, batch_size=4, train=True, world_size=2)) == 2
+    assert [len(Order(23, batch_size=4, train=False, rank=r, world_size=2)) for r in (0, 1)] \
+        == [3, 3]
+    assert len(Order(23, batch_size=4, train=False, drop_last=True, world_size=1)) == 5
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"backend": "jax"}, "backend='jax' is not valid; choose one of torch, dali"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"size": 64}, "size=64 is not stored.*16, 32"),
+    ({"size": 20}, "not a power of two"),
+    ({"dtype": "int4"}, "dtype='int4' is not valid; choose one of float32"),
+    ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),
+    ({"rank": 2, "world_size": 2}, "rank=2 is not valid for world_size=2"),
+    ({"device": "tpu"}, "device"),
+    ({"num_workers": -1}, "num_workers=-1"),
+])
+def test_bad_arguments(shards, kw, match):
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        fastdata.Loader(shards["hdf5"], **{"batch_size": 4, **kw})
