@@ -123,9 +123,6 @@ class Loader:
                              f"{', '.join(map(str, self.dataset.sizes))}")
         self._size = s
 
-    def out_size(self) -> int:
-        return self.crop or self._size
-
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
         return self.augment or self.crop is not None or self.dtype != torch.uint8

@@ -56,7 +56,7 @@ class _BatchReader:
     def __init__(self, loader, size: int, transform_on_host: bool):
         self.ds, self.size, self.transform_on_host = loader.dataset, size, transform_on_host
         self.transform = loader.transform
-        self.out_size, self.seed_of = loader.out_size(), loader.batch_seed
+        self.out_size, self.seed_of = loader.crop, loader.batch_seed
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
 
@@ -78,7 +78,14 @@ class _BatchReader:
         if not self.transform_on_host:
             return raw, labels, self.seed_of(epoch, position)
         g = torch.Generator().manual_seed(self.seed_of(epoch, position))
-        return self.transform(raw, g), labels, None
+        o, t = self.out_size or s, self.transform
+        if t.dtype == torch.uint8:
+            return t(raw, g), labels, None
+        if t.channels_last:     # an NHWC buffer viewed as NCHW is channels_last
+            out = self._pool(("out", b, o), (b, o, o, 3), t.dtype).get().permute(0, 3, 1, 2)
+        else:
+            out = self._pool(("out", b, o), (b, 3, o, o), t.dtype).get()
+        return t(raw, g, out=out), labels, None
 
 
 class TorchBackend(Backend):

@@ -1,0 +1,131 @@
+"""Loader-only throughput on this CPU machine, one run (figures in benchmarks/RESULTS.md).
+
+    python benchmarks/make_photos.py /tmp/photos
+    python benchmarks/loaders_cpu.py /tmp/photos --work /tmp/fd-loaders
+
+(a) baseline: ImageFolder-style dataset + PIL decode + RandomResizedCrop(224) + flip + ToTensor
+    + Normalize, DataLoader(2 workers, batch 64). torchvision's transforms when importable, else
+    an in-package equivalent (same RandomResizedCrop parameter sampling, PIL bilinear resize).
+(b) fastdata torch backend, raw HDF5 and raw LMDB stored at 256, same augmentation, float32.
+(c) the same without augmentation: uint8 delivery.
+RSS of the process tree is sampled after epochs 1 and 5 of (b).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+import fastdata
+from converters.convert import convert
+from converters.scan import scan_folder
+from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_boxes
+
+
+class PILFolder(torch.utils.data.Dataset):
+    """What users run today: decode + transform per image in DataLoader workers."""
+
+    def __init__(self, root):
+        scan = scan_folder(root)
+        self.root, self.files = root, scan.files
+        try:
+            from torchvision import transforms as T
+            self.tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                                 T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+            self.kind = "torchvision"
+        except Exception:  # noqa: BLE001 - torchvision is optional
+            self.tf, self.kind = self._equivalent, "in-package equivalent of torchvision"
+        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def _equivalent(self, img):
+        from PIL import Image
+        t, l, h, w = random_resized_crop_boxes(1, img.height, img.width)[0].tolist()
+        img = img.resize((224, 224), Image.BILINEAR, box=(l, t, l + w, t + h))
+        if torch.rand(1) < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float().div_(255)
+        return (x - self.mean) / self.std
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        path, label = self.files[i]
+        with Image.open(os.path.join(self.root, path)) as img:
+            return self.tf(img.convert("RGB")), label
+
+
+def rss_tree_mb() -> float:
+    """Proportional set size of this process and its children (shared pages split fairly)."""
+    total = 0
+    pids = [os.getpid()]
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def throughput(loader, epochs=1, max_batches=None) -> tuple[float, list[float]]:
+    n, t0, rss = 0, time.perf_counter(), []
+    for e in range(epochs):
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(e)
+        for k, (x, _) in enumerate(loader):
+            n += len(x)
+            if max_batches and k + 1 >= max_batches:
+                break
+        rss.append(rss_tree_mb())
+    return n / (time.perf_counter() - t0), rss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("photos")
+    ap.add_argument("--work", default="/tmp/fd-loaders")
+    ap.add_argument("--baseline-batches", type=int, default=20)
+    a = ap.parse_args()
+    torch.set_num_threads(1)    # the loaders parallelise over their own workers
+    paths = {}
+    for c in ("hdf5", "lmdb"):
+        paths[c] = os.path.join(a.work, f"raw-{c}-256")
+        if not os.path.exists(os.path.join(paths[c], "manifest.json")):
+            convert(a.photos, paths[c], container=c, sizes=[256], overwrite=True, progress=False)
+    print(f"# {os.cpu_count()} cpus, torch {torch.__version__}, 3000 images, batch 64")
+    ds = PILFolder(a.photos)
+    dl = torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
+                                     pin_memory=False, drop_last=True, persistent_workers=True)
+    base, _ = throughput(dl, max_batches=a.baseline_batches)
+    print(f"(a) baseline ({ds.kind}), PIL decode+RRC224: {base:.0f} img/s")
+    rows = [("a", "baseline", base, None)]
+    for kind in ("thread", "process"):
+        for c in ("hdf5", "lmdb"):
+            for aug in (True, False):
+                kw = dict(crop=224, dtype=torch.float32) if aug else dict(dtype=torch.uint8,
+                                                                          augment=False)
+                loader = fastdata.Loader(paths[c], batch_size=64, device="cpu", num_workers=2,
+                                         workers=kind, **kw)
+                epochs = 5 if aug else 2
+                rate, rss = throughput(loader, epochs=epochs)
+                loader.close()
+                tag = "(b) RRC224 float32" if aug else "(c) uint8, no aug"
+                print(f"{tag} {c} {kind}: {rate:.0f} img/s = {rate / base:.1f}x baseline; "
+                      f"PSS MB by epoch: {', '.join(f'{r:.0f}' for r in rss)}")
+
+
+if __name__ == "__main__":
+    main()
