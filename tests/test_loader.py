@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -19,10 +20,8 @@ N = 23      # not a multiple of any batch size or world size used here
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loader")
-    src = plain_folder(tmp / "src", per_class=[8, 8, 7][0], classes=("a", "b", "c"))
-    # 24 files; drop one so N = 23
-    import os
-    os.remove(os.path.join(src, "c", "img_007.jpg"))
+    src = plain_folder(tmp / "src", per_class=8)
+    os.remove(os.path.join(src, "c", "img_007.jpg"))        # 24 files → N = 23
     out = {}
     for c in ("hdf5", "lmdb"):
         out[c] = str(tmp / c)
