@@ -33,25 +33,21 @@ def random_resized_crop_boxes(n: int, height: int, width: int, *, scale=(0.08, 1
     w = torch.sqrt(target * aspect).round().long()
     h = torch.sqrt(target / aspect).round().long()
     ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-    first = torch.where(ok.any(1), ok.float().argmax(1), torch.full((n,), -1))
+    first = ok.float().argmax(1, keepdim=True)          # first valid attempt per row
+    bh, bw = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+    r = width / height                                   # fallback: whole image, ratio clamped
+    if r < ratio[0]:
+        fh, fw = int(round(width / ratio[0])), width
+    elif r > ratio[1]:
+        fh, fw = height, int(round(height * ratio[1]))
+    else:
+        fh, fw = height, width
+    none = ~ok.any(1)
+    bh, bw = bh.masked_fill(none, fh), bw.masked_fill(none, fw)
     u = torch.rand(n, 2, generator=generator)
-    boxes = torch.empty(n, 4, dtype=torch.long)
-    for k in range(n):                   # n is a batch: cheap scalar work, no device syncs
-        a = int(first[k])
-        if a >= 0:
-            bh, bw = int(h[k, a]), int(w[k, a])
-        else:                            # fallback: whole image, ratio clamped
-            r = width / height
-            if r < ratio[0]:
-                bw, bh = width, int(round(width / ratio[0]))
-            elif r > ratio[1]:
-                bh, bw = height, int(round(height * ratio[1]))
-            else:
-                bh, bw = height, width
-        top = int(u[k, 0] * (height - bh + 1))
-        left = int(u[k, 1] * (width - bw + 1))
-        boxes[k] = torch.tensor([top, left, bh, bw])
-    return boxes
+    top = (u[:, 0] * (height - bh + 1)).long()
+    left = (u[:, 1] * (width - bw + 1)).long()
+    return torch.stack([top, left, bh, bw], 1)
 
 
 def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
@@ -68,8 +64,9 @@ def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,
                     memory_format=memory_format)
     for k, (t, l, h, w) in enumerate(boxes.tolist()):
         patch = x[k, t:t + h, l:l + w].permute(2, 0, 1).unsqueeze(0)   # channels_last view
-        if (h, w) != (out, out):
-            patch = F.interpolate(patch, size=(out, out), mode="bilinear", antialias=True,
+        if (h, w) != (out, out):    # a dense patch halves the uint8 AA kernel's time on CPU
+            patch = F.interpolate(patch.contiguous(memory_format=torch.channels_last),
+                                  size=(out, out), mode="bilinear", antialias=True,
                                   align_corners=False)
         y[k] = patch[0].flip(-1) if flips[k] else patch[0]
     return y
@@ -113,6 +110,11 @@ class Augment:
         self.scale, self.ratio, self.flip, self.eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
         self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+        # y/255 → (y/255 - mean)/std as y*scale + shift; per device, built once (no per-batch
+        # host-to-device copies)
+        self._affine = {"cpu": (
+            torch.tensor([1 / (255 * s) for s in self.std]).view(1, 3, 1, 1),
+            torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(1, 3, 1, 1))}
 
     def params(self, n: int, height: int, width: int, generator):
         if self.train:
@@ -155,9 +157,10 @@ class Augment:
         if out is None:
             out = torch.empty(y.shape, dtype=self.dtype, device=y.device,
                               memory_format=self.memory_format)
-        dev = y.device
-        a = torch.tensor([1 / (255 * s) for s in self.std], device=dev).view(1, 3, 1, 1)
-        b = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=dev).view(1, 3, 1, 1)
+        key = str(y.device)
+        if key not in self._affine:
+            self._affine[key] = tuple(t.to(y.device) for t in self._affine["cpu"])
+        a, b = self._affine[key]
         o, yy = out, y
         if self.channels_last and y.dim() == 4:   # broadcast over the contiguous last dim
             o, yy, a, b = out.permute(0, 2, 3, 1), y.permute(0, 2, 3, 1), a.view(3), b.view(3)

@@ -56,11 +56,10 @@ class ShardReader:
         """The stored bytes of sample ``i`` (a buffer: bytes, memoryview or uint8 array)."""
         raise NotImplementedError
 
-    def read_raw(self, size: int, local: np.ndarray, out: np.ndarray) -> None:
-        """Copy raw samples ``local`` into ``out[k]`` for each k (in ascending-index order)."""
-        for k in np.argsort(local, kind="stable"):
-            out[k] = np.frombuffer(self.payload(size, int(local[k])), np.uint8).reshape(
-                size, size, 3)
+    def read_raw(self, size: int, local: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+        """Copy raw sample ``local[k]`` straight into ``out[rows[k]]``, in ascending-index order
+        (locality) and with no intermediate buffer."""
+        raise NotImplementedError
 
 
 class HDF5ShardReader(ShardReader):
@@ -93,10 +92,10 @@ class HDF5ShardReader(ShardReader):
         o = self.h["offsets"][size]
         return self.h["maps"][size][o[i]:o[i + 1]]
 
-    def read_raw(self, size, local, out):
+    def read_raw(self, size, local, out, rows):
         mm = self.h["maps"][size]
         for k in np.argsort(local, kind="stable"):
-            out[k] = mm[local[k]]
+            out[rows[k]] = mm[local[k]]
 
 
 # LMDB (and py-lmdb's guard) allow one env per file per process: readers of one file share it.
@@ -145,11 +144,11 @@ class LMDBShardReader(ShardReader):
             raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
         return v
 
-    def read_raw(self, size, local, out):
-        with self.h["env"].begin(buffers=True) as txn:     # one transaction per batch
+    def read_raw(self, size, local, out, rows):
+        with self.h["env"].begin(buffers=True) as txn:     # one transaction per shard
             for k in np.argsort(local, kind="stable"):
                 v = txn.get(lmdb_key(size, int(local[k])))
-                out[k] = np.frombuffer(v, np.uint8).reshape(size, size, 3)
+                out[rows[k]] = np.frombuffer(v, np.uint8).reshape(size, size, 3)
 
 
 READERS: dict[str, type[ShardReader]] = {r.container: r for r in (HDF5ShardReader,
@@ -228,12 +227,7 @@ class ShardSet:
             rows = np.flatnonzero(shard == sh)
             reader = self.shards[sh]
             if self.encoding == "raw":
-                if len(rows) == len(local):
-                    reader.read_raw(s, local, out)
-                else:
-                    tmp = np.empty((len(rows), s, s, 3), np.uint8)
-                    reader.read_raw(s, local[rows], tmp)
-                    out[rows] = tmp
+                reader.read_raw(s, local[rows], out, rows)
             else:
                 for r in rows:
                     decode_jpeg(reader.payload(s, int(local[r])), out[r])

@@ -40,7 +40,7 @@ def seen(loader, ids) -> list[list[int]]:
     out = []
     for images, labels in loader:
         assert images.dtype == torch.uint8 and labels.dtype == torch.int64
-        assert images.shape[1:] == (3, 16, 16)
+        assert images.shape[1:] == (3, 16, 16) and images.is_contiguous()   # NCHW on CPU
         nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
         batch = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
         assert labels.tolist() == loader.dataset.labels[batch].tolist()

@@ -53,10 +53,11 @@ class BufferPool:
 class _BatchReader:
     """Read (and on CPU, transform) one batch. Picklable for worker processes."""
 
-    def __init__(self, loader, size: int, transform_on_host: bool):
-        self.ds, self.size, self.transform_on_host = loader.dataset, size, transform_on_host
-        self.transform = loader.transform
-        self.out_size, self.seed_of = loader.crop, loader.batch_seed
+    def __init__(self, loader, size: int):
+        self.ds, self.size, self.transform = loader.dataset, size, loader.transform
+        self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
+        self.needs_transform = loader.needs_transform()
+        self.crop, self.seed_of = loader.crop, loader.batch_seed
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
 
@@ -75,13 +76,19 @@ class _BatchReader:
         raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
         self.ds.read_batch(indices, size=s, out=raw.numpy())
         labels = torch.from_numpy(self.ds.labels[indices])
-        if not self.transform_on_host:
+        if not self.on_host:
             return raw, labels, self.seed_of(epoch, position)
+        if not self.needs_transform:         # the stored uint8 as is, as (B,3,S,S)
+            nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
+            if self.transform.channels_last:
+                return nchw, labels, None
+            out = self._pool(("out", b, s), (b, 3, s, s), torch.uint8).get()
+            return out.copy_(nchw), labels, None
         g = torch.Generator().manual_seed(self.seed_of(epoch, position))
-        o, t = self.out_size or s, self.transform
+        o, t = self.crop or s, self.transform
         if t.dtype == torch.uint8:
             return t(raw, g), labels, None
-        if t.channels_last:     # an NHWC buffer viewed as NCHW is channels_last
+        if t.channels_last:
             out = self._pool(("out", b, o), (b, o, o, 3), t.dtype).get().permute(0, 3, 1, 2)
         else:
             out = self._pool(("out", b, o), (b, 3, o, o), t.dtype).get()
@@ -95,11 +102,6 @@ class TorchBackend(Backend):
         super().__init__(loader)
         self._pool: cf.ThreadPoolExecutor | None = None
 
-    def _reader(self) -> _BatchReader:
-        l = self.loader
-        on_host = l.device.type == "cpu" and l.needs_transform()
-        return _BatchReader(l, l.size, on_host)
-
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
     def _host(self, reader, batches, epoch, start):
         l = self.loader
@@ -111,9 +113,8 @@ class TorchBackend(Backend):
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(l.num_workers, thread_name_prefix="fastdata")
             window: deque = deque()
-            it = iter(jobs)
             depth = l.num_workers + l.prefetch
-            for job in it:
+            for job in jobs:
                 window.append(self._pool.submit(reader, *job))
                 if len(window) >= depth:
                     yield window.popleft().result()
@@ -124,14 +125,9 @@ class TorchBackend(Backend):
 
     def iterate(self, batches, epoch, start):
         l = self.loader
-        reader = self._reader()
-        host = self._host(reader, batches, epoch, start)
+        host = self._host(_BatchReader(l, l.size), batches, epoch, start)
         if l.device.type == "cpu":
-            for images, labels, seed in host:
-                if seed is not None:        # no transform: deliver the stored uint8 as NCHW
-                    images = images.permute(0, 3, 1, 2)
-                    if not l.channels_last:
-                        images = images.contiguous()
+            for images, labels, _ in host:
                 yield images, labels
         else:
             yield from self._cuda(host)
