@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, verify, demo."""
+"""The ``fastdata`` command line: convert, info, verify, train, demo."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,13 @@ def echo(text: str = "") -> None:
 def _sizes(text: str) -> list[int]:
     try:
         return [check_size(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    try:
+        return check_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -111,24 +118,127 @@ def cmd_verify(a) -> int:
     return 0 if not problems else 1
 
 
+def train_run(a) -> dict:
+    """``fastdata train``: returns the last epoch's record (rank 0 prints it)."""
+    import torch
+
+    from fastdata.loaders import Loader
+    from fastdata.train import TrainStep, build_model, fit, make_scheduler
+    from fastdata.train import distributed as dist
+    from fastdata.train.step import default_precision
+
+    info = dist.setup(device=a.device)
+    try:
+        precision = a.precision or default_precision(info.device)
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        dtype = low if (low is not None and info.device.type == "cuda") else torch.float32
+        common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
+                      device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers)
+        train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
+        val = Loader(a.val, train=False, **common) if a.val else None
+        if val is not None and val.dataset.classes != train.dataset.classes:
+            raise ValueError(f"--val {a.val} has classes {val.dataset.classes}, "
+                             f"not the training set's {train.dataset.classes}")
+        torch.manual_seed(a.seed)
+        model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info)
+        if a.optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True,
+                                  weight_decay=a.weight_decay)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        total = a.epochs * max(1, len(train) // a.accum)
+        sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
+        step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
+                         clip_grad_norm=a.clip_grad_norm, scheduler=sched,
+                         channels_last=info.device.type == "cuda", compile=a.compile)
+        log.info("rank %d/%d on %s, precision %s: %s", info.rank, info.world_size,
+                 info.device, precision, train)
+        if not info.is_main:        # one rank's progress is enough; warnings still show
+            logging.getLogger("fastdata").setLevel(logging.WARNING)
+        hist = fit(step, train, epochs=a.epochs, eval_loader=val, checkpoint_dir=a.checkpoint,
+                   log_every=a.log_every)
+        last = hist[-1] if hist else {}
+        if info.is_main and last:
+            acc = f", held-out accuracy {last['val_acc']:.1%}" if "val_acc" in last else ""
+            echo(f"trained {a.model} for {a.epochs} epochs on {a.out}: loss {last['loss']:.3f}"
+                 f"{acc} (chance {1 / len(train.dataset.classes):.1%})")
+        train.close()
+        if val is not None:
+            val.close()
+        return last
+    finally:
+        dist.teardown()
+
+
+def cmd_train(a) -> int:
+    train_run(a)
+    return 0
+
+
 def cmd_demo(a) -> int:
     from converters.convert import convert
     from fastdata.demo import make_sample_folder
 
     root = os.path.abspath(a.dir)
-    src = os.path.join(root, "images")
-    if not os.path.isdir(src):
-        log.info("drawing the sample image folder in %s", src)
-        make_sample_folder(src)
+    for split, per_class, seed in (("train", 80, 0), ("val", 20, 1)):
+        src = os.path.join(root, "images", split)
+        if not os.path.isdir(src):
+            log.info("drawing the sample %s images in %s", split, src)
+            make_sample_folder(src, per_class=per_class, seed=seed)
     for container in CONTAINERS:
-        out = os.path.join(root, f"shards-{container}")
-        convert(src, out, container=container, sizes=[32, 64], overwrite=True,
-                progress=not a.quiet)
+        out = os.path.join(root, f"train-{container}")
+        convert(os.path.join(root, "images", "train"), out, container=container, sizes=[32, 64],
+                overwrite=True, progress=not a.quiet)
         print_info(info_dict(out))
+    val = os.path.join(root, "val-hdf5")
+    convert(os.path.join(root, "images", "val"), val, container="hdf5", sizes=[32, 64],
+            overwrite=True, progress=not a.quiet)
+    t = build_parser().parse_args(["train", os.path.join(root, "train-hdf5"), "--val", val,
+                                   "--size", "32", "--epochs", str(a.epochs), "--min-scale", "0.35",
+                                   "--batch-size", "32", "--optimizer", "adamw", "--lr", "0.003",
+                                   "--log-every", "0",
+                                   "--device", "cpu"])
+    last = train_run(t)
+    if last.get("val_acc", 0) <= 1.5 / 6:
+        log.warning("held-out accuracy %.3f is not clearly above chance (0.167)",
+                    last.get("val_acc", 0))
     return 0
 
 
 # ---------------------------------------------------------------- parser
+
+def add_train_args(t: argparse.ArgumentParser) -> None:
+    from fastdata.loaders import BACKENDS
+    from fastdata.train.fit import SCHEDULES
+    from fastdata.train.step import PRECISIONS
+
+    t.add_argument("out", help="training shard set")
+    t.add_argument("--val", help="held-out shard set for accuracy after each epoch")
+    t.add_argument("--backend", choices=list(BACKENDS), default="torch")
+    t.add_argument("--model", default="resnet8", help="built-in (tiny, resnet8, resnet14), a "
+                   "torchvision name, or module:callable(num_classes=...)")
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--batch-size", type=int, default=64, help="per process and micro-batch")
+    t.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    t.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                   help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
+    t.add_argument("--checkpoint", help="directory for last.pt (resumed from when present) "
+                   "and per-rank logs")
+    t.add_argument("--size", type=_size, default=None, help="stored size to read")
+    t.add_argument("--crop", type=int, default=None, help="output crop (default: the size)")
+    t.add_argument("--min-scale", type=float, default=0.08,
+                   help="smallest RandomResizedCrop area fraction (default 0.08)")
+    t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    t.add_argument("--lr", type=float, default=0.1)
+    t.add_argument("--weight-decay", type=float, default=5e-4)
+    t.add_argument("--schedule", choices=SCHEDULES, default="onecycle")
+    t.add_argument("--clip-grad-norm", type=float, default=None)
+    t.add_argument("--workers", type=int, default=None, help="loader workers per process")
+    t.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--compile", action="store_true", help="torch.compile the model")
+    t.add_argument("--log-every", type=int, default=50, help="batches between loss logs")
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fastdata", description="Image shards and fast loaders "
                                 "for PyTorch training.")
@@ -166,9 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("out")
     v.set_defaults(func=cmd_verify)
 
-    d = sub.add_parser("demo", help="draw a sample dataset, convert it, show it")
+    t = sub.add_parser("train", help="train a model on a shard set (torchrun for DDP)")
+    add_train_args(t)
+    t.set_defaults(func=cmd_train)
+
+    d = sub.add_parser("demo", help="draw a sample dataset, convert it, train on it")
     d.add_argument("--dir", default="fastdata-demo", help="working directory (default "
                    "./fastdata-demo)")
+    d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -1,0 +1,76 @@
+"""Distributed set-up from torchrun's environment: nccl on CUDA, gloo on CPU.
+
+``info = setup()`` reads ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (when called, never at import),
+joins the process group when the world has more than one process, binds CUDA rank ``r`` to
+``cuda:LOCAL_RANK``; ``wrap(model, info)`` puts a model into DDP when needed; ``teardown()``
+leaves the group. Loaders pick rank/world up from ``torch.distributed`` once it is initialised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: str | None = None, backend: str | None = None) -> DistInfo:
+    """Join the torchrun process group (if any) and pick this process's device."""
+    env = os.environ
+    rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    local = int(env.get("LOCAL_RANK", 0))
+    dev = torch.device(device if device is not None else
+                       ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", local if dev.index is None else dev.index)
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                device_id=dev if dev.type == "cuda" else None)
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    return DistInfo(rank, world, local, dev)
+
+
+def wrap(model: nn.Module, info: DistInfo, **ddp_kwargs) -> nn.Module:
+    """``model`` on ``info.device``, inside DistributedDataParallel when the world is > 1."""
+    model = model.to(info.device)
+    if not info.distributed:
+        return model
+    ids = [info.device.index] if info.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, **ddp_kwargs)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks in place (no-op outside a process group); returns ``t``."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,166 @@
+"""A small training loop around ``TrainStep``: epochs, ``set_epoch``, eval accuracy reduced
+over ranks, LR schedules, throughput logs, atomic checkpoints and exact resume.
+
+Checkpoints (``checkpoint_dir/last.pt``, written by rank 0 to a temporary file and renamed)
+hold the model, optimizer, scheduler, step (scaler + counters), loader position, epoch and the
+torch RNG state. They are taken only where an accumulation window closes, every
+``checkpoint_every`` optimizer steps and at the end of each epoch, so a resumed run continues
+with exactly the batches and parameters an uninterrupted run would have had.
+Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.jsonl``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+
+import torch
+
+from fastdata.train.distributed import all_reduce_sum, barrier
+from fastdata.train.step import TrainStep
+
+log = logging.getLogger("fastdata.train")
+SCHEDULES = ("none", "onecycle", "cosine")
+
+
+def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int = 0):
+    """``none``; ``onecycle`` (peak at each group's ``lr``); ``cosine`` to 0 after a linear
+    warm-up of ``warmup_steps``."""
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={name!r} is not valid; choose one of {', '.join(SCHEDULES)}")
+    total_steps = max(1, int(total_steps))
+    if name == "none":
+        return None
+    if name == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total_steps)
+    warm = min(int(warmup_steps), total_steps - 1)
+
+    def factor(s: int) -> float:
+        if s < warm:
+            return (s + 1) / (warm + 1)
+        return 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total_steps - warm)))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+@torch.no_grad()
+def evaluate(step: TrainStep, loader) -> float:
+    """Top-1 accuracy over the loader, summed over all ranks (one host sync at the end)."""
+    model = step.module
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.int64, device=step.device)
+    for images, labels in loader:
+        if step.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with step.autocast():
+            logits = model(images)
+        counts[0] += (logits.argmax(1) == labels).sum()
+        counts[1] += labels.numel()
+    model.train(was_training)
+    correct, total = all_reduce_sum(counts).tolist()
+    return correct / max(total, 1)
+
+
+def _save(path: str, state: dict) -> None:
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
+        checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
+        resume: bool = True, log_every: int = 50, max_steps: int | None = None) -> list[dict]:
+    """Train for ``epochs``; returns one record per epoch run here (loss, img/s, val_acc…).
+
+    ``max_steps`` stops after that many optimizer steps in total (the checkpoint is written
+    first), e.g. to split a run.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if step.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    ckpt = os.path.join(checkpoint_dir, "last.pt") if checkpoint_dir else None
+    if ckpt:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+    epoch0 = 0
+    if ckpt and resume and os.path.exists(ckpt):
+        epoch0 = _load(ckpt, step, loader)
+        log.info("resumed from %s at epoch %d, step %d", ckpt, epoch0, step.steps)
+    nclass = len(loader.dataset.classes)
+    history = []
+
+    def save(epoch: int) -> None:
+        if ckpt and step.micro % step.accum_steps == 0:
+            if rank == 0:
+                _save(ckpt, _state(step, loader, epoch))
+            barrier()
+
+    for epoch in range(epoch0, epochs):
+        loader.set_epoch(epoch)
+        step.model.train()
+        seen = torch.zeros(nclass, dtype=torch.int64, device=step.device)
+        loss_sum = n_sum = 0.0
+        t0 = t_log = time.perf_counter()
+        stopped = False
+        for k, (images, labels) in enumerate(loader, 1):
+            step(images, labels)
+            seen += torch.bincount(labels, minlength=nclass)
+            if log_every and k % log_every == 0:
+                m = step.read_metrics()
+                loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
+                now = time.perf_counter()
+                log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
+                         m["loss"], m["samples"] / max(now - t_log, 1e-9))
+                t_log = now
+            if checkpoint_every and step.micro % step.accum_steps == 0 \
+                    and step.steps % checkpoint_every == 0:
+                save(epoch)
+            if max_steps is not None and step.steps >= max_steps \
+                    and step.micro % step.accum_steps == 0:
+                save(epoch)
+                stopped = True
+                break
+        m = step.read_metrics()
+        loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
+        secs = time.perf_counter() - t0
+        rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
+               "loss": loss_sum / max(n_sum, 1), "seconds": secs,
+               "images_per_s": n_sum / max(secs, 1e-9),
+               "lr": step.optimizer.param_groups[0]["lr"], "label_counts": seen.tolist(),
+               "complete": not stopped}
+        if eval_loader is not None and not stopped:
+            rec["val_acc"] = evaluate(step, eval_loader)
+        history.append(rec)
+        if checkpoint_dir:
+            with open(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
+                 f", val acc {rec['val_acc']:.3f}" if "val_acc" in rec else "")
+        if stopped:
+            break
+        save(epoch + 1)
+    return history
+
+
+def _state(step: TrainStep, loader, epoch: int) -> dict:
+    return {"model": step.module.state_dict(), "optimizer": step.optimizer.state_dict(),
+            "scheduler": step.scheduler.state_dict() if step.scheduler else None,
+            "step": step.state_dict(), "loader": loader.state_dict(), "epoch": epoch,
+            "rng": torch.get_rng_state()}
+
+
+def _load(path: str, step: TrainStep, loader) -> int:
+    s = torch.load(path, map_location=step.device, weights_only=False)
+    step.module.load_state_dict(s["model"])
+    step.optimizer.load_state_dict(s["optimizer"])
+    if step.scheduler is not None and s["scheduler"] is not None:
+        step.scheduler.load_state_dict(s["scheduler"])
+    step.load_state_dict(s["step"])
+    torch.set_rng_state(s["rng"].cpu())
+    if s["epoch"] == s["loader"]["order"]["epoch"]:      # a mid-epoch checkpoint
+        loader.load_state_dict(s["loader"])
+    return s["epoch"]

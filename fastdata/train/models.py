@@ -1,0 +1,76 @@
+"""Models by name: small built-in ResNets (no torchvision needed), torchvision architectures
+when torchvision is installed, or any ``module:callable`` returning an ``nn.Module``.
+
+``build_model(name, num_classes)``; the callable form is called with ``num_classes=``.
+"""
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU(inplace=True)
+        self.short = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+            nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+
+class SmallResNet(nn.Module):
+    """A compact ResNet for small images: stem, ``len(blocks)`` stages (stride 2 after the
+    first), global average pool, linear head."""
+
+    def __init__(self, num_classes: int, *, width: int = 32, blocks=(1, 1, 1)):
+        super().__init__()
+        layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width),
+                  nn.ReLU(inplace=True)]
+        cin = width
+        for i, n in enumerate(blocks):
+            cout = width * 2 ** i
+            for j in range(n):
+                layers.append(BasicBlock(cin, cout, 2 if (i > 0 and j == 0) else 1))
+                cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = self.features(x)
+        return self.head(x.mean((2, 3)))
+
+
+BUILTIN = {
+    "tiny": lambda n: SmallResNet(n, width=8, blocks=(1,)),
+    "resnet8": lambda n: SmallResNet(n, width=16, blocks=(1, 1, 1)),
+    "resnet14": lambda n: SmallResNet(n, width=32, blocks=(2, 2, 2)),
+}
+
+
+def build_model(name: str, num_classes: int) -> nn.Module:
+    if name in BUILTIN:
+        return BUILTIN[name](num_classes)
+    if ":" in name:
+        module, fn = name.split(":", 1)
+        model = getattr(importlib.import_module(module), fn)(num_classes=num_classes)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={name!r} returned {type(model).__name__}, not an nn.Module")
+        return model
+    try:
+        import torchvision.models as tvm
+    except Exception as e:              # not installed, or not importable beside this torch
+        raise ValueError(f"model={name!r} is not built in ({', '.join(BUILTIN)}) and "
+                         f"torchvision is not usable ({e}); install torchvision or pass "
+                         f"'module:callable'") from None
+    if name not in tvm.list_models(module=tvm):
+        raise ValueError(f"model={name!r} is not valid; choose one of {', '.join(BUILTIN)}, "
+                         f"a torchvision model name, or 'module:callable'")
+    return tvm.get_model(name, num_classes=num_classes)

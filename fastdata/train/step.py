@@ -1,0 +1,133 @@
+"""``TrainStep``: one micro-batch in, the loss out as a device tensor; AMP, accumulation,
+DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
+
+* ``precision``: ``"bf16"`` (autocast to bfloat16, no scaler), ``"fp16"`` (autocast to
+  float16 + ``torch.amp.GradScaler``), ``"fp32"`` (no autocast). Default ``None``: bf16 on a
+  CUDA device that supports it, fp16 on one that does not, fp32 on CPU (CPU bf16 autocast works,
+  pass ``"bf16"``, but most CPUs have no bf16 units and it is slower than fp32 there).
+* Accumulation: every micro-batch's loss is divided by ``accum_steps``; a DDP model skips the
+  gradient all-reduce (``no_sync``) on all but the last micro-batch of a window; the optimizer,
+  scaler and scheduler step only on that last one, then ``zero_grad(set_to_none=True)``.
+  ``k`` micro-batches of ``b`` therefore equal one batch of ``k*b`` (the loss is a mean).
+* With fp16 the gradients are unscaled before clipping; a step whose gradients hold inf/NaN
+  is skipped by the scaler (and the scale lowered).
+* ``channels_last`` (default: on CUDA) converts the model once and each batch (a no-op for
+  loader output that already is).
+* No host synchronisation: nothing calls ``.item()``/``.cpu()``; ``loss_sum``/``samples`` add
+  up on the device and are read by whoever logs, when they log.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from torch import nn
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def default_precision(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "fp32"
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+class TrainStep:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn=None,
+                 precision: str | None = None, accum_steps: int = 1,
+                 clip_grad_norm: float | None = None, scheduler=None,
+                 channels_last: bool | None = None, compile: bool = False):
+        self.device = _device_of(model)
+        precision = default_precision(self.device) if precision is None else precision
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision={precision!r} is not valid; choose one of "
+                             f"{', '.join(PRECISIONS)}")
+        if not isinstance(accum_steps, int) or accum_steps < 1:
+            raise ValueError(f"accum_steps={accum_steps!r} is not valid; use an integer >= 1")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm={clip_grad_norm!r} is not valid; use a number > 0 "
+                             f"or None")
+        self.precision, self.accum_steps = precision, accum_steps
+        self.clip_grad_norm = clip_grad_norm
+        if channels_last is None:   # CPU: no gain measured, and torch 2.13's CPU backward
+            channels_last = self.device.type == "cuda"    # crashed on a 4-channel NHWC net
+        self.channels_last = bool(channels_last)
+        if self.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.model = model                                  # DDP-wrapped or plain
+        self.forward = torch.compile(model) if compile else model
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.loss_fn = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        self.micro = 0              # micro-batches seen; a window ends every accum_steps
+        self.steps = 0              # optimizer steps taken (attempted, with fp16)
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.samples = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    @property
+    def module(self) -> nn.Module:
+        """The model without its DDP wrapper (for saving and evaluation)."""
+        return getattr(self.model, "module", self.model)
+
+    def autocast(self):
+        dtype = PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One micro-batch: forward, backward, and the step when it closes a window."""
+        last = (self.micro + 1) % self.accum_steps == 0
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
+            else self.model.no_sync()
+        with sync:
+            with self.autocast():
+                loss = self.loss_fn(self.forward(images), labels)
+            self.scaler.scale(loss / self.accum_steps).backward()
+        self.micro += 1
+        if last:
+            self._step()
+        loss = loss.detach()
+        self.loss_sum += loss.float() * labels.shape[0]
+        self.samples += labels.shape[0]
+        return loss
+
+    def _step(self) -> None:
+        opt = self.optimizer
+        if self.clip_grad_norm is not None:
+            self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
+        self.scaler.step(opt)           # fp16: skipped (on device) when grads hold inf/NaN
+        self.scaler.update()
+        if self.scheduler is not None:
+            with warnings.catch_warnings():     # a skipped fp16 step makes torch warn once
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step",
+                                        UserWarning)
+                self.scheduler.step()
+        opt.zero_grad(set_to_none=True)
+        self.steps += 1
+
+    def read_metrics(self, reset: bool = True) -> dict:
+        """Mean loss and samples since the last read (one host sync: call at log intervals)."""
+        n = int(self.samples.item())
+        mean = float(self.loss_sum.item()) / max(n, 1)
+        if reset:
+            self.loss_sum.zero_()
+            self.samples.zero_()
+        return {"loss": mean, "samples": n}
+
+    def state_dict(self) -> dict:
+        return {"micro": self.micro, "steps": self.steps, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.micro, self.steps = state["micro"], state["steps"]
+        self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,220 @@
+"""TrainStep, DDP over real gloo process groups, fit/checkpoint/resume, `fastdata train`."""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import fastdata
+from converters.convert import convert
+from fastdata.train import TrainStep, fit, make_scheduler
+from fastdata.train.models import SmallResNet
+from tests.conftest import plain_folder
+
+
+def net(seed=0):
+    """No BatchNorm: per-batch statistics would make micro-batches differ from a big batch."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+                         nn.Linear(16, 3))
+
+
+def data(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+def params(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+
+
+def test_accumulation_equals_one_big_batch():
+    x, y = data(24)
+    big, small = net(), net()
+    s_big = TrainStep(big, sgd(big), precision="fp32", channels_last=False)
+    s_small = TrainStep(small, sgd(small), precision="fp32", accum_steps=3, channels_last=False)
+    for w in range(2):                               # two windows
+        s_big(x[w * 12:(w + 1) * 12], y[w * 12:(w + 1) * 12])
+        before = params(small)
+        for m in range(3):
+            s_small(x[w * 12 + m * 4:w * 12 + (m + 1) * 4], y[w * 12 + m * 4:w * 12 + (m + 1) * 4])
+            if m < 2:      # no step inside a window
+                assert torch.equal(params(small), before)
+    assert s_small.steps == s_big.steps == 2
+    assert not torch.equal(params(big), params(net()))
+    torch.testing.assert_close(params(small), params(big), rtol=1e-5, atol=1e-6)
+
+
+def test_clip_and_scheduler_step_once_per_window():
+    model = net()
+    opt = sgd(model)
+    sched = make_scheduler(opt, "cosine", total_steps=10, warmup_steps=2)
+    step = TrainStep(model, opt, precision="fp32", accum_steps=2, clip_grad_norm=1e-3,
+                     scheduler=sched, channels_last=False)
+    x, y = data(8)
+    lrs, start = [], params(model)
+    for k in range(4):
+        step(x[2 * k:2 * k + 2], y[2 * k:2 * k + 2])
+        lrs.append(opt.param_groups[0]["lr"])
+        if k == 1:      # first step: momentum buffer = the clipped gradient
+            assert 0 < (params(model) - start).norm() <= 0.5 / 3 * 1e-3 * 1.0001
+    assert lrs == pytest.approx([0.5 / 3, 0.5 * 2 / 3, 0.5 * 2 / 3, 0.5])
+    assert sched.last_epoch == 2
+
+
+def test_fp16_gradscaler_skips_inf_step():
+    model = net()
+    step = TrainStep(model, sgd(model), precision="fp16", channels_last=False)
+    x, y = data(4)
+    step(x, y)
+    good, scale = params(model), step.scaler.get_scale()
+    x[0, 0, 0, 0] = float("inf")
+    step(x, y)
+    assert torch.equal(params(model), good)              # step skipped
+    assert step.scaler.get_scale() < scale                # and the scale lowered
+    step(*data(4))
+    assert not torch.equal(params(model), good)
+
+
+def test_bf16_autocast_on_cpu():
+    model = net()
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    step = TrainStep(model, sgd(model), precision="bf16")
+    before = params(model)
+    loss = step(*data(4))
+    assert seen == [torch.bfloat16] and loss.dtype == torch.float32
+    assert torch.isfinite(params(model)).all() and not torch.equal(params(model), before)
+    assert step.read_metrics()["samples"] == 4
+
+
+def test_bad_arguments_are_named():
+    model = net()
+    with pytest.raises(ValueError, match="precision='fp8'.*fp32, bf16, fp16"):
+        TrainStep(model, sgd(model), precision="fp8")
+    with pytest.raises(ValueError, match="accum_steps=0"):
+        TrainStep(model, sgd(model), accum_steps=0)
+    with pytest.raises(ValueError, match="schedule='step'"):
+        make_scheduler(sgd(model), "step", total_steps=3)
+
+
+# ---------------------------------------------------------------- DDP over gloo
+def _ddp_worker(rank, world, init, out, micro, accum):
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(net())
+    calls = [0]
+
+    def hook(state, bucket):
+        calls[0] += 1
+        return default_hooks.allreduce_hook(None, bucket)
+    model.register_comm_hook(None, hook)
+    step = TrainStep(model, sgd(model), precision="fp32", accum_steps=accum,
+                     channels_last=False)
+    x, y = data(micro * world * accum * 2)
+    counts = []
+    for k in range(accum * 2):               # two windows; rank r takes its slice of each
+        lo = (k * world + rank) * micro
+        step(x[lo:lo + micro], y[lo:lo + micro])
+        counts.append(calls[0])
+    torch.save({"params": params(model.module), "counts": counts}, f"{out}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_ddp_two_processes_equal_single_process_and_sync_once_per_window(tmp_path):
+    micro, accum, world = 3, 2, 2
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_ddp_worker, args=(r, world, f"file://{tmp_path}/store",
+                                                   str(tmp_path), micro, accum))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(world))
+    torch.testing.assert_close(r0["params"], r1["params"], rtol=0, atol=0)
+    single = net()
+    step = TrainStep(single, sgd(single), precision="fp32", channels_last=False)
+    x, y = data(micro * world * accum * 2)
+    window = micro * world * accum                  # union of every rank's micro-batches
+    for w in range(2):
+        step(x[w * window:(w + 1) * window], y[w * window:(w + 1) * window])
+    torch.testing.assert_close(r0["params"], params(single), rtol=1e-5, atol=1e-6)
+    c = r0["counts"]                # all-reduces so far, after each micro-batch
+    assert c[0] == 0 and c[1] >= 1 and c[2] == c[1] and c[3] == 2 * c[1]
+
+
+# ---------------------------------------------------------------- fit and resume
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    src = plain_folder(tmp / "src", per_class=8)
+    convert(src, str(tmp / "hdf5"), container="hdf5", sizes=[16], workers=1, progress=False)
+    return str(tmp / "hdf5")
+
+
+def _run(shard_set, ckdir, **kw):
+    torch.manual_seed(0)
+    model = SmallResNet(3, width=8, blocks=(1, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = make_scheduler(opt, "onecycle", total_steps=3 * 6)
+    step = TrainStep(model, opt, precision="fp32", accum_steps=2, scheduler=sched)
+    loader = fastdata.Loader(shard_set, batch_size=2, device="cpu", num_workers=2, seed=3)
+    ev = fastdata.Loader(shard_set, batch_size=5, train=False, device="cpu", num_workers=0)
+    hist = fit(step, loader, epochs=3, eval_loader=ev, checkpoint_dir=ckdir,
+               checkpoint_every=2, **kw)
+    return model, hist
+
+
+def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path):
+    whole, hist = _run(shard_set, str(tmp_path / "a"))
+    assert [h["epoch"] for h in hist] == [0, 1, 2] and all(0 <= h["val_acc"] <= 1 for h in hist)
+    assert hist[-1]["steps"] == 3 * 6 and sum(hist[0]["label_counts"]) == 24
+    part, h1 = _run(shard_set, str(tmp_path / "b"), max_steps=8)   # stops mid-epoch 1
+    assert h1[-1]["epoch"] == 1 and not h1[-1]["complete"]
+    assert not torch.equal(params(part), params(whole))
+    resumed, h2 = _run(shard_set, str(tmp_path / "b"))
+    assert [h["epoch"] for h in h2] == [1, 2]
+    assert h1[-1]["samples"] + h2[0]["samples"] == 24
+    torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
+    for a, b in zip(resumed.buffers(), whole.buffers()):       # BatchNorm running stats too
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- the command under torchrun
+def test_fastdata_train_under_torchrun_two_ranks_see_disjoint_data(tmp_path):
+    # one image per class: labels identify samples, so per-rank label counts show the split
+    src = plain_folder(tmp_path / "src", classes=tuple("abcdefgh"), per_class=1)
+    out = str(tmp_path / "shards")
+    convert(src, out, container="lmdb", sizes=[16], workers=1, progress=False)
+    ck = tmp_path / "ck"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--standalone", "-m", "fastdata.cli", "train", out, "--val", out,
+         "--model", "tiny", "--epochs", "2", "--batch-size", "2", "--device", "cpu",
+         "--workers", "0", "--checkpoint", str(ck), "--log-every", "1"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "held-out accuracy" in r.stdout
+    logs = [[json.loads(line) for line in open(ck / f"log-rank{k}.jsonl")] for k in (0, 1)]
+    for epoch in (0, 1):
+        c0, c1 = (logs[k][epoch]["label_counts"] for k in (0, 1))
+        assert sum(c0) == sum(c1) == 4
+        assert all(a + b == 1 for a, b in zip(c0, c1))       # disjoint, and together all 8
+        assert logs[0][epoch]["val_acc"] == logs[1][epoch]["val_acc"]   # reduced over ranks
+    assert (ck / "last.pt").exists()
