@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install fastdata into ./.venv (or $VENV) on a fresh machine.
 #   ./install.sh          the package (+ pillow-simd, built from source, installed last)
-#   ./install.sh --test   the package and its test dependencies
+#   ./install.sh --test   the package and its test dependencies (DALI and matplotlib included)
 #   ./install.sh --dali   also NVIDIA DALI (large download)
 # TORCH sets the torch requirement (default torch==2.13.0: the CPU build on this machine's disk;
 # on a CUDA machine use e.g. TORCH="torch>=2.4").

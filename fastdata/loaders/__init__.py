@@ -17,7 +17,8 @@ from fastdata.format import check_size
 from fastdata.order import Order
 from fastdata.readers import ShardSet
 
-BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend"}   # "dali": issue 5
+BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
+            "dali": "fastdata.loaders.dali_backend:DaliBackend"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "uint8": torch.uint8}
 

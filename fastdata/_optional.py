@@ -1,0 +1,27 @@
+"""Optional dependencies, imported only when a feature needs them; the error names the extra."""
+from __future__ import annotations
+
+import importlib
+
+EXTRAS = {"nvidia.dali": ("dali", "NVIDIA DALI"), "matplotlib": ("plot", "matplotlib"),
+          "torchvision": (None, "torchvision")}
+
+
+def require(module: str, feature: str):
+    """Import ``module`` or raise ImportError saying what to install for ``feature``."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:      # missing, or present but broken (e.g. built for another torch)
+        extra, name = EXTRAS.get(module.split(".plugin")[0], (None, module))
+        how = f"pip install 'fastdata[{extra}]'" if extra else f"pip install {name}"
+        raise ImportError(f"{feature} needs {name} ({type(e).__name__}: {e}); install it with: "
+                          f"{how}") from None
+
+
+def available(module: str) -> tuple[bool, str]:
+    """(importable, reason if not) without raising."""
+    try:
+        require(module, module)
+        return True, ""
+    except ImportError as e:
+        return False, str(e)

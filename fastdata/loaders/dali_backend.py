@@ -1,0 +1,158 @@
+"""The DALI backend: the same batches as the torch backend, decoded and augmented by DALI.
+
+``fn.external_source`` (batch mode) is fed by ``_Source``, which reads this rank's batches from
+``Order`` (the shared order module) through ``ShardSet`` in reader threads, ahead of DALI. Raw
+shards go in as uint8 HWC batches; JPEG shards as encoded bytes for ``fn.decoders.image``
+(``device="mixed"``, nvJPEG, on CUDA; CPU decoding on CPU). DALI's own shuffling, sharding and
+last-batch policies are not used: an epoch ends when our batches do (``StopIteration``), so
+every rank gets exactly what ``Order`` gives it, partial eval batches included.
+
+Augmentation: ``fn.random_resized_crop`` (torchvision's scale/ratio) + a coin-flip mirror in
+``fn.crop_mirror_normalize``; eval: the centre box the torch backend uses, resized with
+``fn.resize`` (antialiased linear), then normalised. bfloat16 is produced from float32 by torch,
+as DALI has no bfloat16. ``channels_last`` output comes from an HWC layout viewed as NCHW.
+A CPU ``device`` runs DALI's CPU-only mode (``device_id=None``).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections import deque
+
+import numpy as np
+import torch
+
+from fastdata._optional import require
+from fastdata.augment import center_boxes
+from fastdata.loaders import Backend
+
+
+class _Source:
+    """Batch-mode source: ``(images, labels)`` per call, raises StopIteration at epoch end."""
+
+    def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int):
+        self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
+        self.jobs: deque = deque()
+        self.window: deque = deque()
+
+    def start(self, batches) -> None:
+        self.jobs, self.window = deque(batches), deque()
+
+    def _read(self, idx: np.ndarray):
+        labels = self.ds.labels[idx]
+        if self.encoded:
+            return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
+                labels
+        out = np.empty((len(idx), self.size, self.size, 3), np.uint8)
+        return self.ds.read_batch(idx, size=self.size, out=out), labels
+
+    def __call__(self):
+        while self.jobs and len(self.window) < self.depth:
+            self.window.append(self.pool.submit(self._read, self.jobs.popleft()))
+        if not self.window:
+            raise StopIteration
+        return self.window.popleft().result()
+
+
+class DaliBackend(Backend):
+    name = "dali"
+
+    def __init__(self, loader):
+        super().__init__(loader)
+        self.dali = require("nvidia.dali", "backend='dali'")
+        self.fn, self.types = require("nvidia.dali.fn", "dali"), require("nvidia.dali.types",
+                                                                          "dali")
+        self.plugin = require("nvidia.dali.plugin.pytorch", "backend='dali'")
+        self.gpu = loader.device.type == "cuda"
+        self.threads = max(1, loader.num_workers)
+        self._reads = cf.ThreadPoolExecutor(max(1, min(4, loader.num_workers)),
+                                            thread_name_prefix="fastdata-dali")
+        self._pipes: dict[int, tuple] = {}
+
+    # ---- pipeline ----
+    def _build(self, size: int):
+        l, fn, types = self.loader, self.fn, self.types
+        t = l.transform
+        encoded = l.dataset.encoding == "jpeg"
+        depth = l.prefetch + 1
+        source = _Source(l.dataset, size, encoded, self._reads, depth)
+        pipe = self.dali.Pipeline(
+            batch_size=l.order.batch_size, num_threads=self.threads,
+            device_id=l.device.index or 0 if self.gpu else None,
+            seed=int(np.random.SeedSequence([l.order.seed, l.order.rank]).generate_state(1)[0]
+                     % 2**31), prefetch_queue_depth=l.prefetch)
+        with pipe:
+            images, labels = fn.external_source(
+                source=source, num_outputs=2, batch=True, layout=[None if encoded else "HWC",
+                                                                 None],
+                dtype=[types.UINT8, types.INT64])
+            if encoded:
+                images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",
+                                           output_type=types.RGB)
+            elif self.gpu:
+                images = images.gpu()
+            out = l.crop or size
+            if t.train:
+                images = fn.random_resized_crop(
+                    images, size=[out, out], random_area=list(t.scale),
+                    random_aspect_ratio=list(t.ratio), num_attempts=10, antialias=True)
+                mirror = fn.random.coin_flip(probability=t.flip)
+            else:
+                top, left, h, w = center_boxes(1, size, size, t.eval_ratio)[0].tolist()
+                if (h, w) != (out, out) or (top, left) != (0, 0):
+                    images = fn.resize(images, size=[out, out], roi_start=[top, left],
+                                       roi_end=[top + h, left + w], roi_relative=False,
+                                       interp_type=types.INTERP_LINEAR, antialias=True)
+                mirror = 0
+            norm = t.dtype != torch.uint8
+            images = fn.crop_mirror_normalize(
+                images, mirror=mirror,
+                dtype=types.FLOAT16 if t.dtype == torch.float16 else
+                (types.FLOAT if norm else types.UINT8),
+                output_layout="HWC" if t.channels_last else "CHW",
+                mean=[255 * m for m in t.mean] if norm else [0.0],
+                std=[255 * s for s in t.std] if norm else [1.0])
+            pipe.set_outputs(images, labels)
+        pipe.build()
+        return pipe, source
+
+    # ---- iteration ----
+    def iterate(self, batches, epoch, start):
+        size = self.loader.size
+        if size not in self._pipes:
+            self._pipes[size] = self._build(size)
+        pipe, source = self._pipes[size]
+        source.start(batches)
+        finished = False
+        try:
+            while True:
+                try:
+                    images, labels = pipe.run()
+                except StopIteration:
+                    finished = True
+                    return
+                yield self._to_torch(images), self._to_torch(labels)
+        finally:
+            if finished:
+                pipe.reset()
+            else:       # left mid-epoch: batches are queued inside; start over next time
+                del self._pipes[size]
+
+    def _to_torch(self, tl) -> torch.Tensor:
+        """A DALI batch → a torch tensor on the loader's device (one copy, on this stream)."""
+        l = self.loader
+        t = tl.as_tensor()
+        on_gpu = isinstance(t, self.plugin.TensorGPU)
+        out = torch.empty(list(t.shape()), dtype=self.plugin.to_torch_type[t.dtype],
+                          device=l.device if on_gpu else "cpu")
+        self.plugin.feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(l.device)
+                                 if on_gpu else None)
+        if out.dim() != 4:                                   # labels
+            return out.reshape(-1).to(l.device, non_blocking=True)
+        out = out.to(l.device, non_blocking=True)
+        if l.transform.channels_last:
+            out = out.permute(0, 3, 1, 2)                    # NHWC storage = channels_last
+        return out.to(torch.bfloat16) if l.transform.dtype == torch.bfloat16 else out
+
+    def close(self):
+        self._pipes.clear()
+        self._reads.shutdown(wait=True)
