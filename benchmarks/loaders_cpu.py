@@ -22,43 +22,7 @@ import torch
 
 import fastdata
 from converters.convert import convert
-from converters.scan import scan_folder
-from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_boxes
-
-
-class PILFolder(torch.utils.data.Dataset):
-    """What users run today: decode + transform per image in DataLoader workers."""
-
-    def __init__(self, root):
-        scan = scan_folder(root)
-        self.root, self.files = root, scan.files
-        try:
-            from torchvision import transforms as T
-            self.tf = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
-                                 T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-            self.kind = "torchvision"
-        except Exception:  # noqa: BLE001 - torchvision is optional
-            self.tf, self.kind = self._equivalent, "in-package equivalent of torchvision"
-        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
-
-    def _equivalent(self, img):
-        from PIL import Image
-        t, l, h, w = random_resized_crop_boxes(1, img.height, img.width)[0].tolist()
-        img = img.resize((224, 224), Image.BILINEAR, box=(l, t, l + w, t + h))
-        if torch.rand(1) < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float().div_(255)
-        return (x - self.mean) / self.std
-
-    def __len__(self):
-        return len(self.files)
-
-    def __getitem__(self, i):
-        from PIL import Image
-        path, label = self.files[i]
-        with Image.open(os.path.join(self.root, path)) as img:
-            return self.tf(img.convert("RGB")), label
+from fastdata.baseline import PILFolder
 
 
 def rss_tree_mb() -> float:

@@ -1,4 +1,4 @@
-"""The ``fastdata`` command line: convert, info, verify, train, demo."""
+"""The ``fastdata`` command line: convert, info, verify, train, bench, demo."""
 from __future__ import annotations
 
 import argparse
@@ -175,33 +175,66 @@ def cmd_train(a) -> int:
     return 0
 
 
+def bench_run(a) -> dict:
+    from fastdata.bench import Bench, plot, table
+
+    report = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
+                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
+                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
+                   precision=a.precision, num_workers=a.workers).run(progress=not a.quiet)
+    echo(table(report))
+    if a.json:
+        from fastdata.format import write_json_atomic
+
+        write_json_atomic(a.json, report)
+        echo(f"figures: {a.json}")
+    if a.plot:
+        plot(report, a.plot)
+        echo(f"plot: {a.plot}")
+    return report
+
+
+def cmd_bench(a) -> int:
+    bench_run(a)
+    return 0
+
+
 def cmd_demo(a) -> int:
+    """Draw the sample set, convert it (HDF5 + LMDB), train on it, bench the loaders."""
     from converters.convert import convert
+    from fastdata._optional import available
     from fastdata.demo import make_sample_folder
 
     root = os.path.abspath(a.dir)
+    j = lambda *p: os.path.join(root, *p)  # noqa: E731
     for split, per_class, seed in (("train", 80, 0), ("val", 20, 1)):
-        src = os.path.join(root, "images", split)
-        if not os.path.isdir(src):
-            log.info("drawing the sample %s images in %s", split, src)
-            make_sample_folder(src, per_class=per_class, seed=seed)
-    for container in CONTAINERS:
-        out = os.path.join(root, f"train-{container}")
-        convert(os.path.join(root, "images", "train"), out, container=container, sizes=[32, 64],
-                overwrite=True, progress=not a.quiet)
+        if not os.path.isdir(j("images", split)):
+            log.info("drawing the sample %s images in %s", split, j("images", split))
+            make_sample_folder(j("images", split), per_class=per_class, seed=seed)
+    for split, container in (("train", "hdf5"), ("train", "lmdb"), ("val", "hdf5")):
+        out = j(f"{split}-{container}")
+        convert(j("images", split), out, container=container, sizes=[32, 64], overwrite=True,
+                progress=not a.quiet)
         print_info(info_dict(out))
-    val = os.path.join(root, "val-hdf5")
-    convert(os.path.join(root, "images", "val"), val, container="hdf5", sizes=[32, 64],
-            overwrite=True, progress=not a.quiet)
-    t = build_parser().parse_args(["train", os.path.join(root, "train-hdf5"), "--val", val,
-                                   "--size", "32", "--epochs", str(a.epochs), "--min-scale", "0.35",
-                                   "--batch-size", "32", "--optimizer", "adamw", "--lr", "0.003",
-                                   "--log-every", "0",
-                                   "--device", "cpu"])
-    last = train_run(t)
+
+    def sub(*argv):
+        ns = build_parser().parse_args([str(x) for x in argv])
+        ns.quiet = a.quiet
+        return ns
+
+    last = train_run(sub("train", j("train-hdf5"), "--val", j("val-hdf5"), "--size", 32,
+                         "--epochs", a.epochs, "--min-scale", 0.35, "--batch-size", 32,
+                         "--optimizer", "adamw", "--lr", 0.003, "--log-every", 0,
+                         "--device", "cpu"))
     if last.get("val_acc", 0) <= 1.5 / 6:
         log.warning("held-out accuracy %.3f is not clearly above chance (0.167)",
                     last.get("val_acc", 0))
+    plot = ["--plot", j("bench.png")] if available("matplotlib")[0] else []
+    if not plot:
+        log.warning("no plot: matplotlib is not installed (pip install 'fastdata[plot]')")
+    bench_run(sub("bench", j("train-hdf5"), "--source", j("images", "train"), "--model",
+                  "resnet8", "--batch-size", 32, "--warmup", 3, "--batches", 10, "--repeat", 2,
+                  "--device", "cpu", "--json", j("bench.json"), *plot))
     return 0
 
 
@@ -280,6 +313,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(t)
     t.set_defaults(func=cmd_train)
 
+    b = sub.add_parser("bench", help="loader and model throughput vs a PIL baseline and the "
+                       "synthetic-data ceiling")
+    b.add_argument("out", help="shard set")
+    b.add_argument("--source", help="image folder for the baseline (default: the manifest's "
+                   "source, when it still exists)")
+    b.add_argument("--backends", default="baseline,torch,dali",
+                   help="comma-separated: baseline, torch, dali")
+    b.add_argument("--model", default="none", help="none, a built-in (tiny, resnet8, "
+                   "resnet14), a torchvision name (resnet18, resnet50...) or module:callable")
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--size", type=_size, default=None, help="stored size to read")
+    b.add_argument("--crop", type=int, default=None, help="training crop (default min(224, "
+                   "size))")
+    b.add_argument("--warmup", type=int, default=5, help="batches before timing")
+    b.add_argument("--batches", type=int, default=50, help="batches per timed run")
+    b.add_argument("--repeat", type=int, default=3, help="timed runs (median and spread)")
+    b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    b.add_argument("--workers", type=int, default=None, help="loader workers / DALI threads")
+    b.add_argument("--device", default=None)
+    b.add_argument("--json", help="write every figure and the environment here")
+    b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")
+    b.set_defaults(func=cmd_bench)
+
     d = sub.add_parser("demo", help="draw a sample dataset, convert it, train on it")
     d.add_argument("--dir", default="fastdata-demo", help="working directory (default "
                    "./fastdata-demo)")
@@ -294,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return a.func(a)
-    except (ValueError, FileExistsError, FileNotFoundError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, ImportError) as e:
         log.error("%s", e)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,64 @@
+"""The pipeline users have today, as the reference ``fastdata bench`` compares against:
+ImageFolder-style dataset, PIL decode, RandomResizedCrop + flip + ToTensor + Normalize per
+image in DataLoader workers, pinned memory on CUDA.
+
+torchvision's classes are used when torchvision imports; otherwise an in-package equivalent
+(the same RandomResizedCrop parameter sampling, PIL bilinear resize of the box, flip, scale,
+normalise). ``kind`` says which ran.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_boxes
+
+
+class PILFolder(torch.utils.data.Dataset):
+    def __init__(self, root: str, *, crop: int = 224):
+        from converters.scan import scan_folder
+
+        scan = scan_folder(root)
+        self.root, self.files, self.classes, self.crop = root, scan.files, scan.classes, crop
+        try:
+            from torchvision import transforms as T
+            self.tf = T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(),
+                                 T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+            self.kind = "torchvision"
+        except Exception:  # noqa: BLE001 - torchvision is optional (and may not import)
+            self.tf, self.kind = self._equivalent, "in-package equivalent of torchvision"
+        self.mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        self.std = torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
+    def _equivalent(self, img):
+        from PIL import Image
+
+        t, l, h, w = random_resized_crop_boxes(1, img.height, img.width)[0].tolist()
+        img = img.resize((self.crop, self.crop), Image.BILINEAR, box=(l, t, l + w, t + h))
+        if torch.rand(1) < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.array(img)).permute(2, 0, 1).float().div_(255)
+        return (x - self.mean) / self.std
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        path, label = self.files[i]
+        with Image.open(os.path.join(self.root, path)) as img:
+            return self.tf(img.convert("RGB")), label
+
+
+def baseline_loader(root: str, *, batch_size: int, crop: int = 224, num_workers: int = 2,
+                    device: torch.device = torch.device("cpu"), seed: int = 0):
+    """A shuffled DataLoader over ``root`` (full batches), and the dataset (for ``kind``)."""
+    ds = PILFolder(root, crop=crop)
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, shuffle=True, num_workers=num_workers, drop_last=True,
+        pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed))
+    return dl, ds

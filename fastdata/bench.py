@@ -1,0 +1,338 @@
+"""``fastdata bench``: loaders against each other, against a plain PIL pipeline, and against
+the model's synthetic-data ceiling.
+
+For each backend (``baseline``: ImageFolder + PIL + DataLoader over the source folder;
+``torch``; ``dali``), after ``warmup`` batches, ``repeat`` runs of ``batches`` batches each:
+
+* loader only: images/s (median, min, max over the runs);
+* with a model: the same ``TrainStep`` fed by the loader, and on one synthetic on-device batch
+  (the ceiling; its runs alternate with the fed runs, so the fraction of the ceiling compares
+  neighbouring runs), and the fraction of wall time the step waited for the next batch;
+* peak PSS of the process tree (workers included), sampled after every run.
+
+On CUDA the model timings use CUDA events. A backend that cannot run here (DALI not installed,
+no source folder for the baseline) is reported as skipped with the reason.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+
+import torch
+
+from fastdata._optional import available, require
+
+log = logging.getLogger("fastdata.bench")
+SCHEMA = "fastdata-bench/1"
+BACKENDS = ("baseline", "torch", "dali")
+
+
+def rss_tree_mb() -> float | None:
+    """Proportional set size (MiB) of this process and its children; None off Linux."""
+    pids = [os.getpid()]
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            pass
+    return total / 1024
+
+
+def _forever(loader):
+    """Batches across epochs (``set_epoch`` between them)."""
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yields no full batch: use a smaller --batch-size")
+        epoch += 1
+
+
+def _stats(runs: list[float]) -> dict:
+    return {"median": statistics.median(runs), "min": min(runs), "max": max(runs),
+            "runs": runs}
+
+
+class _Clock:
+    """Wall time of a block; on CUDA measured between CUDA events."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            self.a.record()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.b.record()
+            self.b.synchronize()
+            self.seconds = self.a.elapsed_time(self.b) / 1000
+        else:
+            self.seconds = time.perf_counter() - self.t0
+
+
+class Bench:
+    def __init__(self, out: str, *, source: str | None = None, backends=BACKENDS,
+                 model: str = "none", batch_size: int = 64, size: int | None = None,
+                 crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
+                 device=None, precision: str | None = None, num_workers: int | None = None,
+                 seed: int = 0):
+        from fastdata.readers import ShardSet
+        from fastdata.train.step import default_precision
+
+        bad = [b for b in backends if b not in BACKENDS]
+        if bad or not backends:
+            raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
+                             f"{', '.join(BACKENDS)}")
+        for name, v in (("batch_size", batch_size), ("batches", batches), ("repeat", repeat)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} is not valid; use an integer >= 1")
+        if not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup={warmup!r} is not valid; use an integer >= 0")
+        self.ds = ShardSet(out)
+        self.size = self.ds.size if size is None else size
+        self.crop = crop or min(224, self.size)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.precision = precision or default_precision(self.device)
+        self.dtype = torch.bfloat16 if (self.device.type == "cuda" and
+                                        self.precision == "bf16") else torch.float32
+        src = source or self.ds.manifest.get("source")
+        self.source = src if src and os.path.isdir(src) else None
+        self.backends, self.model_name = list(backends), model
+        self.batch_size, self.warmup, self.batches, self.repeat = batch_size, warmup, batches, \
+            repeat
+        self.num_workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
+        self.seed = seed
+
+    # ---- loaders ----
+    def _loader(self, backend: str):
+        if backend == "baseline":
+            from fastdata.baseline import baseline_loader
+
+            if self.source is None:
+                raise _Skip("no source image folder (give --source; the manifest's source "
+                            "folder is not there)")
+            dl, ds = baseline_loader(self.source, batch_size=self.batch_size, crop=self.crop,
+                                     num_workers=self.num_workers, device=self.device,
+                                     seed=self.seed)
+            return dl, ds.kind
+        if backend == "dali":
+            ok, why = available("nvidia.dali")
+            if not ok:
+                raise _Skip(why)
+        from fastdata.loaders import Loader
+
+        loader = Loader(self.ds, backend=backend, batch_size=self.batch_size, train=True,
+                        size=self.size, crop=self.crop, device=self.device, dtype=self.dtype,
+                        num_workers=self.num_workers, seed=self.seed)
+        return loader, f"{self.ds.container} {self.ds.encoding} {self.size}px"
+
+    def _to_device(self, x, y):
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def loader_only(self, it, bar) -> dict:
+        for _ in range(self.warmup):
+            next(it)
+        runs, rss = [], []
+        for _ in range(self.repeat):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0, n = time.perf_counter(), 0
+            for _ in range(self.batches):
+                x, y = self._to_device(*next(it))
+                n += len(x)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            runs.append(n / (time.perf_counter() - t0))
+            rss.append(rss_tree_mb())
+            bar.update()
+        return {"img_per_s": _stats(runs), "rss": rss}
+
+    # ---- model ----
+    def _step(self):
+        from fastdata.train import TrainStep, build_model
+
+        torch.manual_seed(self.seed)
+        model = build_model(self.model_name, len(self.ds.classes)).to(self.device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        return TrainStep(model, opt, precision=self.precision)
+
+    def fed(self, it, bar) -> dict:
+        """Alternate a synthetic-data run (the ceiling) and a loader-fed run of the same step,
+        so both see the same machine state; ratios come from runs next to each other."""
+        step = self._step()
+        x = torch.randn(self.batch_size, 3, self.crop, self.crop, device=self.device,
+                        dtype=self.dtype)
+        y = torch.randint(0, len(self.ds.classes), (self.batch_size,), device=self.device)
+        for _ in range(self.warmup):
+            step(x, y)
+            step(*self._to_device(*next(it)))
+        ceiling, runs, waits, rss = [], [], [], []
+        for _ in range(self.repeat):
+            with _Clock(self.device) as c:
+                for _ in range(self.batches):
+                    step(x, y)
+            ceiling.append(self.batch_size * self.batches / c.seconds)
+            wait, n = 0.0, 0
+            with _Clock(self.device) as c:
+                for _ in range(self.batches):
+                    t = time.perf_counter()
+                    xb, yb = self._to_device(*next(it))
+                    wait += time.perf_counter() - t
+                    step(xb, yb)
+                    n += len(xb)
+            runs.append(n / c.seconds)
+            waits.append(wait / c.seconds)
+            rss.append(rss_tree_mb())
+            bar.update()
+        return {"img_per_s": _stats(runs), "ceiling": _stats(ceiling),
+                "fraction_of_ceiling": statistics.median(runs) / statistics.median(ceiling),
+                "data_wait_frac": statistics.median(waits), "rss": rss}
+
+    # ---- the run ----
+    def run(self, progress: bool = True) -> dict:
+        from tqdm import tqdm
+
+        from fastdata.env import env_info
+
+        with_model = self.model_name != "none"
+        per = self.repeat * (2 if with_model else 1)
+        results, ceiling = [], []
+        with tqdm(total=len(self.backends) * per, desc="bench", unit="run",
+                  disable=not progress) as bar:
+            for name in self.backends:
+                bar.set_description(f"bench: {name}")
+                try:
+                    loader, what = self._loader(name)
+                except _Skip as e:
+                    results.append({"backend": name, "status": "skipped", "reason": str(e)})
+                    bar.update(per)
+                    continue
+                it = _forever(loader)
+                rec = {"backend": name, "status": "ok", "what": what}
+                lo = self.loader_only(it, bar)
+                rec["loader"] = {"img_per_s": lo["img_per_s"]}
+                rss = lo["rss"]
+                if with_model:
+                    f = self.fed(it, bar)
+                    rss += f.pop("rss")
+                    ceiling += f["ceiling"]["runs"]
+                    rec["model"] = {"name": self.model_name, **f}
+                rss = [r for r in rss if r is not None]
+                rec["peak_pss_mb"] = max(rss) if rss else None
+                it.close()
+                if hasattr(loader, "close"):
+                    loader.close()
+                results.append(rec)
+        base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
+                    None)
+        for r in results:
+            if base and r["status"] == "ok":
+                r["loader"]["vs_baseline"] = (r["loader"]["img_per_s"]["median"]
+                                              / base["loader"]["img_per_s"]["median"])
+        env = env_info()
+        return {
+            "schema": SCHEMA,
+            "config": {"shards": self.ds.root, "container": self.ds.container,
+                       "encoding": self.ds.encoding, "size": self.size, "crop": self.crop,
+                       "source": self.source, "model": self.model_name,
+                       "batch_size": self.batch_size, "warmup": self.warmup,
+                       "batches": self.batches, "repeat": self.repeat,
+                       "device": str(self.device), "precision": self.precision,
+                       "dtype": str(self.dtype).replace("torch.", ""),
+                       "num_workers": self.num_workers},
+            "env": env,
+            "ceiling": {"model": self.model_name, "img_per_s": _stats(ceiling)}
+            if ceiling else None,
+            "results": results,
+        }
+
+
+class _Skip(Exception):
+    pass
+
+
+def table(report: dict) -> str:
+    """The report as a fixed-width text table."""
+    c = report["config"]
+    lines = [f"{c['shards']} ({c['container']}, {c['encoding']}, {c['size']}px → crop "
+             f"{c['crop']}), batch {c['batch_size']}, {c['device']}, "
+             f"{c['batches']} batches × {c['repeat']} runs"]
+    head = f"{'backend':<9} {'loader img/s':>13} {'(min-max)':>15} {'× base':>7}"
+    if report["ceiling"]:
+        head += f" {'model img/s':>12} {'ceiling':>8} {'% ceiling':>9} {'data wait':>9}"
+    lines += [head + f" {'peak PSS':>9}", "-" * len(head + " " * 10)]
+    for r in report["results"]:
+        if r["status"] != "ok":
+            lines.append(f"{r['backend']:<9} skipped: {r['reason']}")
+            continue
+        s = r["loader"]["img_per_s"]
+        vs = r["loader"].get("vs_baseline")
+        spread = f"{s['min']:.0f}-{s['max']:.0f}"
+        times = f"{vs:.1f}x" if vs else "-"
+        row = f"{r['backend']:<9} {s['median']:>13.0f} {spread:>15} {times:>7}"
+        if report["ceiling"]:
+            m = r["model"]
+            row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
+                    f"{m['fraction_of_ceiling']:>9.0%} "
+                    f"{m['data_wait_frac']:>9.0%}")
+        pss = r["peak_pss_mb"]
+        lines.append(row + (f" {pss:>6.0f} MB" if pss is not None else f" {'-':>9}"))
+    if report["ceiling"]:
+        lines.append(f"ceiling = {report['ceiling']['model']} on one synthetic on-device batch, "
+                     f"runs alternating with the fed runs")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    """Bar chart (PNG): loader-only img/s per backend, and model img/s vs the ceiling."""
+    require("matplotlib", "--plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    names = [r["backend"] for r in ok]
+    panels = 2 if report["ceiling"] else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels + 1, 4), squeeze=False)
+    ax = axes[0][0]
+    med = [r["loader"]["img_per_s"]["median"] for r in ok]
+    err = [[m - r["loader"]["img_per_s"]["min"] for m, r in zip(med, ok)],
+           [r["loader"]["img_per_s"]["max"] - m for m, r in zip(med, ok)]]
+    ax.bar(names, med, yerr=err, color="tab:blue", capsize=4)
+    ax.set_title("loader only")
+    ax.set_ylabel("images / s")
+    if report["ceiling"]:
+        ax = axes[0][1]
+        ax.bar(names, [r["model"]["img_per_s"]["median"] for r in ok], color="tab:green")
+        ceil = report["ceiling"]["img_per_s"]["median"]
+        ax.axhline(ceil, color="tab:red", linestyle="--", label=f"ceiling {ceil:.0f}")
+        ax.set_title(f"{report['ceiling']['model']} fed by the loader")
+        ax.legend()
+    c = report["config"]
+    fig.suptitle(f"{c['container']} {c['encoding']} {c['size']}px, crop {c['crop']}, "
+                 f"batch {c['batch_size']}, {c['device']}")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,92 @@
+"""`fastdata bench` end to end on a tiny fixture: JSON schema, table, plot; `fastdata demo`."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PIL import Image
+
+from converters.convert import convert
+from fastdata.cli import main
+from tests.conftest import plain_folder
+
+
+@pytest.fixture(scope="module")
+def bench_set(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    src = plain_folder(tmp / "src", per_class=6)
+    convert(src, str(tmp / "shards"), container="hdf5", sizes=[16, 32], workers=1,
+            progress=False)
+    return src, str(tmp / "shards")
+
+
+def check_stats(s):
+    assert set(s) == {"median", "min", "max", "runs"} and len(s["runs"]) == 2
+    assert 0 < s["min"] <= s["median"] <= s["max"]
+
+
+@pytest.mark.parametrize("model", ["none", "tiny"])
+def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
+    src, shards = bench_set
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    rc = main(["-q", "bench", shards, "--source", src, "--model", model, "--batch-size", "4",
+               "--warmup", "1", "--batches", "2", "--repeat", "2", "--workers", "1",
+               "--device", "cpu", "--json", str(js), "--plot", str(png)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    rep = json.loads(js.read_text())
+    assert rep["schema"] == "fastdata-bench/1"
+    assert rep["config"]["crop"] == 32 and rep["config"]["model"] == model
+    assert {"torch", "pil", "pil_simd", "h5py", "lmdb", "dali", "cpu_count", "gpu"} <= \
+        set(rep["env"])
+    by = {r["backend"]: r for r in rep["results"]}
+    assert list(by) == ["baseline", "torch", "dali"]
+    assert by["baseline"]["status"] == by["torch"]["status"] == "ok"
+    assert by["baseline"]["what"].startswith(("torchvision", "in-package"))
+    for name, r in by.items():
+        if r["status"] == "skipped":        # only DALI may be missing, and it says why
+            assert name == "dali" and "fastdata[dali]" in r["reason"]
+            continue
+        check_stats(r["loader"]["img_per_s"])
+        assert r["loader"]["vs_baseline"] > 0
+        assert r["peak_pss_mb"] > 0
+        if model == "none":
+            assert "model" not in r
+        else:
+            m = r["model"]
+            check_stats(m["img_per_s"])
+            check_stats(m["ceiling"])
+            assert m["fraction_of_ceiling"] > 0 and 0 <= m["data_wait_frac"] <= 1
+        assert name in out
+    assert (rep["ceiling"] is None) == (model == "none")
+    with Image.open(png) as im:
+        im.verify()
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] >= 400
+
+
+def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path, caplog):
+    src, shards = bench_set
+    gone = str(tmp_path / "gone")
+    shutil.copytree(src, gone)
+    convert(gone, str(tmp_path / "orphan"), sizes=[16], workers=1, progress=False)
+    shutil.rmtree(gone)                            # the manifest's source folder is gone
+    js = tmp_path / "s.json"
+    assert main(["-q", "bench", str(tmp_path / "orphan"), "--backends", "baseline,torch",
+                 "--batch-size", "4", "--warmup", "0", "--batches", "1", "--repeat", "1",
+                 "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    assert rep["results"][0]["status"] == "skipped" and "source" in rep["results"][0]["reason"]
+    assert rep["results"][1]["status"] == "ok"
+    assert main(["-q", "bench", shards, "--backends", "torch,ffcv"]) == 2
+    assert "backends=ffcv is not valid; choose from baseline, torch, dali" in caplog.text
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end(tmp_path, capsys):
+    assert main(["-q", "demo", "--dir", str(tmp_path / "demo"), "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "held-out accuracy" in out and "bench.json" in out
+    rep = json.loads((tmp_path / "demo" / "bench.json").read_text())
+    assert rep["config"]["model"] == "resnet8"
