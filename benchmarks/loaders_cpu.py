@@ -17,32 +17,12 @@ import argparse
 import os
 import time
 
-import numpy as np
 import torch
 
 import fastdata
 from converters.convert import convert
 from fastdata.baseline import PILFolder
-
-
-def rss_tree_mb() -> float:
-    """Proportional set size of this process and its children (shared pages split fairly)."""
-    total = 0
-    pids = [os.getpid()]
-    try:
-        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
-            pids += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("Pss:"):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+from fastdata.bench import rss_tree_mb
 
 
 def throughput(loader, epochs=1, max_batches=None) -> tuple[float, list[float]]:

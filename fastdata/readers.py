@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, check_size, lmdb_crc_key,
                              lmdb_key, read_manifest)
+
+
+# Opening is serialised: reader threads (torch or DALI backend) may open the same shard at once,
+# and LMDB allows one environment per file per process. A child of fork gets a fresh lock.
+_OPEN_LOCK = threading.Lock()
+
+
+def _reset_open_lock() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_open_lock)
 
 
 class ShardReader:
@@ -29,9 +43,13 @@ class ShardReader:
 
     @property
     def h(self) -> dict:
-        if self._h is None or self._pid != os.getpid():
-            self._h, self._pid = self._open(), os.getpid()
-        return self._h
+        h = self._h
+        if h is None or self._pid != os.getpid():
+            with _OPEN_LOCK:
+                if self._h is None or self._pid != os.getpid():
+                    self._h, self._pid = self._open(), os.getpid()
+                h = self._h
+        return h
 
     def __getstate__(self):
         return {**self.__dict__, "_h": None, "_pid": -1}

@@ -127,6 +127,28 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F
     assert "pip install 'fastdata[dali]'" in r.stdout and "backend='dali'" in r.stdout
 
 
+def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
+    """A forked worker whose garbage collector meets the parent's DALI pipeline (a reference
+    cycle loader <-> backend) must not crash: it used to die with SIGSEGV."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, size=16,
+                                 device="cpu")
+        list(loader)
+        del loader                              # now only the cyclic collector can free it
+        pid = os.fork()
+        if pid == 0:
+            gc.collect()
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        gc.enable()
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
 @gpu
 def test_gpu_pipeline_matches_cpu_labels(jpeg_shards, shards):  # noqa: F811
     for path in (jpeg_shards["hdf5"], shards["hdf5"]):

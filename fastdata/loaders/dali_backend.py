@@ -16,6 +16,8 @@ A CPU ``device`` runs DALI's CPU-only mode (``device_id=None``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
+import weakref
 from collections import deque
 
 import numpy as np
@@ -24,6 +26,20 @@ import torch
 from fastdata._optional import require
 from fastdata.augment import center_boxes
 from fastdata.loaders import Backend
+
+
+# A fork child inherits this process's DALI pipelines but not their threads: destroying one
+# there (its garbage collector will try) kills the child with SIGSEGV. Copies inherited by a
+# child are therefore kept alive in it for good. (Found as a DataLoader worker crash.)
+_PIPELINES: weakref.WeakSet = weakref.WeakSet()
+_INHERITED: list = []
+
+
+def _keep_inherited_pipelines() -> None:
+    _INHERITED.extend(_PIPELINES)
+
+
+os.register_at_fork(after_in_child=_keep_inherited_pipelines)
 
 
 class _Source:
@@ -58,14 +74,13 @@ class DaliBackend(Backend):
 
     def __init__(self, loader):
         super().__init__(loader)
-        self.dali = require("nvidia.dali", "backend='dali'")
-        self.fn, self.types = require("nvidia.dali.fn", "dali"), require("nvidia.dali.types",
-                                                                          "dali")
-        self.plugin = require("nvidia.dali.plugin.pytorch", "backend='dali'")
+        need = "backend='dali'"
+        self.dali = require("nvidia.dali", need)
+        self.fn, self.types = require("nvidia.dali.fn", need), require("nvidia.dali.types", need)
+        self.plugin = require("nvidia.dali.plugin.pytorch", need)
         self.gpu = loader.device.type == "cuda"
         self.threads = max(1, loader.num_workers)
-        self._reads = cf.ThreadPoolExecutor(max(1, min(4, loader.num_workers)),
-                                            thread_name_prefix="fastdata-dali")
+        self._reads: cf.ThreadPoolExecutor | None = None
         self._pipes: dict[int, tuple] = {}
 
     # ---- pipeline ----
@@ -73,11 +88,13 @@ class DaliBackend(Backend):
         l, fn, types = self.loader, self.fn, self.types
         t = l.transform
         encoded = l.dataset.encoding == "jpeg"
-        depth = l.prefetch + 1
-        source = _Source(l.dataset, size, encoded, self._reads, depth)
+        if self._reads is None:
+            self._reads = cf.ThreadPoolExecutor(max(1, min(4, l.num_workers)),
+                                                thread_name_prefix="fastdata-dali")
+        source = _Source(l.dataset, size, encoded, self._reads, depth=l.prefetch + 1)
         pipe = self.dali.Pipeline(
             batch_size=l.order.batch_size, num_threads=self.threads,
-            device_id=l.device.index or 0 if self.gpu else None,
+            device_id=(l.device.index or 0) if self.gpu else None,
             seed=int(np.random.SeedSequence([l.order.seed, l.order.rank]).generate_state(1)[0]
                      % 2**31), prefetch_queue_depth=l.prefetch)
         with pipe:
@@ -113,6 +130,7 @@ class DaliBackend(Backend):
                 std=[255 * s for s in t.std] if norm else [1.0])
             pipe.set_outputs(images, labels)
         pipe.build()
+        _PIPELINES.add(pipe)
         return pipe, source
 
     # ---- iteration ----
@@ -155,4 +173,6 @@ class DaliBackend(Backend):
 
     def close(self):
         self._pipes.clear()
-        self._reads.shutdown(wait=True)
+        if self._reads is not None:
+            self._reads.shutdown(wait=True)
+            self._reads = None

@@ -9,6 +9,8 @@ a side stream and transformed there, ``prefetch`` batches ahead of the consumer.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
+import functools
 import threading
 from collections import deque
 
@@ -16,6 +18,37 @@ import numpy as np
 import torch
 
 from fastdata.loaders import Backend
+
+
+@functools.lru_cache(maxsize=1)
+def _openmp():
+    """The OpenMP runtime torch uses (found among the loaded libraries), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libgomp" in line or "libiomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            pass
+    return None
+
+
+def one_intraop_thread() -> None:
+    """Make ATen ops in *this* thread single-threaded (OpenMP's per-thread nthreads setting).
+
+    Worker threads already process whole batches in parallel; ops inside each starting an
+    OpenMP team as wide as the machine oversubscribe the cores (2 cores, RRC224 float32,
+    interleaved runs in one process: median 2631 img/s without, 2901 with).
+    ``torch.set_num_threads`` would also change the default of every later thread, the
+    training loop's included.
+    """
+    torch.get_num_threads()         # this thread's lazy OpenMP set-up runs now, not afterwards
+    lib = _openmp()
+    if lib is not None:
+        lib.omp_set_num_threads(1)
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -111,7 +144,8 @@ class TorchBackend(Backend):
                 yield reader(*job)
         elif l.workers == "thread":
             if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(l.num_workers, thread_name_prefix="fastdata")
+                self._pool = cf.ThreadPoolExecutor(l.num_workers, thread_name_prefix="fastdata",
+                                                   initializer=one_intraop_thread)
             window: deque = deque()
             depth = l.num_workers + l.prefetch
             for job in jobs:

@@ -1,0 +1,81 @@
+"""Loader-only at 224 train augmentation on this CPU machine, one run, every contender:
+baseline (PIL folder) vs fastdata torch (HDF5 raw, LMDB raw, HDF5 JPEG) vs fastdata DALI CPU
+vs FFCV 1.0.2 (raw and JPEG .beton written from the same 256x256 pixels).
+
+    python benchmarks/make_photos.py /tmp/photos
+    .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare \
+        --ffcv-python /tmp/ffcv-venv/bin/python     # see benchmarks/ffcv_cpu.py for that venv
+
+Prints a markdown table (figures in benchmarks/RESULTS.md) and writes WORK/compare.json.
+Batch 64, 2 workers/threads, float32 NCHW output, RandomResizedCrop(224) + flip + normalise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from converters.convert import convert
+from fastdata.bench import Bench
+from fastdata.env import env_info
+
+SETS = {"raw-hdf5": dict(container="hdf5"), "raw-lmdb": dict(container="lmdb"),
+        "jpeg-hdf5": dict(container="hdf5", encoding="jpeg", quality=90)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("photos")
+    ap.add_argument("--work", default="/tmp/fd-compare")
+    ap.add_argument("--ffcv-python", default=None, help="python of an environment with ffcv")
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    kw = dict(batch_size=64, crop=224, warmup=5, batches=a.batches, repeat=a.repeat,
+              device="cpu", num_workers=2)
+    rows = []
+    for name, opts in SETS.items():
+        out = os.path.join(a.work, name)
+        if not os.path.exists(os.path.join(out, "manifest.json")):
+            convert(a.photos, out, sizes=[256], overwrite=True, progress=False, **opts)
+        backends = ["baseline", "torch", "dali"] if name == "raw-hdf5" else ["torch", "dali"]
+        rep = Bench(out, source=a.photos, backends=backends, **kw).run(progress=False)
+        for r in rep["results"]:
+            label = r["backend"] if r["backend"] == "baseline" else f"{r['backend']} {name}"
+            rows.append((label, r.get("loader", {}).get("img_per_s"), r.get("what", ""),
+                         r.get("reason")))
+            print(rows[-1], file=sys.stderr, flush=True)
+        if a.ffcv_python and name in ("raw-hdf5", "jpeg-hdf5"):
+            mode = "raw" if name == "raw-hdf5" else "jpg"
+            p = subprocess.run([a.ffcv_python, os.path.join(os.path.dirname(__file__),
+                                                             "ffcv_cpu.py"), out, "--mode", mode,
+                                "--work", os.path.join(a.work, "ffcv"), "--batches",
+                                str(a.batches), "--repeat", str(a.repeat)],
+                               capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": os.getcwd()})
+            if p.returncode:
+                rows.append((f"ffcv {mode}", None, "", p.stderr[-300:]))
+            else:
+                f = json.loads(p.stdout.strip().splitlines()[-1])
+                rows.append((f"ffcv {mode} (same 256px pixels)", f["img_per_s"], "", None))
+            print(rows[-1], file=sys.stderr, flush=True)
+    base = rows[0][1]["median"]
+    print(f"# {os.cpu_count()} cpus, torch {torch.__version__}, batch 64, RRC224 float32")
+    print("| loader | img/s (median) | min–max | × baseline |")
+    print("| --- | --- | --- | --- |")
+    for label, s, what, why in rows:
+        if s is None:
+            print(f"| {label} | skipped: {why} | | |")
+        else:
+            print(f"| {label} | {s['median']:.0f} | {s['min']:.0f}–{s['max']:.0f} | "
+                  f"{s['median'] / base:.1f}× |")
+    with open(os.path.join(a.work, "compare.json"), "w") as f:
+        json.dump({"env": env_info(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
