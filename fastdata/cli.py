@@ -146,11 +146,10 @@ def train_run(a) -> dict:
                                   weight_decay=a.weight_decay)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        total = a.epochs * max(1, len(train) // a.accum)
+        total = max(1, a.epochs * len(train) // a.accum)      # optimizer steps in the run
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
-                         clip_grad_norm=a.clip_grad_norm, scheduler=sched,
-                         channels_last=info.device.type == "cuda", compile=a.compile)
+                         clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile)
         log.info("rank %d/%d on %s, precision %s: %s", info.rank, info.world_size,
                  info.device, precision, train)
         if not info.is_main:        # one rank's progress is enough; warnings still show
