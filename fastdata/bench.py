@@ -15,6 +15,7 @@ no source folder for the baseline) is reported as skipped with the reason.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import statistics
@@ -242,6 +243,8 @@ class Bench:
                 it.close()
                 if hasattr(loader, "close"):
                     loader.close()
+                del it, loader          # the baseline's persistent workers must not linger
+                gc.collect()            # into the next backend's memory figures
                 results.append(rec)
         base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
                     None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import functools
+import os
 import threading
 from collections import deque
 
@@ -28,7 +29,8 @@ def _openmp():
             paths = {line.split()[-1] for line in f if "libgomp" in line or "libiomp" in line}
     except OSError:
         return None
-    for path in sorted(paths):
+    own = os.path.dirname(torch.__file__)       # torch's own copy first (others may be loaded)
+    for path in sorted(paths, key=lambda p: not p.startswith(own)):
         try:
             return ctypes.CDLL(path)
         except OSError:
