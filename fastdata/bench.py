@@ -183,6 +183,8 @@ class Bench:
         step = self._step()
         x = torch.randn(self.batch_size, 3, self.crop, self.crop, device=self.device,
                         dtype=self.dtype)
+        if step.channels_last:          # as the loaders deliver it: no per-step copy
+            x = x.contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, len(self.ds.classes), (self.batch_size,), device=self.device)
         for _ in range(self.warmup):
             step(x, y)
