@@ -14,7 +14,9 @@ DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
 * ``channels_last`` (default: on CUDA) converts the model once and each batch (a no-op for
   loader output that already is).
 * No host synchronisation: nothing calls ``.item()``/``.cpu()``; ``loss_sum``/``samples`` add
-  up on the device and are read by whoever logs, when they log.
+  up on the device and are read by whoever logs, when they log. (One exception belongs to
+  torch: with fp16, ``GradScaler.step`` reads the inf check on the host once per optimizer
+  step unless the optimizer is fused, e.g. ``SGD(..., fused=True)``; bf16 needs no scaler.)
 """
 from __future__ import annotations
 
