@@ -50,6 +50,7 @@ def env_info() -> dict:
         "pil_simd": pil_is_simd(),
         "libjpeg_turbo": bool(PIL.features.check_feature("libjpeg_turbo")),
         "webp": bool(PIL.features.check("webp")),
+        "simplejpeg": _version("simplejpeg"),
         "dali": _version("nvidia-dali-cuda120"),
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),
