@@ -98,7 +98,7 @@ class Bench:
                  device=None, precision: str | None = None, num_workers: int | None = None,
                  seed: int = 0):
         from fastdata.readers import ShardSet
-        from fastdata.train.step import default_precision
+        from fastdata.train.step import default_precision, input_dtype
 
         bad = [b for b in backends if b not in BACKENDS]
         if bad or not backends:
@@ -114,8 +114,7 @@ class Bench:
         self.crop = crop or min(224, self.size)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.precision = precision or default_precision(self.device)
-        self.dtype = torch.bfloat16 if (self.device.type == "cuda" and
-                                        self.precision == "bf16") else torch.float32
+        self.dtype = input_dtype(self.precision, self.device)
         src = source or self.ds.manifest.get("source")
         self.source = src if src and os.path.isdir(src) else None
         self.backends, self.model_name = list(backends), model

@@ -16,18 +16,15 @@ def echo(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        return [check_size(t) for t in text.split(",") if t.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _size(text: str) -> int:
     try:
         return check_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    return [_size(t) for t in text.split(",") if t.strip()]
 
 
 def _human(n: float) -> str:
@@ -125,13 +122,12 @@ def train_run(a) -> dict:
     from fastdata.loaders import Loader
     from fastdata.train import TrainStep, build_model, fit, make_scheduler
     from fastdata.train import distributed as dist
-    from fastdata.train.step import default_precision
+    from fastdata.train.step import default_precision, input_dtype
 
     info = dist.setup(device=a.device)
     try:
         precision = a.precision or default_precision(info.device)
-        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        dtype = low if (low is not None and info.device.type == "cuda") else torch.float32
+        dtype = input_dtype(precision, info.device)
         common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
                       device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers)
         train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
@@ -308,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("out")
     v.set_defaults(func=cmd_verify)
 
+    from fastdata.train.step import PRECISIONS
+
     t = sub.add_parser("train", help="train a model on a shard set (torchrun for DDP)")
     add_train_args(t)
     t.set_defaults(func=cmd_train)
@@ -328,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5, help="batches before timing")
     b.add_argument("--batches", type=int, default=50, help="batches per timed run")
     b.add_argument("--repeat", type=int, default=3, help="timed runs (median and spread)")
-    b.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    b.add_argument("--precision", choices=list(PRECISIONS), default=None)
     b.add_argument("--workers", type=int, default=None, help="loader workers / DALI threads")
     b.add_argument("--device", default=None)
     b.add_argument("--json", help="write every figure and the environment here")

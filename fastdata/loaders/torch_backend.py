@@ -42,8 +42,8 @@ def one_intraop_thread() -> None:
     """Make ATen ops in *this* thread single-threaded (OpenMP's per-thread nthreads setting).
 
     Worker threads already process whole batches in parallel; ops inside each starting an
-    OpenMP team as wide as the machine oversubscribe the cores (2 cores, RRC224 float32,
-    interleaved runs in one process: median 2631 img/s without, 2901 with).
+    OpenMP team as wide as the machine oversubscribe the cores (2 cores, RRC224 float32:
+    2991 → 3503 img/s, ``benchmarks/ab_cpu.py``).
     ``torch.set_num_threads`` would also change the default of every later thread, the
     training loop's included.
     """

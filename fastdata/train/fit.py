@@ -108,7 +108,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
         stopped = False
         for k, (images, labels) in enumerate(loader, 1):
             step(images, labels)
-            seen += torch.bincount(labels, minlength=nclass)
+            seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
             if log_every and k % log_every == 0:
                 m = step.read_metrics()
                 loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]

@@ -35,6 +35,13 @@ def default_precision(device: torch.device) -> str:
     return "fp32"
 
 
+def input_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """What a loader should deliver for ``precision``: the autocast dtype on CUDA (half the
+    bytes, same result: the first layer casts anyway), float32 on CPU."""
+    low = PRECISIONS[precision]
+    return low if (low is not None and device.type == "cuda") else torch.float32
+
+
 def _device_of(model: nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")

@@ -1,0 +1,87 @@
+"""A/B figures for two torch-backend choices, each pair interleaved in one process (the runs
+alternate, so machine noise hits both sides alike); figures in benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare  # makes shards
+    .venv/bin/python -W ignore benchmarks/ab_cpu.py --work /tmp/fd-compare
+
+* jpeg: JPEG shards decoded by simplejpeg (fastdata.readers.decode_jpeg) vs PIL.
+* omp: worker threads with one intra-op OpenMP thread each (one_intraop_thread) vs the default.
+Loader only, batch 64, RandomResizedCrop(224) float32, 2 worker threads; img/s per round.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import time
+
+import numpy as np
+
+import fastdata
+import fastdata.loaders.torch_backend as tb
+import fastdata.readers as readers
+
+
+def pil_decode(buf, out):
+    from PIL import Image
+
+    with Image.open(io.BytesIO(buf)) as im:
+        out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
+
+
+def batches(path):
+    loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2)
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def timed(it, n):
+    t = time.perf_counter()
+    for _ in range(n):
+        next(it)
+    return 64 * n / (time.perf_counter() - t)
+
+
+def report(name, res):
+    for side, runs in res.items():
+        print(f"{name} {side}: median {statistics.median(runs):.0f} img/s, runs "
+              f"{', '.join(f'{r:.0f}' for r in runs)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default="/tmp/fd-compare")
+    ap.add_argument("--rounds", type=int, default=4)
+    a = ap.parse_args()
+
+    # jpeg: one loader; the decode function is swapped between rounds
+    it = batches(os.path.join(a.work, "jpeg-hdf5"))
+    fast, res = readers.decode_jpeg, {"simplejpeg": [], "PIL": []}
+    for _ in range(a.rounds):
+        for side, fn in (("PIL", pil_decode), ("simplejpeg", fast)):
+            readers.decode_jpeg = fn
+            timed(it, 4)                    # drain batches decoded by the other side
+            res[side].append(timed(it, 15))
+    readers.decode_jpeg = fast
+    report("jpeg-hdf5", res)
+
+    # omp: two loaders, their thread pools made with and without the per-thread setting
+    real, its = tb.one_intraop_thread, {}
+    for side, init in (("default", lambda: None), ("one OpenMP thread", real)):
+        tb.one_intraop_thread = init
+        its[side] = batches(os.path.join(a.work, "raw-hdf5"))
+        timed(its[side], 3)                 # creates the pool with this initializer
+    tb.one_intraop_thread = real
+    res = {side: [] for side in its}
+    for _ in range(a.rounds + 2):
+        for side, g in its.items():
+            res[side].append(timed(g, 20))
+    report("raw-hdf5", res)
+
+
+if __name__ == "__main__":
+    main()
