@@ -35,12 +35,20 @@ fi
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
 pip install --upgrade pip wheel
 pip install "$TORCH"                          # first, so nothing pulls another torch build
+# pillow-simd is compiled once into a wheel, with AVX2 where the CPU has it (pillow-simd builds
+# SSE4 only unless asked; its AVX2 resize is faster), and installed from that wheel.
+wheels="$VENV/wheels"
+if ! ls "$wheels"/pillow_simd-*.whl >/dev/null 2>&1; then
+  cc=${CC:-cc}
+  grep -qw avx2 /proc/cpuinfo 2>/dev/null && cc="$cc -mavx2"
+  CC="$cc" pip wheel --no-deps --no-cache-dir -w "$wheels" pillow-simd
+fi
+simd() { pip install --force-reinstall --no-deps --no-index --find-links "$wheels" pillow-simd; }
+simd
 spec="."
 [ ${#extras[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
 pip install -e "$spec"
 # Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
 # put it back last, and check what is live.
-if ! "$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)'; then
-  pip install --force-reinstall --no-deps pillow-simd
-fi
+"$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)' || simd
 "$VENV/bin/fastdata" info --env | grep -E "pil|torch" >&2

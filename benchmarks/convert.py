@@ -5,7 +5,8 @@
 
 1. convert: ``fastdata`` (worker processes, JPEG draft, pillow-simd, one writer) vs the naive
    single-process loop a user would write (PIL open → RGB → resize shorter side → centre crop →
-   write one by one into an h5py dataset), same images, same output size, same machine, one run.
+   write one by one into an h5py dataset), same images, same output size, same machine, one run
+   of interleaved rounds.
 2. read_batch: random batches of 64 from raw HDF5 and raw LMDB shards, as a fraction of a plain
    ``np.memmap`` over the same bytes (the HDF5 dataset), interleaved repeats, median.
 """
@@ -50,15 +51,25 @@ def timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t, r
 
 
-def bench_convert(src: str, tmp: str, size: int, workers: int) -> dict:
-    dt_naive, n = timed(naive, src, os.path.join(tmp, "naive.h5"), size)
-    res = {"size": size, "images": n, "naive_img_s": n / dt_naive}
-    for container in ("hdf5", "lmdb"):
+def bench_convert(src: str, tmp: str, size: int, workers: int, repeats: int) -> dict:
+    """Rounds of naive, HDF5, LMDB in turn (this machine's speed drifts); medians and the
+    median of each round's ratio."""
+    def fd(container):
         out = os.path.join(tmp, f"fd-{container}-{size}")
-        dt, _ = timed(lambda: convert(src, out, container=container, sizes=[size],
-                                      workers=workers, overwrite=True, progress=False))
-        res[f"fastdata_{container}_img_s"] = n / dt
-        res[f"speedup_{container}"] = dt_naive / dt
+        return lambda: len(convert(src, out, container=container, sizes=[size], workers=workers,
+                                   overwrite=True, progress=False)["shards"])
+    runs = {"naive": lambda: naive(src, os.path.join(tmp, "naive.h5"), size),
+            "hdf5": fd("hdf5"), "lmdb": fd("lmdb")}
+    n = len(scan_folder(src).files)
+    secs: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            secs[k].append(timed(fn)[0])
+    res = {"size": size, "images": n, "repeats": repeats,
+           "naive_img_s": n / statistics.median(secs["naive"])}
+    for c in ("hdf5", "lmdb"):
+        res[f"fastdata_{c}_img_s"] = n / statistics.median(secs[c])
+        res[f"speedup_{c}"] = statistics.median(a / b for a, b in zip(secs["naive"], secs[c]))
     return res
 
 
@@ -107,7 +118,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, action="append")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--batches", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="read_batch rounds")
+    ap.add_argument("--convert-repeats", type=int, default=3, help="convert rounds")
     a = ap.parse_args()
     env = env_info()
     print(f"# env: {os.cpu_count()} cpus, PIL {env['pil']} (simd={env['pil_simd']}), "
@@ -115,7 +127,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="fd-bench-", dir=os.environ.get("BENCH_TMP"))
     try:
         for size in a.size or [256]:
-            r = bench_convert(a.photos, tmp, size, a.workers)
+            r = bench_convert(a.photos, tmp, size, a.workers, a.convert_repeats)
             print(f"convert {size}px, {r['images']} images: naive {r['naive_img_s']:.0f} img/s | "
                   f"fastdata hdf5 {r['fastdata_hdf5_img_s']:.0f} img/s "
                   f"({r['speedup_hdf5']:.2f}x) | lmdb {r['fastdata_lmdb_img_s']:.0f} img/s "

@@ -1,9 +1,10 @@
 """The conversion pipeline: scan → decode/resize in worker processes → one writer → manifest.
 
-Workers return payloads in input order through a bounded window of in-flight batches, so memory
-stays flat (at most one shard buffer plus the window) whatever the dataset size. A worker that
-dies or hangs is detected: its batch is retried one image at a time in a fresh pool and the image
-that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
+Workers return payloads in input order through a bounded window of in-flight batches, and one
+thread writes a finished shard while the next fills, so memory stays flat (two shard buffers
+plus the window) whatever the dataset size. A worker that dies or hangs is detected: its batch
+is retried one image at a time in a fresh pool and the image that kills a worker is skipped and
+reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import deque
 
 from tqdm import tqdm
 
-from converters.decode import DecodeOptions, prepare_batch
+from converters.decode import DecodeOptions, Ring, prepare_batch
 from converters.scan import scan_folder
 from converters.writers import WRITERS, ShardBuffer
 from fastdata.env import warn_if_not_simd
@@ -50,22 +51,41 @@ def default_shard_size(sizes, encoding: str) -> int:
     return max(64, min(100_000, SHARD_BUFFER_BYTES // per_sample))
 
 
-def _worker_init() -> None:
+_worker_ring: Ring | None = None     # set in each worker process by _worker_init
+
+
+def _worker_init(ring: Ring | None) -> None:
+    global _worker_ring
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
+    _worker_ring = ring
+
+
+def _prepare(batch, opts: DecodeOptions) -> list[tuple]:
+    return prepare_batch(batch, opts, _worker_ring)
 
 
 class _Decoder:
-    """A process pool that yields results in order and survives dead or hung workers."""
+    """A process pool that yields results in order and survives dead or hung workers.
+
+    Forked workers return raw pixels through a shared ``Ring`` (the parent's CPU time per
+    image is then one copy, not a pipe read, an unpickle and a fresh allocation).
+    """
 
     def __init__(self, workers: int, opts: DecodeOptions):
         self.workers, self.opts = workers, opts
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        self._ctx, self._pool = ctx, None
+        fork = "fork" in mp.get_all_start_methods()
+        self._ctx, self._pool = mp.get_context("fork" if fork else "spawn"), None
+        self.ring = (Ring(self.window * BATCH, opts.sizes)
+                     if fork and opts.encoding == "raw" else None)
+
+    @property
+    def window(self) -> int:
+        return 4 * self.workers     # batches in flight
 
     def _new_pool(self):
         self.close()
         self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
-                                            initializer=_worker_init)
+                                            initializer=_worker_init, initargs=(self.ring,))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -77,10 +97,14 @@ class _Decoder:
 
     def _result(self, fut, n):
         try:
-            return fut.result(timeout=ITEM_TIMEOUT_S * n)
+            results = fut.result(timeout=ITEM_TIMEOUT_S * n)
         except (cf.process.BrokenProcessPool, cf.TimeoutError) as e:
             kind = "hung" if isinstance(e, cf.TimeoutError) else "died"
             raise _WorkerDied(kind) from None
+        if self.ring is None:
+            return results
+        return [(pos, self.ring.get(pos) if error is None else None, crcs, error)
+                for pos, _, crcs, error in results]
 
     def run(self, jobs):
         """``jobs``: iterable of (position, path) → (position, payloads, crc32s, error)."""
@@ -88,11 +112,11 @@ class _Decoder:
         window: deque = deque()
         it = iter(jobs)
         while True:
-            while len(window) < 4 * self.workers:
+            while len(window) < self.window:
                 batch = [j for _, j in zip(range(BATCH), it)]
                 if not batch:
                     break
-                window.append((batch, self._pool.submit(prepare_batch, batch, self.opts)))
+                window.append((batch, self._pool.submit(_prepare, batch, self.opts)))
             if not window:
                 return
             batch, fut = window[0]
@@ -111,7 +135,7 @@ class _Decoder:
         for job in jobs:
             self._new_pool()
             try:
-                yield from self._result(self._pool.submit(prepare_batch, [job], self.opts), 1)
+                yield from self._result(self._pool.submit(_prepare, [job], self.opts), 1)
             except _WorkerDied as e:
                 yield job[0], None, None, f"worker process {e} while decoding this file"
 
@@ -224,19 +248,35 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
-    buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], first
+    # Shards are written by one thread while the next one fills (the file writes release the
+    # GIL), so the decode workers never wait on the disk; two buffers take turns.
+    write_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="fastdata-writer")
+    writing: list = []      # (future, shard entry, its buffer): at most one in flight
+    buf, spare = ShardBuffer(sizes, encoding, shard_size), None
+    shard_skipped, shard_first = [], first
+
+    def finish_write() -> ShardBuffer | None:
+        if not writing:
+            return None
+        fut, entry, done_buf = writing.pop()
+        entry["bytes"] = fut.result()
+        shards.append(entry)
+        return done_buf.clear()
 
     def flush(end: int) -> None:
-        nonlocal buf, shard_skipped, shard_first, n_done
-        meta = ShardMeta(index=len(shards), start=n_done, count=len(buf), sha256=buf.checksum(),
-                         config=fp, sources=(shard_first, end), skipped=shard_skipped)
+        nonlocal buf, spare, shard_skipped, shard_first, n_done
+        meta = ShardMeta(index=len(shards) + len(writing), start=n_done, count=len(buf),
+                         sha256=buf.checksum(), config=fp, sources=(shard_first, end),
+                         skipped=shard_skipped)
         name = shard_file(container, meta.index)
-        nbytes = writer.write(os.path.join(out, name), buf, meta)
-        shards.append({"file": name, "start": meta.start, "count": meta.count,
-                       "sha256": meta.sha256, "bytes": nbytes})
+        spare = finish_write() or spare
+        writing.append((write_pool.submit(writer.write, os.path.join(out, name), buf, meta),
+                        {"file": name, "start": meta.start, "count": meta.count,
+                         "sha256": meta.sha256}, buf))
         skipped.extend(shard_skipped)
         n_done += len(buf)
-        buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], end
+        buf = spare or ShardBuffer(sizes, encoding, shard_size)
+        spare, shard_skipped, shard_first = None, [], end
 
     decoder = _Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
@@ -253,15 +293,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
             buf.add(scan.files[pos][1], payloads, crcs)
             if len(buf) == shard_size:
                 flush(pos + 1)
+        if len(buf):
+            flush(len(scan.files))
+        finish_write()
     except KeyboardInterrupt:
-        log.error("interrupted: %d complete shards kept in %s; finish with --resume",
-                  len(shards), out)
+        log.error("interrupted: complete shards are kept in %s; finish with --resume", out)
         raise
     finally:
         decoder.close()
         bar.close()
-    if len(buf):
-        flush(len(scan.files))
+        write_pool.shutdown(wait=True)      # a shard being written is finished or left .tmp
     skipped.extend(shard_skipped)
     if not shards:
         raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "

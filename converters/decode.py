@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import io
 import math
+import mmap
 import warnings
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import simplejpeg
 from PIL import Image, ImageOps
 
 from fastdata.format import BACKGROUND
 
 _RESAMPLE = Image.Resampling.BICUBIC
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,   # as in
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,     # ImageOps.
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,         # exif_
+              8: Image.Transpose.ROTATE_90}                                         # transpose
 
 
 @dataclass(frozen=True)
@@ -75,34 +82,101 @@ def fit_square(img: Image.Image, size: int, fit: str) -> Image.Image:
 
 
 def encode(img: Image.Image, opts: DecodeOptions) -> bytes:
+    """RGB or RGBX pixels → the stored payload (packed RGB, or a JPEG of them)."""
     if opts.encoding == "raw":
-        return img.tobytes()
+        return img.tobytes("raw", "RGB")
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=opts.quality)
     return buf.getvalue()
 
 
-def prepare(path: str, opts: DecodeOptions) -> list[bytes]:
-    """Payloads for ``path``, one per size (ascending). Raises on unreadable input."""
+def _decode_jpeg(data: bytes, img: Image.Image, opts: DecodeOptions) -> Image.Image | None:
+    """libjpeg-turbo through simplejpeg, into RGBX that PIL then uses without a copy.
+
+    Identical pixels to PIL's decoder (same library, same IDCT, the same power-of-two DCT
+    scaling as ``Image.draft``), ~30% less time: PIL decodes into its own buffer and repacks.
+    ``None`` for what it does not take (CMYK, or anything libjpeg-turbo warns about), so PIL
+    decides those.
+    """
+    if img.mode not in ("RGB", "L"):
+        return None
+    w, h = img.size
+    need_w, need_h = _draft_request(w, h, opts.sizes[-1], opts.fit)
+    most = min(w // need_w, h // need_h)    # Image.draft's rule, so both paths agree
+    k = next((s for s in (8, 4, 2) if most >= s), 1)
+    try:
+        a = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=-(-w // k) if k > 1 else 0,
+                                   min_height=-(-h // k) if k > 1 else 0)
+    except ValueError:
+        return None
+    out = Image.frombuffer("RGBX", (a.shape[1], a.shape[0]), a, "raw", "RGBX", 0, 1)
+    method = _TRANSPOSE.get(img.getexif().get(_EXIF_ORIENTATION))
+    return out.transpose(method) if method is not None else out
+
+
+def _load(path: str, opts: DecodeOptions) -> Image.Image:
+    """Decoded, upright pixels of ``path`` (RGB or RGBX). Raises on unreadable input."""
+    with open(path, "rb") as f:
+        data = f.read()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # EXIF/metadata chatter; real damage still raises
-        with Image.open(path) as img:
+        with Image.open(io.BytesIO(data)) as img:
             if img.format == "JPEG":
+                fast = _decode_jpeg(data, img, opts)
+                if fast is not None:
+                    return fast
                 img.draft("RGB", _draft_request(*img.size, opts.sizes[-1], opts.fit))
             img = ImageOps.exif_transpose(img)   # loads the pixels: truncation raises here
-            img = to_rgb(img)
-    largest = fit_square(img, opts.sizes[-1], opts.fit)
+            return to_rgb(img)
+
+
+def prepare(path: str, opts: DecodeOptions) -> list[bytes]:
+    """Payloads for ``path``, one per size (ascending). Raises on unreadable input."""
+    largest = fit_square(_load(path, opts), opts.sizes[-1], opts.fit)
     squares = [largest] + [largest.resize((s, s), _RESAMPLE) for s in opts.sizes[-2::-1]]
     return [encode(sq, opts) for sq in reversed(squares)]
 
 
-def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions) -> list[tuple]:
-    """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``."""
+class Ring:
+    """Shared anonymous memory that forked workers inherit: raw payloads come back through it,
+    one slot per image position, instead of being pickled through a pipe and unpickled.
+
+    A slot is ``position % slots``; the parent keeps fewer than ``slots`` images in flight and
+    reads a slot before it hands that slot's next position to a worker.
+    """
+
+    def __init__(self, slots: int, sizes: tuple[int, ...]):
+        self.sizes, self.slots = sizes, slots
+        self.offsets = np.cumsum([0] + [3 * s * s for s in sizes]).tolist()
+        self.mem = np.frombuffer(mmap.mmap(-1, slots * self.offsets[-1]), np.uint8).reshape(
+            slots, self.offsets[-1])
+
+    def put(self, pos: int, payloads: list[bytes]) -> None:
+        row = self.mem[pos % self.slots]
+        for p, a, b in zip(payloads, self.offsets, self.offsets[1:]):
+            row[a:b] = np.frombuffer(p, np.uint8)
+
+    def get(self, pos: int) -> list[np.ndarray]:
+        row = self.mem[pos % self.slots]
+        return [row[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+
+
+def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions,
+                  ring: Ring | None = None) -> list[tuple]:
+    """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``.
+
+    With a ``ring``, payloads go into it and ``None`` stands in for them.
+    """
     out = []
     for pos, path in jobs:
         try:
             payloads = prepare(path, opts)
-            out.append((pos, payloads, [zlib.crc32(p) for p in payloads], None))
+            crcs = [zlib.crc32(p) for p in payloads]
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported
             out.append((pos, None, None, f"{type(e).__name__}: {e}"))
+            continue
+        if ring is not None:
+            ring.put(pos, payloads)
+            payloads = None
+        out.append((pos, payloads, crcs, None))
     return out

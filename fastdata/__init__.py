@@ -1,7 +1,19 @@
-"""fastdata: image shards (HDF5/LMDB) and loaders that keep the GPU fed."""
-from fastdata.loaders import Loader
+"""fastdata: image shards (HDF5/LMDB) and loaders that keep the GPU fed.
+
+``Loader`` and ``TrainStep`` import torch; they load on first use, so converting, inspecting
+and verifying shards (``fastdata convert / info / verify``) never pay torch's import.
+"""
 from fastdata.readers import ShardSet, open  # noqa: A004
-from fastdata.train.step import TrainStep
 
 __version__ = "0.1.0"
 __all__ = ["open", "ShardSet", "Loader", "TrainStep", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Loader":
+        from fastdata.loaders import Loader
+        return Loader
+    if name == "TrainStep":
+        from fastdata.train.step import TrainStep
+        return TrainStep
+    raise AttributeError(f"module 'fastdata' has no attribute {name!r}")

@@ -65,6 +65,7 @@ def odd_folder(root, outside) -> dict:
     exif[0x0112] = 6                   # rotate 90° clockwise to display: left half → top half
     wide.save(j("modes", "exif_rot.jpg"), exif=exif.tobytes(), quality=95)
     Image.new("L", (20, 20), 77).save(j("modes", "gray.png"))
+    Image.new("L", (20, 20), 77).save(j("modes", "gray.jpg"), quality=95)
     Image.new("RGBA", (20, 20), (0, 0, 0, 0)).save(j("modes", "rgba_clear.png"))
     Image.new("LA", (20, 20), (0, 0)).save(j("modes", "la_clear.png"))
     Image.new("RGB", (20, 20), (0, 200, 0)).convert("P").save(j("modes", "palette.png"))
@@ -92,7 +93,8 @@ def odd_folder(root, outside) -> dict:
         "corrupt": {"broken/zero.jpg", "broken/truncated.jpg", "broken/text.jpg",
                     "broken/broken.png"},
         "expect_pixel": {   # name -> RGB at (0, 0) and, for exif, the bottom-left too
-            "modes/gray.png": (77, 77, 77), "modes/rgba_clear.png": (255, 255, 255),
+            "modes/gray.png": (77, 77, 77), "modes/gray.jpg": (77, 77, 77),
+            "modes/rgba_clear.png": (255, 255, 255),
             "modes/la_clear.png": (255, 255, 255), "modes/palette.png": (0, 200, 0),
             "modes/pal_transparent.gif": (255, 255, 255), "modes/cmyk.jpg": RED,
             "modes/gray16.png": (156, 156, 156), "modes/anim.gif": RED,

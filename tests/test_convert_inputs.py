@@ -6,12 +6,13 @@ import time
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import fastdata
 import converters.convert as convert_mod
 from converters import decode
 from converters.convert import ConversionError, convert
-from tests.conftest import odd_folder, plain_folder, tree_digest
+from tests.conftest import odd_folder, plain_folder, smooth, tree_digest
 
 
 @pytest.fixture
@@ -92,12 +93,30 @@ def _die_on(name, real=decode.prepare):
 def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culprit):
     src = plain_folder(tmp_path / "src", per_class=6)
     os.rename(os.path.join(src, "b", "img_000.png"), os.path.join(src, "b", culprit))
+    convert(src, str(tmp_path / "clean"), sizes=[8], workers=2, progress=False)
     monkeypatch.setattr(decode, "prepare", _die_on(culprit))       # inherited by forked workers
     monkeypatch.setattr(convert_mod, "ITEM_TIMEOUT_S", 1.0)
     m = convert(src, str(tmp_path / "out"), sizes=[8], workers=2, progress=False)
     assert m["num_samples"] == 17
     assert [s["path"] for s in m["skipped"]] == [f"b/{culprit}"]
     assert ("died" if culprit.startswith("die") else "hung") in m["skipped"][0]["reason"]
+    # the images retried one by one after the failure still land in the right samples
+    gone = 6 + sorted(os.listdir(os.path.join(src, "b"))).index(culprit)
+    clean = fastdata.open(tmp_path / "clean").read_batch([i for i in range(18) if i != gone])
+    assert np.array_equal(fastdata.open(tmp_path / "out").read_batch(range(17)), clean)
+
+
+@pytest.mark.parametrize("sizes", [(8,), (8, 32)])     # with and without DCT-domain scaling
+@pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
+def test_fast_jpeg_decode_matches_pil(tmp_path, monkeypatch, sizes, fit):
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = str(tmp_path / "x.jpg")
+    smooth(97, 61, 3).save(path, quality=90, exif=exif.tobytes())
+    opts = decode.DecodeOptions(sizes=sizes, fit=fit)
+    fast = decode.prepare(path, opts)
+    monkeypatch.setattr(decode, "_decode_jpeg", lambda *a: None)     # PIL decodes instead
+    assert decode.prepare(path, opts) == fast
 
 
 def test_no_class_dirs_and_missing_source(tmp_path):
