@@ -1,10 +1,9 @@
 """The conversion pipeline: scan → decode/resize in worker processes → one writer → manifest.
 
-Workers return payloads in input order through a bounded window of in-flight batches, and one
-thread writes a finished shard while the next fills, so memory stays flat (two shard buffers
-plus the window) whatever the dataset size. A worker that dies or hangs is detected: its batch
-is retried one image at a time in a fresh pool and the image that kills a worker is skipped and
-reported. Shards are written atomically; ``manifest.json``
+Workers return payloads in input order through a bounded window of in-flight batches, so memory
+stays flat (one shard buffer, reused, plus the window) whatever the dataset size. A worker that
+dies or hangs is detected: its batch is retried one image at a time in a fresh pool and the image
+that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
 """
 from __future__ import annotations
@@ -248,35 +247,20 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
-    # Shards are written by one thread while the next one fills (the file writes release the
-    # GIL), so the decode workers never wait on the disk; two buffers take turns.
-    write_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="fastdata-writer")
-    writing: list = []      # (future, shard entry, its buffer): at most one in flight
-    buf, spare = ShardBuffer(sizes, encoding, shard_size), None
-    shard_skipped, shard_first = [], first
-
-    def finish_write() -> ShardBuffer | None:
-        if not writing:
-            return None
-        fut, entry, done_buf = writing.pop()
-        entry["bytes"] = fut.result()
-        shards.append(entry)
-        return done_buf.clear()
+    buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], first
 
     def flush(end: int) -> None:
-        nonlocal buf, spare, shard_skipped, shard_first, n_done
-        meta = ShardMeta(index=len(shards) + len(writing), start=n_done, count=len(buf),
-                         sha256=buf.checksum(), config=fp, sources=(shard_first, end),
-                         skipped=shard_skipped)
+        nonlocal shard_skipped, shard_first, n_done
+        meta = ShardMeta(index=len(shards), start=n_done, count=len(buf), sha256=buf.checksum(),
+                         config=fp, sources=(shard_first, end), skipped=shard_skipped)
         name = shard_file(container, meta.index)
-        spare = finish_write() or spare
-        writing.append((write_pool.submit(writer.write, os.path.join(out, name), buf, meta),
-                        {"file": name, "start": meta.start, "count": meta.count,
-                         "sha256": meta.sha256}, buf))
+        nbytes = writer.write(os.path.join(out, name), buf, meta)
+        shards.append({"file": name, "start": meta.start, "count": meta.count,
+                       "sha256": meta.sha256, "bytes": nbytes})
         skipped.extend(shard_skipped)
         n_done += len(buf)
-        buf = spare or ShardBuffer(sizes, encoding, shard_size)
-        spare, shard_skipped, shard_first = None, [], end
+        buf.clear()
+        shard_skipped, shard_first = [], end
 
     decoder = _Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
@@ -293,16 +277,15 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
             buf.add(scan.files[pos][1], payloads, crcs)
             if len(buf) == shard_size:
                 flush(pos + 1)
-        if len(buf):
-            flush(len(scan.files))
-        finish_write()
     except KeyboardInterrupt:
-        log.error("interrupted: complete shards are kept in %s; finish with --resume", out)
+        log.error("interrupted: %d complete shards kept in %s; finish with --resume",
+                  len(shards), out)
         raise
     finally:
         decoder.close()
         bar.close()
-        write_pool.shutdown(wait=True)      # a shard being written is finished or left .tmp
+    if len(buf):
+        flush(len(scan.files))
     skipped.extend(shard_skipped)
     if not shards:
         raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "
