@@ -69,7 +69,9 @@ def bench_convert(src: str, tmp: str, size: int, workers: int, repeats: int) -> 
            "naive_img_s": n / statistics.median(secs["naive"])}
     for c in ("hdf5", "lmdb"):
         res[f"fastdata_{c}_img_s"] = n / statistics.median(secs[c])
-        res[f"speedup_{c}"] = statistics.median(a / b for a, b in zip(secs["naive"], secs[c]))
+        ratios = [a / b for a, b in zip(secs["naive"], secs[c])]
+        res[f"speedup_{c}"] = statistics.median(ratios)
+        res[f"speedup_{c}_range"] = (min(ratios), max(ratios))
     return res
 
 
@@ -130,8 +132,9 @@ def main() -> None:
             r = bench_convert(a.photos, tmp, size, a.workers, a.convert_repeats)
             print(f"convert {size}px, {r['images']} images: naive {r['naive_img_s']:.0f} img/s | "
                   f"fastdata hdf5 {r['fastdata_hdf5_img_s']:.0f} img/s "
-                  f"({r['speedup_hdf5']:.2f}x) | lmdb {r['fastdata_lmdb_img_s']:.0f} img/s "
-                  f"({r['speedup_lmdb']:.2f}x)")
+                  f"({r['speedup_hdf5']:.2f}x, rounds %.2f-%.2f) | lmdb "
+                  f"{r['fastdata_lmdb_img_s']:.0f} img/s ({r['speedup_lmdb']:.2f}x, rounds "
+                  f"%.2f-%.2f)" % (*r["speedup_hdf5_range"], *r["speedup_lmdb_range"]))
             r = bench_read(tmp, size, a.batches, a.repeats)
             print(f"read_batch {size}px, batch 64: memmap {r['memmap_img_s']:.0f} img/s | "
                   f"hdf5 {r['hdf5_img_s']:.0f} ({r['hdf5_vs_memmap']:.0%}) | "

@@ -267,7 +267,11 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--log-every", type=int, default=50, help="batches between loss logs")
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; given the ``command`` about to run, the others' torch-dependent options (the
+    names of backends and precisions) are left out, so convert/info/verify start without torch.
+    """
+    full = command not in ("convert", "info", "verify")
     p = argparse.ArgumentParser(prog="fastdata", description="Image shards and fast loaders "
                                 "for PyTorch training.")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
@@ -304,14 +308,27 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("out")
     v.set_defaults(func=cmd_verify)
 
-    from fastdata.train.step import PRECISIONS
-
     t = sub.add_parser("train", help="train a model on a shard set (torchrun for DDP)")
-    add_train_args(t)
     t.set_defaults(func=cmd_train)
-
     b = sub.add_parser("bench", help="loader and model throughput vs a PIL baseline and the "
                        "synthetic-data ceiling")
+    b.set_defaults(func=cmd_bench)
+    if full:
+        add_train_args(t)
+        add_bench_args(b)
+
+    d = sub.add_parser("demo", help="draw a sample dataset, convert it, train on it")
+    d.add_argument("--dir", default="fastdata-demo", help="working directory (default "
+                   "./fastdata-demo)")
+    d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def add_bench_args(b: argparse.ArgumentParser) -> None:
+    from fastdata.train.step import PRECISIONS
+
+
     b.add_argument("out", help="shard set")
     b.add_argument("--source", help="image folder for the baseline (default: the manifest's "
                    "source, when it still exists)")
@@ -331,18 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default=None)
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")
-    b.set_defaults(func=cmd_bench)
-
-    d = sub.add_parser("demo", help="draw a sample dataset, convert it, train on it")
-    d.add_argument("--dir", default="fastdata-demo", help="working directory (default "
-                   "./fastdata-demo)")
-    d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
-    d.set_defaults(func=cmd_demo)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    a = build_parser(next((x for x in argv if not x.startswith("-")), None)).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
