@@ -267,6 +267,7 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--log-every", type=int, default=50, help="batches between loss logs")
 
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The CLI; given the ``command`` about to run, the others' torch-dependent options (the
     names of backends and precisions) are left out, so convert/info/verify start without torch.
@@ -327,7 +328,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def add_bench_args(b: argparse.ArgumentParser) -> None:
     from fastdata.train.step import PRECISIONS
-
 
     b.add_argument("out", help="shard set")
     b.add_argument("--source", help="image folder for the baseline (default: the manifest's "
