@@ -1,4 +1,4 @@
-"""A/B figures for two torch-backend choices, each pair interleaved in one process (the runs
+"""A/B figures for three choices in the readers and the torch backend, each pair interleaved in one process (the runs
 alternate, so machine noise hits both sides alike); figures in benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare  # makes shards
@@ -6,7 +6,9 @@ alternate, so machine noise hits both sides alike); figures in benchmarks/RESULT
 
 * jpeg: JPEG shards decoded by simplejpeg (fastdata.readers.decode_jpeg) vs PIL.
 * omp: worker threads with one intra-op OpenMP thread each (one_intraop_thread) vs the default.
-Loader only, batch 64, RandomResizedCrop(224) float32, 2 worker threads; img/s per round.
+  Loader only, batch 64, RandomResizedCrop(224) float32, 2 worker threads; img/s per round.
+* map: HDF5 ``read_batch`` of random batches of 64 from two threads, through ``np.memmap``
+  itself vs the plain ndarray view of it that the reader keeps.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import argparse
 import io
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -81,6 +84,34 @@ def main():
         for side, g in its.items():
             res[side].append(timed(g, 20))
     report("raw-hdf5", res)
+
+    # map: HDF5 read_batch (random batches of 64, two threads) through np.memmap itself vs the
+    # plain ndarray view of it that the reader keeps
+    ds = fastdata.open(os.path.join(a.work, "raw-hdf5"))
+    views = [dict(sh.h["maps"]) for sh in ds.shards]
+    rng = np.random.default_rng(0)
+    idx = [rng.choice(len(ds), 64, replace=False) for _ in range(100)]
+    outs = [np.empty((64, *ds.read_batch([0]).shape[1:]), np.uint8) for _ in range(2)]
+
+    def read_two_threads():
+        ths = [threading.Thread(target=lambda t=t: [ds.read_batch(i, out=outs[t])
+                                                    for i in idx[t::2]]) for t in range(2)]
+        t = time.perf_counter()
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        return 64 * len(idx) / (time.perf_counter() - t)
+
+    res = {"np.memmap": [], "ndarray view": []}
+    for _ in range(a.rounds + 2):
+        for side in res:
+            for sh, v in zip(ds.shards, views):
+                sh.h["maps"].update({k: m.base if side == "np.memmap" else m
+                                     for k, m in v.items()})
+            read_two_threads()
+            res[side].append(read_two_threads())
+    report("read_batch raw-hdf5", res)
 
 
 if __name__ == "__main__":
