@@ -1,4 +1,4 @@
-"""A/B figures for three choices in the readers and the torch backend, each pair interleaved in one process (the runs
+"""A/B figures for four choices in the readers and the torch backend, each pair interleaved in one process (the runs
 alternate, so machine noise hits both sides alike); figures in benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare  # makes shards
@@ -9,6 +9,8 @@ alternate, so machine noise hits both sides alike); figures in benchmarks/RESULT
   Loader only, batch 64, RandomResizedCrop(224) float32, 2 worker threads; img/s per round.
 * map: HDF5 ``read_batch`` of random batches of 64 from two threads, through ``np.memmap``
   itself vs the plain ndarray view of it that the reader keeps.
+* layout: the loader's float32 channels_last output normalised by broadcasting the 3 channel
+  constants over the last (C=3) dim of NHWC memory vs along (N*H, W*3) rows.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import time
 import numpy as np
 
 import fastdata
+import fastdata.augment as aug
 import fastdata.loaders.torch_backend as tb
 import fastdata.readers as readers
 
@@ -33,8 +36,15 @@ def pil_decode(buf, out):
         out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
 
 
-def batches(path):
-    loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2)
+def broadcast_normalize(self, y, out):
+    """``Augment.normalize`` before, for float32 channels_last into ``out``."""
+    a, b = self._scale_shift
+    out.permute(0, 2, 3, 1).copy_(y.permute(0, 2, 3, 1)).mul_(a).add_(b)
+    return out
+
+
+def batches(path, **kw):
+    loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
     epoch = 0
     while True:
         loader.set_epoch(epoch)
@@ -112,6 +122,19 @@ def main():
             read_two_threads()
             res[side].append(read_two_threads())
     report("read_batch raw-hdf5", res)
+
+    # layout: channels_last float32 output normalised by broadcasting over a last dim of 3
+    # (before) vs along NHWC rows (now)
+    real = aug.Augment.normalize
+    it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=True)
+    res = {"broadcast over C=3": [], "NHWC rows": []}
+    for _ in range(a.rounds):
+        for side, fn in zip(res, (broadcast_normalize, real)):
+            aug.Augment.normalize = fn
+            timed(it, 4)
+            res[side].append(timed(it, 20))
+    aug.Augment.normalize = real
+    report("raw-hdf5 RRC224 float32 channels_last", res)
 
 
 if __name__ == "__main__":

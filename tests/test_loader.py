@@ -171,6 +171,20 @@ def test_normalisation_and_kernels_agree():
         assert a.shape == b.shape and (a - b).abs().mean() < 0.25     # same geometry
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layouts_hold_the_same_values(dtype):
+    """channels_last output is normalised along NHWC rows, NCHW by broadcasting: same values."""
+    x, mean, std = _images(8, 32), (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    y = {cl: Augment(train=True, crop=24, dtype=dtype, channels_last=cl, mean=mean, std=std)(
+        x, torch.Generator().manual_seed(2)) for cl in (False, True)}
+    assert y[False].is_contiguous() and y[True].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y[False], y[True])
+    plain = Augment(train=True, crop=24, dtype=torch.uint8)(x, torch.Generator().manual_seed(2))
+    ref = (plain.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1)
+    assert torch.allclose(y[True].float(), ref, atol=1e-5 if dtype == torch.float32 else 0.05)
+
+
 def test_order_lengths():
     assert len(Order(23, batch_size=4, train=True, world_size=2)) == 2
     assert [len(Order(23, batch_size=4, train=False, rank=r, world_size=2)) for r in (0, 1)] \
