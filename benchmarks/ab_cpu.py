@@ -1,5 +1,6 @@
-"""A/B figures for four choices in the readers and the torch backend, each pair interleaved in one process (the runs
-alternate, so machine noise hits both sides alike); figures in benchmarks/RESULTS.md.
+"""A/B figures for four choices in the readers and the torch backend, each pair interleaved in
+one process (the runs alternate, so machine noise hits both sides alike); figures in
+benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare  # makes shards
     .venv/bin/python -W ignore benchmarks/ab_cpu.py --work /tmp/fd-compare

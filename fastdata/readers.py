@@ -100,8 +100,8 @@ class HDF5ShardReader(ShardReader):
                 if off is None or ds.chunks is not None or ds.compression is not None:
                     raise ValueError(f"{self.path}: dataset {name} is not contiguous and "
                                      f"uncompressed; re-convert with fastdata")
-                # a plain ndarray view: np.memmap's Python-level __getitem__ per row cost 15%
-                # of read_batch with two reader threads
+                # a plain ndarray view: np.memmap's Python-level __getitem__ ran per row
+                # (benchmarks/ab_cpu.py, "map")
                 maps[s] = np.memmap(self.path, np.uint8, "r", offset=off,
                                     shape=ds.shape).view(np.ndarray)
                 if self.encoding == "jpeg":
