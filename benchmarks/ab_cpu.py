@@ -1,4 +1,4 @@
-"""A/B figures for four choices in the readers and the torch backend, each pair interleaved in
+"""A/B figures for five choices in the readers and the torch backend, each pair interleaved in
 one process (the runs alternate, so machine noise hits both sides alike); figures in
 benchmarks/RESULTS.md.
 
@@ -12,6 +12,8 @@ benchmarks/RESULTS.md.
   itself vs the plain ndarray view of it that the reader keeps.
 * layout: the loader's float32 channels_last output normalised by broadcasting the 3 channel
   constants over the last (C=3) dim of NHWC memory vs along (N*H, W*3) rows.
+* epochs: uint8 channels_last loader, 5 whole epochs, batch buffers made afresh each epoch vs
+  kept across epochs (TorchBackend keeps its batch reader).
 """
 from __future__ import annotations
 
@@ -136,6 +138,32 @@ def main():
             res[side].append(timed(it, 20))
     aug.Augment.normalize = real
     report("raw-hdf5 RRC224 float32 channels_last", res)
+
+    # epochs: uint8 channels_last batches (no augmentation), whole epochs, with the batch
+    # buffers made afresh at each epoch's start (before) vs kept across epochs (now)
+    loader = fastdata.Loader(os.path.join(a.work, "raw-hdf5"), batch_size=64, device="cpu",
+                             num_workers=2, dtype="uint8", augment=False, channels_last=True)
+    real = tb.TorchBackend.iterate
+
+    def fresh(self, *args):
+        self._reader = None
+        return real(self, *args)
+
+    def epochs(n=5):
+        t, k = time.perf_counter(), 0
+        for e in range(n):
+            loader.set_epoch(e)
+            k += sum(len(x) for x, _ in loader)
+        return k / (time.perf_counter() - t)
+
+    res = {"fresh buffers per epoch": [], "buffers kept": []}
+    epochs(1)
+    for _ in range(a.rounds + 2):
+        for side, fn in zip(res, (fresh, real)):
+            tb.TorchBackend.iterate = fn
+            res[side].append(epochs())
+    tb.TorchBackend.iterate = real
+    report("raw-hdf5 uint8 channels_last", res)
 
 
 if __name__ == "__main__":
