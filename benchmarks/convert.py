@@ -56,8 +56,8 @@ def bench_convert(src: str, tmp: str, size: int, workers: int, repeats: int) -> 
     median of each round's ratio."""
     def fd(container):
         out = os.path.join(tmp, f"fd-{container}-{size}")
-        return lambda: len(convert(src, out, container=container, sizes=[size], workers=workers,
-                                   overwrite=True, progress=False)["shards"])
+        return lambda: convert(src, out, container=container, sizes=[size], workers=workers,
+                               overwrite=True, progress=False)
     runs = {"naive": lambda: naive(src, os.path.join(tmp, "naive.h5"), size),
             "hdf5": fd("hdf5"), "lmdb": fd("lmdb")}
     n = len(scan_folder(src).files)
