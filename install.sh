@@ -36,7 +36,7 @@ pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
 pip install --upgrade pip wheel
 pip install "$TORCH"                          # first, so nothing pulls another torch build
 # pillow-simd is compiled once into a wheel, with AVX2 where the CPU has it (pillow-simd builds
-# SSE4 only unless asked; its AVX2 resize is faster), and installed from that wheel.
+# SSE4 only unless asked; AVX2 is its documented faster build), and installed from that wheel.
 wheels="$VENV/wheels"
 if ! ls "$wheels"/pillow_simd-*.whl >/dev/null 2>&1; then
   cc=${CC:-cc}

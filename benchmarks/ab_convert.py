@@ -5,7 +5,8 @@ runs interleaved round by round so machine noise hits both alike; figures in RES
     .venv/bin/python -W ignore benchmarks/ab_convert.py /tmp/photos --ref /tmp/fd-ref
 
 Each conversion runs in a fresh interpreter with its tree first on ``sys.path`` and times only
-the ``convert()`` call (the same as ``benchmarks/convert.py`` measures).
+the ``convert()`` call (the same as ``benchmarks/convert.py`` measures). First, in this tree:
+the worker's per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 RUN = """
 import sys, time
@@ -28,6 +30,28 @@ print(m["num_samples"] / (time.perf_counter() - t))
 """
 
 
+def decode_ab(photos: str, size: int, rounds: int, n: int = 300) -> None:
+    """Worker CPU time of ``prepare`` per image: simplejpeg into RGBX vs PIL's decoder (the
+    fast path switched off, as in tests/test_convert_inputs.py), interleaved rounds."""
+    from converters import decode
+    from converters.scan import scan_folder
+
+    files = [os.path.join(photos, p) for p, _ in scan_folder(photos).files[:n]]
+    opts = decode.DecodeOptions(sizes=(size,))
+    fast = decode._decode_jpeg
+    ms: dict[str, list[float]] = {"PIL": [], "simplejpeg": []}
+    for _ in range(rounds):
+        for side, fn in (("PIL", lambda *a: None), ("simplejpeg", fast)):
+            decode._decode_jpeg = fn
+            t = time.process_time()
+            for f in files:
+                decode.prepare(f, opts)
+            ms[side].append((time.process_time() - t) / len(files) * 1e3)
+    decode._decode_jpeg = fast
+    print(f"prepare() {size}px, {len(files)} images: " + ", ".join(
+        f"{k} {statistics.median(v):.2f} ms CPU/img" for k, v in ms.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("photos")
@@ -37,6 +61,7 @@ def main() -> None:
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    decode_ab(a.photos, a.size, a.rounds)
     tmp = tempfile.mkdtemp(prefix="fd-ab-")
     try:
         for container in ("hdf5", "lmdb"):

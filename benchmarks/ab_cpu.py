@@ -30,6 +30,7 @@ import fastdata
 import fastdata.augment as aug
 import fastdata.loaders.torch_backend as tb
 import fastdata.readers as readers
+from fastdata.bench import _forever
 
 
 def pil_decode(buf, out):
@@ -47,12 +48,8 @@ def broadcast_normalize(self, y, out):
 
 
 def batches(path, **kw):
-    loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
+    return _forever(fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2,
+                                    **kw))
 
 
 def timed(it, n):

@@ -97,9 +97,9 @@ class LMDBWriter(Writer):
 
         n = len(buf)
         payload_bytes = sum(memoryview(p).nbytes for s in buf.sizes for p in buf.payloads(s))
-        # writemap: values are copied once, straight into the file's pages (3-5x less CPU than
-        # LMDB's own dirty pages written out at commit). It grows the file to map_size, so the
-        # file is cut back to the pages in use, the size it would have had without writemap.
+        # writemap: values are copied once, straight into the file's pages, instead of into
+        # LMDB's own dirty pages that commit then writes out. It grows the file to map_size, so
+        # the file is cut back to the pages in use, the size it would have had without writemap.
         env = lmdb.open(tmp, subdir=False, map_size=int(payload_bytes * 1.5) + (64 << 20),
                         lock=False, sync=False, metasync=False, writemap=True)
         try:

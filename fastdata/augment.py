@@ -165,7 +165,8 @@ class Augment:
                                       for t in (t.to(y.device) for t in self._scale_shift))
         a, b = self._affine[key]
         o, yy = out, y
-        if cl:      # (N*H, W*3) rows: broadcasting over a last dim of 3 is 2x slower on CPU
+        if cl:      # (N*H, W*3) rows: broadcasting over a last dim of 3 is slower on CPU
+            # (benchmarks/ab_cpu.py, "layout")
             n, c, h, w = y.shape
             o = out.permute(0, 2, 3, 1).reshape(n * h, w * c)
             yy = y.permute(0, 2, 3, 1).reshape(n * h, w * c)

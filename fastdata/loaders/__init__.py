@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections import deque
 
 import numpy as np
 import torch
@@ -29,6 +30,18 @@ def _dist_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def ordered(pool, fn, jobs, depth: int):
+    """``fn(*job)`` for each job on ``pool``, results in job order, at most ``depth`` in flight
+    (the read-ahead of both backends' reader threads)."""
+    window: deque = deque()
+    for job in jobs:
+        window.append(pool.submit(fn, *job))
+        if len(window) >= depth:
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
 
 
 class Backend:

@@ -18,14 +18,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import weakref
-from collections import deque
 
 import numpy as np
 import torch
 
 from fastdata._optional import require
 from fastdata.augment import center_boxes
-from fastdata.loaders import Backend
+from fastdata.loaders import Backend, ordered
 
 
 # A fork child inherits this process's DALI pipelines but not their threads: destroying one
@@ -47,11 +46,10 @@ class _Source:
 
     def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int):
         self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
-        self.jobs: deque = deque()
-        self.window: deque = deque()
+        self.batches = iter(())
 
     def start(self, batches) -> None:
-        self.jobs, self.window = deque(batches), deque()
+        self.batches = ordered(self.pool, self._read, ((b,) for b in batches), self.depth)
 
     def _read(self, idx: np.ndarray):
         labels = self.ds.labels[idx]
@@ -62,11 +60,7 @@ class _Source:
         return self.ds.read_batch(idx, size=self.size, out=out), labels
 
     def __call__(self):
-        while self.jobs and len(self.window) < self.depth:
-            self.window.append(self.pool.submit(self._read, self.jobs.popleft()))
-        if not self.window:
-            raise StopIteration
-        return self.window.popleft().result()
+        return next(self.batches)           # StopIteration at the epoch's end, as DALI wants
 
 
 class DaliBackend(Backend):

@@ -18,7 +18,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from fastdata.loaders import Backend
+from fastdata.loaders import Backend, ordered
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,22 +149,15 @@ class TorchBackend(Backend):
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(l.num_workers, thread_name_prefix="fastdata",
                                                    initializer=one_intraop_thread)
-            window: deque = deque()
-            depth = l.num_workers + l.prefetch
-            for job in jobs:
-                window.append(self._pool.submit(reader, *job))
-                if len(window) >= depth:
-                    yield window.popleft().result()
-            while window:
-                yield window.popleft().result()
+            yield from ordered(self._pool, reader, jobs, l.num_workers + l.prefetch)
         else:
             yield from _process_batches(reader, jobs, l)
 
     def iterate(self, batches, epoch, start):
         l = self.loader
         if self._reader is None or self._reader.size != l.size:
-            # kept across epochs: its recycled buffers are already faulted in (a fresh set cost
-            # ~10 ms at each epoch's start, 15% of an epoch of uint8 batches at 256 px)
+            # kept across epochs: its recycled buffers are already faulted in (a fresh set
+            # each epoch cost 16% of uint8 throughput: benchmarks/ab_cpu.py, "epochs")
             self._reader = _BatchReader(l, l.size)
         host = self._host(self._reader, batches, epoch, start)
         if l.device.type == "cpu":

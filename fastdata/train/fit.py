@@ -94,7 +94,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     history = []
 
     def save(epoch: int) -> None:
-        if ckpt and step.micro % step.accum_steps == 0:
+        if ckpt and step.at_window_end:
             if rank == 0:
                 _save(ckpt, _state(step, loader, epoch))
             barrier()
@@ -116,11 +116,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
                          m["loss"], m["samples"] / max(now - t_log, 1e-9))
                 t_log = now
-            if checkpoint_every and step.micro % step.accum_steps == 0 \
-                    and step.steps % checkpoint_every == 0:
+            if checkpoint_every and step.at_window_end and step.steps % checkpoint_every == 0:
                 save(epoch)
-            if max_steps is not None and step.steps >= max_steps \
-                    and step.micro % step.accum_steps == 0:
+            if max_steps is not None and step.steps >= max_steps and step.at_window_end:
                 save(epoch)
                 stopped = True
                 break

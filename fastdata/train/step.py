@@ -80,6 +80,11 @@ class TrainStep:
         self.samples = torch.zeros((), dtype=torch.int64, device=self.device)
 
     @property
+    def at_window_end(self) -> bool:
+        """No micro-batch of an accumulation window is pending (a safe point to checkpoint)."""
+        return self.micro % self.accum_steps == 0
+
+    @property
     def module(self) -> nn.Module:
         """The model without its DDP wrapper (for saving and evaluation)."""
         return getattr(self.model, "module", self.model)
