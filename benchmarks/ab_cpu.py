@@ -10,8 +10,9 @@ benchmarks/RESULTS.md.
   Loader only, batch 64, RandomResizedCrop(224) float32, 2 worker threads; img/s per round.
 * map: HDF5 ``read_batch`` of random batches of 64 from two threads, through ``np.memmap``
   itself vs the plain ndarray view of it that the reader keeps.
-* layout: the loader's float32 channels_last output normalised by broadcasting the 3 channel
-  constants over the last (C=3) dim of NHWC memory vs along (N*H, W*3) rows.
+* fused: float32 output (NCHW, the CPU default, and channels_last), the whole batch resized
+  to uint8 and then normalised in three passes over the float output (copy, multiply, add) vs
+  each image normalised as soon as it is resized, while in cache (Augment.__call__).
 * epochs: uint8 channels_last loader, 5 whole epochs, batch buffers made afresh each epoch vs
   kept across epochs (TorchBackend keeps its batch reader).
 """
@@ -40,10 +41,18 @@ def pil_decode(buf, out):
         out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
 
 
-def broadcast_normalize(self, y, out):
-    """``Augment.normalize`` before, for float32 channels_last into ``out``."""
-    a, b = self._scale_shift
-    out.permute(0, 2, 3, 1).copy_(y.permute(0, 2, 3, 1)).mul_(a).add_(b)
+def unfused_call(self, x, generator=None, out=None):
+    """``Augment.__call__`` before, for float32 on CPU, into ``out``."""
+    boxes, flips = self.params(*x.shape[:3], generator)
+    y = aug.crop_resize_per_sample(x, boxes, flips, self.crop, self.memory_format)
+    o = out
+    if self.channels_last:      # along (N*H, W*3) rows of NHWC memory
+        n, c, h, w = y.shape
+        a, b = self._scale_shift(x.device, w)
+        o, y = (t.permute(0, 2, 3, 1).reshape(n * h, w * c) for t in (out, y))
+    else:
+        a, b = self._scale_shift(x.device)
+    o.copy_(y).mul_(a).add_(b)
     return out
 
 
@@ -123,18 +132,18 @@ def main():
             res[side].append(read_two_threads())
     report("read_batch raw-hdf5", res)
 
-    # layout: channels_last float32 output normalised by broadcasting over a last dim of 3
-    # (before) vs along NHWC rows (now)
-    real = aug.Augment.normalize
-    it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=True)
-    res = {"broadcast over C=3": [], "NHWC rows": []}
-    for _ in range(a.rounds):
-        for side, fn in zip(res, (broadcast_normalize, real)):
-            aug.Augment.normalize = fn
-            timed(it, 4)
-            res[side].append(timed(it, 20))
-    aug.Augment.normalize = real
-    report("raw-hdf5 RRC224 float32 channels_last", res)
+    # fused: float32 output normalised batch-wide after resizing (before) vs per image (now)
+    real = aug.Augment.__call__
+    for cl in (False, True):
+        it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=cl)
+        res = {"whole batch, 3 passes": [], "per image, in cache": []}
+        for _ in range(a.rounds):
+            for side, fn in zip(res, (unfused_call, real)):
+                aug.Augment.__call__ = fn
+                timed(it, 4)
+                res[side].append(timed(it, 20))
+        aug.Augment.__call__ = real
+        report(f"raw-hdf5 RRC224 float32 {'channels_last' if cl else 'NCHW'}", res)
 
     # epochs: uint8 channels_last batches (no augmentation), whole epochs, with the batch
     # buffers made afresh at each epoch's start (before) vs kept across epochs (now)

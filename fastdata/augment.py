@@ -6,7 +6,8 @@ stored square (torchvision's Resize(256)+CenterCrop(224) is ratio 0.875) resized
 Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 output skips it).
 
 Two kernels give the same geometry: ``per_sample`` (uint8 antialiased bilinear ``interpolate``
-per image, fastest on CPU) and ``batched`` (one ``grid_sample`` for the whole batch, for CUDA).
+per image, each image normalised while still in cache: fastest on CPU) and ``batched`` (one
+``grid_sample`` for the whole batch, for CUDA).
 All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
 worker ran a batch.
 """
@@ -56,19 +57,26 @@ def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
     return box.expand(n, 4).clone()
 
 
-def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,
-                           memory_format=torch.channels_last) -> torch.Tensor:
-    """x: (B, H, W, 3) uint8 → (B, 3, out, out) uint8 in ``memory_format``."""
-    b = x.shape[0]
-    y = torch.empty((b, 3, out, out), dtype=x.dtype, device=x.device,
-                    memory_format=memory_format)
+def resized_patches(x: torch.Tensor, boxes, flips, out: int):
+    """x: (B, H, W, 3) uint8 → each image's box resized to (3, out, out) uint8 (channels_last
+    strides), flipped where asked: one image at a time, so what follows works in cache."""
+    xs = x.permute(0, 3, 1, 2)              # NHWC memory as NCHW: channels_last views
     for k, (t, l, h, w) in enumerate(boxes.tolist()):
-        patch = x[k, t:t + h, l:l + w].permute(2, 0, 1).unsqueeze(0)   # channels_last view
+        patch = xs[k:k + 1, :, t:t + h, l:l + w]
         if (h, w) != (out, out):    # a dense patch halves the uint8 AA kernel's time on CPU
             patch = F.interpolate(patch.contiguous(memory_format=torch.channels_last),
                                   size=(out, out), mode="bilinear", antialias=True,
                                   align_corners=False)
-        y[k] = patch[0].flip(-1) if flips[k] else patch[0]
+        yield patch[0].flip(-1) if flips[k] else patch[0]
+
+
+def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,
+                           memory_format=torch.channels_last) -> torch.Tensor:
+    """x: (B, H, W, 3) uint8 → (B, 3, out, out) uint8 in ``memory_format``."""
+    y = torch.empty((x.shape[0], 3, out, out), dtype=x.dtype, device=x.device,
+                    memory_format=memory_format)
+    for k, patch in enumerate(resized_patches(x, boxes, flips, out)):
+        y[k] = patch
     return y
 
 
@@ -110,11 +118,8 @@ class Augment:
         self.scale, self.ratio, self.flip, self.eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
         self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
-        # y/255 → (y/255 - mean)/std as y*scale + shift; per device and layout, built once (no
-        # per-batch host-to-device copies)
-        self._scale_shift = (torch.tensor([1 / (255 * s) for s in self.std]),
-                             torch.tensor([-m / s for m, s in zip(self.mean, self.std)]))
-        self._affine: dict = {}
+        # y/255 → (y/255 - mean)/std as y*scale + shift, per device and row width: built once
+        self._constants: dict = {}
 
     def params(self, n: int, height: int, width: int, generator):
         if self.train:
@@ -134,44 +139,56 @@ class Augment:
         if kernel == "auto":
             kernel = "batched" if x.device.type == "cuda" else "per_sample"
         side = self.crop or height          # no crop: output at the stored size
-        if kernel == "per_sample":
-            y = crop_resize_per_sample(x, boxes, flips, side, self.memory_format)
-        else:
-            y = crop_resize_batched(x, boxes, flips, side)
-            if self.dtype == torch.uint8:
-                y = y.round_().clamp_(0, 255).to(torch.uint8)
-        return self.normalize(y, out)
+        if self.dtype == torch.uint8:
+            if kernel == "per_sample":
+                return crop_resize_per_sample(x, boxes, flips, side, self.memory_format)
+            y = crop_resize_batched(x, boxes, flips, side).round_().clamp_(0, 255)
+            return y.to(torch.uint8).contiguous(memory_format=self.memory_format)
+        if out is None:
+            out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x.device,
+                              memory_format=self.memory_format)
+        if kernel == "batched":
+            return self.normalize(crop_resize_batched(x, boxes, flips, side), out)
+        # each image normalised as soon as it is resized, while in cache: one pass over the
+        # float output instead of three (benchmarks/ab_cpu.py, "fused")
+        put = self._put(out)
+        for k, patch in enumerate(resized_patches(x, boxes, flips, side)):
+            put(k, patch)
+        return out
+
+    def _put(self, out: torch.Tensor):
+        """``put(k, image)``: a uint8 (3,h,w) image → ``out[k]``, normalised; the per-batch
+        choices and views made once, as the per-image Python overhead counts on CPU."""
+        n, _, h, w = out.shape
+        if out.dtype != torch.float32 or not out.is_contiguous(memory_format=torch.channels_last):
+            return lambda k, y: self.normalize(y, out[k])
+        # along (h, w*3) rows of HWC memory, one fused multiply-add: broadcasting 3 constants
+        # over a last dim of 3 is slower on CPU
+        a, b = self._scale_shift(out.device, w)
+        rows = out.permute(0, 2, 3, 1).reshape(n, h, 3 * w)       # a view
+
+        def put(k, y):
+            o = rows[k]
+            torch.addcmul(b, o.copy_(y.permute(1, 2, 0).reshape(h, 3 * w)), a, out=o)
+        return put
 
     @property
     def memory_format(self):
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
-    def normalize(self, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """(B,3,h,w) uint8 or float in 0..255 → the requested dtype and memory format.
+    def _scale_shift(self, device, width: int = 0):
+        """The per-channel constants as (3,1,1), or repeated along a row of HWC memory."""
+        key = (str(device), width)
+        if key not in self._constants:
+            a = torch.tensor([1 / (255 * s) for s in self.std])
+            b = torch.tensor([-m / s for m, s in zip(self.mean, self.std)])
+            shape = (lambda t: t.repeat(width)) if width else (lambda t: t.view(3, 1, 1))
+            self._constants[key] = (shape(a).to(device), shape(b).to(device))
+        return self._constants[key]
 
-        One converting copy into ``out`` then in-place scale/shift: fresh 40 MB float outputs
-        per batch cost more in page faults than the arithmetic on a 2-core CPU.
-        """
-        if self.dtype == torch.uint8:
-            return y.contiguous(memory_format=self.memory_format)
-        if out is None:
-            out = torch.empty(y.shape, dtype=self.dtype, device=y.device,
-                              memory_format=self.memory_format)
-        cl = y.dim() == 4 and all(t.is_contiguous(memory_format=torch.channels_last)
-                                  for t in (y, out))
-        key = (str(y.device), y.shape[-1] if cl else 0)
-        if key not in self._affine:     # cl: the 3 constants repeated along a row of NHWC memory
-            self._affine[key] = tuple(t.repeat(y.shape[-1]) if cl else t.view(1, 3, 1, 1)
-                                      for t in (t.to(y.device) for t in self._scale_shift))
-        a, b = self._affine[key]
-        o, yy = out, y
-        if cl:      # (N*H, W*3) rows: broadcasting over a last dim of 3 is slower on CPU
-            # (benchmarks/ab_cpu.py, "layout")
-            n, c, h, w = y.shape
-            o = out.permute(0, 2, 3, 1).reshape(n * h, w * c)
-            yy = y.permute(0, 2, 3, 1).reshape(n * h, w * c)
-        if self.dtype == torch.float32:
-            o.copy_(yy).mul_(a).add_(b)
-        else:
-            o.copy_(yy.float().mul_(a).add_(b))          # scale in fp32, then round once
-        return out
+    def normalize(self, y: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """(..., 3, h, w) uint8 or float in 0..255 → ``out`` (the requested float dtype)."""
+        a, b = self._scale_shift(y.device)
+        if out.dtype == torch.float32:
+            return out.copy_(y).mul_(a).add_(b)
+        return out.copy_(torch.addcmul(b, y.float(), a))      # scale in fp32, then round once
