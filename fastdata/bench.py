@@ -141,10 +141,13 @@ class Bench:
                 raise _Skip(why)
         from fastdata.loaders import Loader
 
+        # with a model, the layout its TrainStep feeds it (no per-step copy), else the default
+        cl = True if self.model_name != "none" else None
         loader = Loader(self.ds, backend=backend, batch_size=self.batch_size, train=True,
                         size=self.size, crop=self.crop, device=self.device, dtype=self.dtype,
-                        num_workers=self.num_workers, seed=self.seed)
-        return loader, f"{self.ds.container} {self.ds.encoding} {self.size}px"
+                        channels_last=cl, num_workers=self.num_workers, seed=self.seed)
+        layout = "channels_last" if loader.channels_last else "NCHW"
+        return loader, f"{self.ds.container} {self.ds.encoding} {self.size}px {layout}"
 
     def _to_device(self, x, y):
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -129,7 +129,8 @@ def train_run(a) -> dict:
         precision = a.precision or default_precision(info.device)
         dtype = input_dtype(precision, info.device)
         common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
-                      device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers)
+                      device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers,
+                      channels_last=True)   # as TrainStep feeds the model: no per-step copy
         train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
         val = Loader(a.val, train=False, **common) if a.val else None
         if val is not None and val.dataset.classes != train.dataset.classes:
