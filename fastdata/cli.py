@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from fastdata.env import keep_freed_memory
 from fastdata.format import CONTAINERS, ENCODINGS, FITS, check_size
 
 log = logging.getLogger("fastdata")
@@ -125,6 +126,8 @@ def train_run(a) -> dict:
     from fastdata.train.step import default_precision, input_dtype
 
     info = dist.setup(device=a.device)
+    if info.device.type == "cpu":
+        keep_freed_memory()
     try:
         precision = a.precision or default_precision(info.device)
         dtype = input_dtype(precision, info.device)
@@ -174,10 +177,13 @@ def cmd_train(a) -> int:
 def bench_run(a) -> dict:
     from fastdata.bench import Bench, plot, table
 
-    report = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
+    bench = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
                    model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                    warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
-                   precision=a.precision, num_workers=a.workers).run(progress=not a.quiet)
+                   precision=a.precision, num_workers=a.workers)
+    if bench.device.type == "cpu":
+        keep_freed_memory()
+    report = bench.run(progress=not a.quiet)
     echo(table(report))
     if a.json:
         from fastdata.format import write_json_atomic
@@ -313,7 +319,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a model on a shard set (torchrun for DDP)")
     t.set_defaults(func=cmd_train)
     b = sub.add_parser("bench", help="loader and model throughput vs a PIL baseline and the "
-                       "synthetic-data ceiling")
+                       "model's ceiling")
     b.set_defaults(func=cmd_bench)
     if full:
         add_train_args(t)

@@ -1,6 +1,8 @@
-"""Facts about the running environment: which PIL is live (pillow-simd or not), versions."""
+"""Facts about the running environment: which PIL is live (pillow-simd or not), versions; and
+one process-wide setting for the CLI's CPU runs (``keep_freed_memory``)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import warnings
@@ -24,6 +26,25 @@ def warn_if_not_simd() -> None:
     if not pil_is_simd():
         warnings.warn(f"the live PIL is Pillow, not pillow-simd: resizing is ~5x slower. "
                       f"Fix: {SIMD_FIX}", RuntimeWarning, stacklevel=3)
+
+
+def keep_freed_memory(limit: int = 1 << 30) -> bool:
+    """Have glibc's malloc keep freed blocks of up to ``limit`` bytes for reuse instead of
+    unmapping them (``mallopt`` M_MMAP_THRESHOLD and M_TRIM_THRESHOLD).
+
+    A training step on the CPU allocates its activations afresh at every step; by default
+    glibc maps blocks this large anew each time, and the page faults cost a resnet8 step
+    ~30% here (``benchmarks/ab_malloc.py``); CUDA's caching allocator already does this for
+    GPU memory. Process-wide, for programs (``fastdata train`` and ``bench`` on a CPU), not
+    for library code. Returns False where there is no glibc ``mallopt``.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, limit)) and bool(
+        mallopt(m_trim_threshold, min(2 * limit, 2**31 - 1)))
 
 
 def _version(dist: str) -> str | None:
