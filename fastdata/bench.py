@@ -182,8 +182,9 @@ class Bench:
 
     def _fixed_batch(self, channels_last: bool):
         """One batch of the set's own images (centre crops, normalised) and labels, on the
-        device in the step's layout: the model sees the same kind of data as when fed (a
-        ``randn`` batch trained up to ~25% slower on this project's 2-core CPU)."""
+        device in the step's layout: the model sees the same kind of data as when fed (in
+        some runs on this project's 2-core CPU a ``randn`` batch trained ~20% slower than real
+        images, for reasons not pinned down)."""
         from fastdata.augment import Augment
 
         idx = [k % len(self.ds) for k in range(self.batch_size)]

@@ -178,9 +178,9 @@ def bench_run(a) -> dict:
     from fastdata.bench import Bench, plot, table
 
     bench = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
-                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
-                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
-                   precision=a.precision, num_workers=a.workers)
+                  model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
+                  warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
+                  precision=a.precision, num_workers=a.workers)
     if bench.device.type == "cpu":
         keep_freed_memory()
     report = bench.run(progress=not a.quiet)
