@@ -242,6 +242,16 @@ def cmd_demo(a) -> int:
 
 # ---------------------------------------------------------------- parser
 
+class _Help(argparse.HelpFormatter):
+    """Shows an option's default after its help, unless the help already says it."""
+
+    def _get_help_string(self, action):
+        unset = any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        if unset or "default" in action.help:
+            return action.help
+        return f"{action.help} (default %(default)s)"
+
+
 def add_train_args(t: argparse.ArgumentParser) -> None:
     from fastdata.loaders import BACKENDS
     from fastdata.train.fit import SCHEDULES
@@ -249,28 +259,32 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
 
     t.add_argument("out", help="training shard set")
     t.add_argument("--val", help="held-out shard set for accuracy after each epoch")
-    t.add_argument("--backend", choices=list(BACKENDS), default="torch")
+    t.add_argument("--backend", choices=list(BACKENDS), default="torch", help="loader backend")
     t.add_argument("--model", default="resnet8", help="built-in (tiny, resnet8, resnet14), a "
                    "torchvision name, or module:callable(num_classes=...)")
-    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--epochs", type=int, default=10, help="passes over the training set")
     t.add_argument("--batch-size", type=int, default=64, help="per process and micro-batch")
     t.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
     t.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
     t.add_argument("--checkpoint", help="directory for last.pt (resumed from when present) "
                    "and per-rank logs")
-    t.add_argument("--size", type=_size, default=None, help="stored size to read")
+    t.add_argument("--size", type=_size, default=None,
+                   help="stored size to read (default: the largest)")
     t.add_argument("--crop", type=int, default=None, help="output crop (default: the size)")
     t.add_argument("--min-scale", type=float, default=0.08,
-                   help="smallest RandomResizedCrop area fraction (default 0.08)")
-    t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    t.add_argument("--lr", type=float, default=0.1)
-    t.add_argument("--weight-decay", type=float, default=5e-4)
-    t.add_argument("--schedule", choices=SCHEDULES, default="onecycle")
-    t.add_argument("--clip-grad-norm", type=float, default=None)
-    t.add_argument("--workers", type=int, default=None, help="loader workers per process")
+                   help="smallest RandomResizedCrop area fraction")
+    t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer")
+    t.add_argument("--lr", type=float, default=0.1, help="peak learning rate")
+    t.add_argument("--weight-decay", type=float, default=5e-4, help="weight decay")
+    t.add_argument("--schedule", choices=SCHEDULES, default="onecycle",
+                   help="learning-rate schedule")
+    t.add_argument("--clip-grad-norm", type=float, default=None,
+                   help="clip the gradient norm to this (default: no clipping)")
+    t.add_argument("--workers", type=int, default=None,
+                   help="loader threads per process (default: min(8, cores))")
     t.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="seed of the sample order and the model")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--log-every", type=int, default=50, help="batches between loss logs")
 
@@ -285,13 +299,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("convert", help="pack an image folder (root/<class>/...) into shards")
+    c = sub.add_parser("convert", formatter_class=_Help,
+                       help="pack an image folder (root/<class>/...) into shards")
     c.add_argument("src", help="image folder, ImageFolder layout")
     c.add_argument("out", help="output directory for the shard set")
     c.add_argument("--format", choices=CONTAINERS, default="hdf5", help="container")
     c.add_argument("--size", type=_sizes, action="append", metavar="S[,S...]",
                    help="stored square size(s), powers of two >= 8; repeatable (default 256)")
-    c.add_argument("--encoding", choices=ENCODINGS, default="raw")
+    c.add_argument("--encoding", choices=ENCODINGS, default="raw",
+                   help="raw uint8 pixels or JPEG records")
     c.add_argument("--quality", type=int, default=90, help="JPEG quality for --encoding jpeg")
     c.add_argument("--fit", choices=FITS, default="crop",
                    help="non-square images: crop (shorter side, centre crop), pad, stretch")
@@ -300,34 +316,38 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--shard-size", type=int, default=None,
                    help="samples per shard (default: ~256 MiB of raw data per shard)")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
-                   help="unreadable inputs: skip and report (default) or stop")
+                   help="unreadable inputs: skip and report them, or stop")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
     g.add_argument("--resume", action="store_true", help="finish an interrupted conversion")
     c.set_defaults(func=cmd_convert)
 
-    i = sub.add_parser("info", help="describe a shard set (or the environment with --env)")
+    i = sub.add_parser("info", formatter_class=_Help,
+                       help="describe a shard set (or the environment with --env)")
     i.add_argument("out", nargs="?")
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--env", action="store_true", help="versions, pillow-simd check, GPU")
     i.set_defaults(func=cmd_info)
 
-    v = sub.add_parser("verify", help="recompute checksums, decode every JPEG")
+    v = sub.add_parser("verify", formatter_class=_Help,
+                       help="recompute checksums, decode every JPEG")
     v.add_argument("out")
     v.set_defaults(func=cmd_verify)
 
-    t = sub.add_parser("train", help="train a model on a shard set (torchrun for DDP)")
+    t = sub.add_parser("train", formatter_class=_Help,
+                       help="train a model on a shard set (torchrun for DDP)")
     t.set_defaults(func=cmd_train)
-    b = sub.add_parser("bench", help="loader and model throughput vs a PIL baseline and the "
+    b = sub.add_parser("bench", formatter_class=_Help,
+                       help="loader and model throughput vs a PIL baseline and the "
                        "model's ceiling")
     b.set_defaults(func=cmd_bench)
     if full:
         add_train_args(t)
         add_bench_args(b)
 
-    d = sub.add_parser("demo", help="draw a sample dataset, convert it, train on it")
-    d.add_argument("--dir", default="fastdata-demo", help="working directory (default "
-                   "./fastdata-demo)")
+    d = sub.add_parser("demo", formatter_class=_Help,
+                       help="draw a sample dataset, convert it, train on it")
+    d.add_argument("--dir", default="fastdata-demo", help="working directory")
     d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
     d.set_defaults(func=cmd_demo)
     return p
@@ -343,16 +363,20 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="comma-separated: baseline, torch, dali")
     b.add_argument("--model", default="none", help="none, a built-in (tiny, resnet8, "
                    "resnet14), a torchvision name (resnet18, resnet50...) or module:callable")
-    b.add_argument("--batch-size", type=int, default=64)
-    b.add_argument("--size", type=_size, default=None, help="stored size to read")
+    b.add_argument("--batch-size", type=int, default=64, help="images per batch")
+    b.add_argument("--size", type=_size, default=None,
+                   help="stored size to read (default: the largest)")
     b.add_argument("--crop", type=int, default=None, help="training crop (default min(224, "
                    "size))")
     b.add_argument("--warmup", type=int, default=5, help="batches before timing")
     b.add_argument("--batches", type=int, default=50, help="batches per timed run")
     b.add_argument("--repeat", type=int, default=3, help="timed runs (median and spread)")
-    b.add_argument("--precision", choices=list(PRECISIONS), default=None)
-    b.add_argument("--workers", type=int, default=None, help="loader workers / DALI threads")
-    b.add_argument("--device", default=None)
+    b.add_argument("--precision", choices=list(PRECISIONS), default=None,
+                   help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
+    b.add_argument("--workers", type=int, default=None,
+                   help="each backend's workers: threads, DALI threads, baseline "
+                   "processes (default: min(8, cores))")
+    b.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")
 

@@ -161,3 +161,18 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["convert", folder, out, "--size", "48"])
     assert "48" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["convert", "info", "verify", "train", "bench", "demo"])
+def test_cli_help_states_defaults(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())      # unwrap argparse's line breaks
+    assert e.value.code == 0
+    expected = {"convert": ["--format {hdf5,lmdb} container (default hdf5)", "(default 90)"],
+                "train": ["(default 10)", "(default 0.0005)", "(default onecycle)",
+                          "seed of the sample order and the model (default 0)"],
+                "bench": ["(default 50)", "(default none)"], "demo": ["(default 15)"]}
+    for piece in expected.get(command, []):
+        assert piece in text, piece
+    assert "(default None)" not in text and "(default False)" not in text
