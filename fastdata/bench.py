@@ -270,9 +270,13 @@ class Bench:
                 if with_model:          # ceiling runs before and after the loader's: drift and
                     ceil += self.ceiling(step, bar)         # warm-up weigh on both sides
                     ceiling += ceil
+                    fed = f["img_per_s"]
                     rec["model"] = {"name": self.model_name, **f, "ceiling": _stats(ceil),
-                                    "fraction_of_ceiling": f["img_per_s"]["median"]
-                                    / statistics.median(ceil)}
+                                    "fraction_of_ceiling": fed["median"]
+                                    / statistics.median(ceil),
+                                    # what run-to-run noise allows: worst and best pairing
+                                    "fraction_range": [fed["min"] / max(ceil),
+                                                       fed["max"] / min(ceil)]}
                 results.append(rec)
         base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
                     None)
@@ -331,6 +335,13 @@ def table(report: dict) -> str:
     if report["ceiling"]:
         lines.append(f"ceiling = {report['ceiling']['model']} on one fixed on-device batch, "
                      f"run before and after each backend's loader")
+        for r in report["results"]:
+            m = r.get("model")
+            if m and m["fraction_of_ceiling"] > 1:
+                lo, hi = m["fraction_range"]
+                lines.append(f"{r['backend']}: fed above its ceiling, within run-to-run noise "
+                             f"({lo:.0%}-{hi:.0%} over the runs); more --batches/--repeat "
+                             f"narrow it")
     return "\n".join(lines)
 
 

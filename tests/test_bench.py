@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from converters.convert import convert
+from fastdata.bench import table
 from fastdata.cli import main
 from tests.conftest import plain_folder
 
@@ -60,6 +61,11 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
             check_stats(m["img_per_s"])
             check_stats(m["ceiling"], runs=4)       # --repeat runs before and after the loader
             assert m["fraction_of_ceiling"] > 0 and 0 <= m["data_wait_frac"] <= 1
+            lo, hi = m["fraction_range"]
+            assert lo <= m["fraction_of_ceiling"] <= hi
+            m["fraction_of_ceiling"], m["fraction_range"] = 1.2, [0.9, 1.5]
+            assert f"{name}: fed above its ceiling, within run-to-run noise (90%-150%" in \
+                table(rep)
         assert name in out
     assert (rep["ceiling"] is None) == (model == "none")
     with Image.open(png) as im:
