@@ -133,14 +133,17 @@ def train_run(a) -> dict:
         dtype = input_dtype(precision, info.device)
         common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
                       device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers,
-                      channels_last=True)   # as TrainStep feeds the model: no per-step copy
+                      channels_last=True)   # the model's layout below: no per-step copy
         train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
         val = Loader(a.val, train=False, **common) if a.val else None
         if val is not None and val.dataset.classes != train.dataset.classes:
             raise ValueError(f"--val {a.val} has classes {val.dataset.classes}, "
                              f"not the training set's {train.dataset.classes}")
         torch.manual_seed(a.seed)
-        model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info)
+        # channels_last on every device: on CPU too it was faster for the demo's resnet8
+        # (benchmarks/RESULTS.md, "Model layout")
+        model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info,
+                          channels_last=True)
         if a.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True,
                                   weight_decay=a.weight_decay)
@@ -149,7 +152,8 @@ def train_run(a) -> dict:
         total = max(1, a.epochs * len(train) // a.accum)      # optimizer steps in the run
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
-                         clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile)
+                         clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,
+                         channels_last=True)
         log.info("rank %d/%d on %s, precision %s: %s", info.rank, info.world_size,
                  info.device, precision, train)
         if not info.is_main:        # one rank's progress is enough; warnings still show

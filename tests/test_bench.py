@@ -64,7 +64,9 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
             lo, hi = m["fraction_range"]
             assert lo <= m["fraction_of_ceiling"] <= hi
             m["fraction_of_ceiling"], m["fraction_range"] = 1.2, [0.9, 1.5]
-            assert f"{name}: fed above its ceiling, within run-to-run noise (90%-150%" in \
+            assert f"{name}: fed above its ceiling (90%-150% over the runs), within" in table(rep)
+            m["fraction_range"] = [1.1, 1.5]
+            assert f"{name}: fed above its ceiling (110%-150% over the runs), in every" in \
                 table(rep)
         assert name in out
     assert (rep["ceiling"] is None) == (model == "none")

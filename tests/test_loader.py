@@ -163,7 +163,8 @@ def test_normalisation_and_kernels_agree():
     assert torch.allclose(ident, ref, atol=1e-5)
     const = torch.full((4, 32, 32, 3), 128, dtype=torch.uint8)
     y = Augment(train=True, crop=24)(const, torch.Generator().manual_seed(0))
-    expected = (128 / 255 - torch.tensor((0.485, 0.456, 0.406))) / torch.tensor((0.229, 0.224, 0.225))
+    expected = (128 / 255 - torch.tensor((0.485, 0.456, 0.406))) \
+        / torch.tensor((0.229, 0.224, 0.225))
     assert torch.allclose(y.mean((0, 2, 3)), expected, atol=1e-3)
     for train in (False, True):
         a = Augment(train=train, crop=24, kernel="per_sample")(x, torch.Generator().manual_seed(4))

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -158,6 +159,30 @@ def test_ddp_two_processes_equal_single_process_and_sync_once_per_window(tmp_pat
     assert c[0] == 0 and c[1] >= 1 and c[2] == c[1] and c[3] == 2 * c[1]
 
 
+def test_channels_last_ddp_model_is_converted_before_wrapping(tmp_path):
+    import torch.distributed as dist
+
+    from fastdata.train import distributed
+
+    cl = torch.channels_last
+    conv = distributed.wrap(net(), distributed.DistInfo(), channels_last=True)[0].weight
+    assert conv.is_contiguous(memory_format=cl) and not conv.is_contiguous()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        late = nn.parallel.DistributedDataParallel(net())
+        with pytest.warns(UserWarning, match="convert it before wrapping"):
+            TrainStep(late, sgd(late), precision="fp32", channels_last=True)
+        early = nn.parallel.DistributedDataParallel(net().to(memory_format=cl))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")      # nor "Grad strides do not match bucket view"
+            step = TrainStep(early, sgd(early), precision="fp32", channels_last=True)
+            step(*data(4))
+            step(*data(4))
+    finally:
+        dist.destroy_process_group()
+
+
 # ---------------------------------------------------------------- fit and resume
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory):
@@ -211,6 +236,7 @@ def test_fastdata_train_under_torchrun_two_ranks_see_disjoint_data(tmp_path):
         capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out accuracy" in r.stdout
+    assert "bucket view strides" not in r.stderr    # channels_last before DDP wrapped it
     logs = [[json.loads(line) for line in open(ck / f"log-rank{k}.jsonl")] for k in (0, 1)]
     for epoch in (0, 1):
         c0, c1 = (logs[k][epoch]["label_counts"] for k in (0, 1))

@@ -50,9 +50,19 @@ def setup(device: str | None = None, backend: str | None = None) -> DistInfo:
     return DistInfo(rank, world, local, dev)
 
 
-def wrap(model: nn.Module, info: DistInfo, **ddp_kwargs) -> nn.Module:
-    """``model`` on ``info.device``, inside DistributedDataParallel when the world is > 1."""
-    model = model.to(info.device)
+def wrap(model: nn.Module, info: DistInfo, *, channels_last: bool | None = None,
+         **ddp_kwargs) -> nn.Module:
+    """``model`` on ``info.device``, inside DistributedDataParallel when the world is > 1.
+
+    ``channels_last`` (default: on CUDA, as ``TrainStep``) converts the model first: DDP lays
+    out its gradient buckets by the parameters' strides when it is built, and a model converted
+    afterwards copies every gradient into mismatched buckets (torch warns "Grad strides do not
+    match bucket view strides").
+    """
+    if channels_last is None:
+        channels_last = info.device.type == "cuda"
+    fmt = torch.channels_last if channels_last else torch.preserve_format
+    model = model.to(info.device, memory_format=fmt)
     if not info.distributed:
         return model
     ids = [info.device.index] if info.device.type == "cuda" else None

@@ -12,7 +12,8 @@ DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
 * With fp16 the gradients are unscaled before clipping; a step whose gradients hold inf/NaN
   is skipped by the scaler (and the scale lowered).
 * ``channels_last`` (default: on CUDA) converts the model once and each batch (a no-op for
-  loader output that already is).
+  loader output that already is). A DDP model must be converted before it is wrapped
+  (``distributed.wrap`` does); one that is not gets a warning.
 * No host synchronisation: nothing calls ``.item()``/``.cpu()``; ``loss_sum``/``samples`` add
   up on the device and are read by whoever logs, when they log. (One exception belongs to
   torch: with fp16, ``GradScaler.step`` reads the inf check on the host once per optimizer
@@ -64,10 +65,17 @@ class TrainStep:
                              f"or None")
         self.precision, self.accum_steps = precision, accum_steps
         self.clip_grad_norm = clip_grad_norm
-        if channels_last is None:   # CPU: no gain measured, and torch 2.13's CPU backward
-            channels_last = self.device.type == "cuda"    # crashed on a 4-channel NHWC net
-        self.channels_last = bool(channels_last)
+        if channels_last is None:   # CPU: it depends on the model (on this project's 2-core
+            channels_last = self.device.type == "cuda"  # machine resnet8 ran ~30% faster, tiny
+        self.channels_last = bool(channels_last)        # ~35% slower)
         if self.channels_last:
+            conv = [p for p in model.parameters() if p.dim() == 4]
+            if hasattr(model, "no_sync") and not all(
+                    p.is_contiguous(memory_format=torch.channels_last) for p in conv):
+                warnings.warn("channels_last: this DDP model is converted after DDP was built, "
+                              "so every gradient is copied into NCHW buckets; convert it "
+                              "before wrapping (fastdata.train.distributed.wrap does)",
+                              stacklevel=2)
             model.to(memory_format=torch.channels_last)
         self.model = model                                  # DDP-wrapped or plain
         self.forward = torch.compile(model) if compile else model
