@@ -6,7 +6,7 @@ alternate over rounds; figures in benchmarks/RESULTS.md.
     .venv/bin/python -W ignore benchmarks/ab_malloc.py /tmp/fd-compare/raw-hdf5
 
 The child runs ``Bench`` with resnet8 at crop 112, batch 32 and prints its JSON: the ceiling
-(one synthetic batch) and the loader-fed step, img/s.
+(one fixed batch) and the loader-fed step, img/s.
 """
 from __future__ import annotations
 

@@ -369,7 +369,9 @@ def plot(report: dict, path: str) -> None:
     ax.set_ylabel("images / s")
     if report["ceiling"]:
         ax = axes[0][1]
-        ax.bar(names, [r["model"]["img_per_s"]["median"] for r in ok], color="tab:green")
+        fed = [r["model"]["img_per_s"] for r in ok]
+        ax.bar(names, [f["median"] for f in fed], color="tab:green", capsize=4,
+               yerr=[[f["median"] - f["min"] for f in fed], [f["max"] - f["median"] for f in fed]])
         ceil = report["ceiling"]["img_per_s"]["median"]
         ax.axhline(ceil, color="tab:red", linestyle="--", label=f"ceiling {ceil:.0f}")
         ax.set_title(f"{report['ceiling']['model']} fed by the loader")
