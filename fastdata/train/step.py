@@ -65,9 +65,11 @@ class TrainStep:
                              f"or None")
         self.precision, self.accum_steps = precision, accum_steps
         self.clip_grad_norm = clip_grad_norm
-        if channels_last is None:   # CPU: it depends on the model (on this project's 2-core
-            channels_last = self.device.type == "cuda"  # machine resnet8 ran ~30% faster, tiny
-        self.channels_last = bool(channels_last)        # ~35% slower)
+        # on a CPU the better layout depends on the model (benchmarks/ab_layout.py: resnet8
+        # 1.3x faster channels_last, the tiny model 0.66x), so the default is CUDA only
+        if channels_last is None:
+            channels_last = self.device.type == "cuda"
+        self.channels_last = bool(channels_last)
         if self.channels_last:
             conv = [p for p in model.parameters() if p.dim() == 4]
             if hasattr(model, "no_sync") and not all(
