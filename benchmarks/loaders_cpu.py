@@ -7,7 +7,7 @@
     + Normalize, DataLoader(2 workers, batch 64). torchvision's transforms when importable, else
     an in-package equivalent (same RandomResizedCrop parameter sampling, PIL bilinear resize).
 (b) fastdata torch backend, raw HDF5 and raw LMDB stored at 256, same augmentation, float32,
-    NCHW contiguous (the CPU default) and channels_last (what TrainStep feeds its model).
+    NCHW contiguous (the CPU default) and channels_last (what `fastdata train` feeds its model).
 (c) the same without augmentation: uint8 delivery, NCHW contiguous (the CPU default) and
     channels_last (the stored NHWC bytes viewed as NCHW: no transposing copy).
 Each fastdata variant runs 5 epochs (PSS of the process tree sampled after each); every
