@@ -1,6 +1,7 @@
 """Cut Debian's ukui-wallpapers into ~3000 ImageNet-sized JPEGs for the benchmarks.
 
     python benchmarks/make_photos.py /tmp/photos            # fetches the .deb with apt-get download
+    python benchmarks/make_photos.py /tmp/photos --deb ukui-wallpapers_20.04.3-1.1_all.deb
 
 Random crops with short side 333-500 (aspect 3:4..4:3, either orientation), quality 90, fixed
 seed, 10 class folders. The images are never committed: regenerate them with this script.
@@ -17,10 +18,11 @@ import tempfile
 from PIL import Image
 
 
-def wallpapers(workdir: str) -> list[str]:
-    subprocess.run(["apt-get", "download", "ukui-wallpapers"], cwd=workdir, check=True,
-                   stdout=subprocess.DEVNULL)
-    deb = glob.glob(os.path.join(workdir, "ukui-wallpapers*.deb"))[0]
+def wallpapers(workdir: str, deb: str | None = None) -> list[str]:
+    if deb is None:
+        subprocess.run(["apt-get", "download", "ukui-wallpapers"], cwd=workdir, check=True,
+                       stdout=subprocess.DEVNULL)
+        deb = glob.glob(os.path.join(workdir, "ukui-wallpapers*.deb"))[0]
     subprocess.run(["dpkg", "-x", deb, os.path.join(workdir, "x")], check=True)
     found = glob.glob(os.path.join(workdir, "x", "**", "*.*"), recursive=True)
     return sorted(p for p in found if p.lower().endswith((".jpg", ".jpeg", ".png")))
@@ -32,10 +34,12 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deb", help="a downloaded ukui-wallpapers .deb (on a machine with no "
+                    "package registry, e.g. the GPU machine)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        sources = [Image.open(p).convert("RGB") for p in wallpapers(tmp)]
+        sources = [Image.open(p).convert("RGB") for p in wallpapers(tmp, args.deb)]
     for c in range(args.classes):
         os.makedirs(os.path.join(args.out, f"class_{c:02d}"), exist_ok=True)
     for i in range(args.count):
@@ -47,7 +51,8 @@ def main() -> None:
         cw, ch = int(w * zoom), int(h * zoom)
         x, y = rng.randint(0, src.width - cw), rng.randint(0, src.height - ch)
         img = src.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
-        img.save(os.path.join(args.out, f"class_{i % args.classes:02d}", f"{i:05d}.jpg"), quality=90)
+        img.save(os.path.join(args.out, f"class_{i % args.classes:02d}", f"{i:05d}.jpg"),
+                 quality=90)
 
 
 if __name__ == "__main__":

@@ -342,7 +342,7 @@ def table(report: dict) -> str:
             if m and m["fraction_of_ceiling"] > 1:
                 lo, hi = m["fraction_range"]
                 why = ("within run-to-run noise; more --batches/--repeat narrow it" if lo <= 1
-                       else "in every pairing of runs: not noise")
+                       else "in every pairing of the runs")
                 lines.append(f"{r['backend']}: fed above its ceiling ({lo:.0%}-{hi:.0%} over "
                              f"the runs), {why}")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from converters.convert import convert
 from tests.test_loader import N, ids_of, seen, shards  # noqa: F401  (shards: fixture)
 
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'fastdata[dali]')")
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+gpu = pytest.mark.gpu          # skipped without CUDA (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,26 @@ def test_float_output_contract_and_determinism(shards):
 
 
 # ---------------------------------------------------------------- augmentation
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
+def test_cuda_path_matches_the_cpu_path(shards, train, dtype):
+    """Pinned buffers, the side stream and the batched kernel on CUDA: the same samples in the
+    same batches as on the CPU, the contract's dtype and layout, the same geometry."""
+    kw = dict(batch_size=4, size=32, crop=24, train=train, seed=1, num_workers=2, dtype=dtype)
+    g = fastdata.Loader(shards["hdf5"], device="cuda", **kw)
+    c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, **kw)
+    n = 0
+    for (xg, yg), (xc, yc) in zip(g, c):
+        assert xg.is_cuda and yg.is_cuda and xg.dtype == dtype and yg.dtype == torch.int64
+        assert xg.shape == xc.shape and xg.is_contiguous(memory_format=torch.channels_last)
+        assert yg.cpu().tolist() == yc.tolist()
+        tol = 0.25 if dtype == torch.bfloat16 else 0.25 * 255 * 0.226     # in pixel units
+        assert (xg.float().cpu() - xc.float()).abs().mean() < tol
+        n += 1
+    assert n == len(g) == len(c)
+
+
 def test_crop_boxes_follow_torchvision_semantics():
     g = torch.Generator().manual_seed(0)
     boxes = random_resized_crop_boxes(4000, 48, 64, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
