@@ -7,7 +7,9 @@ vs FFCV 1.0.2 (raw and JPEG .beton written from the same 256x256 pixels).
         --ffcv-python /tmp/ffcv-venv/bin/python     # see benchmarks/ffcv_cpu.py for that venv
 
 Prints a markdown table (figures in benchmarks/RESULTS.md) and writes WORK/compare.json.
-Batch 64, 2 workers/threads, float32 NCHW output, RandomResizedCrop(224) + flip + normalise.
+Batch 64, 2 workers/threads, RandomResizedCrop(224) + flip + normalise to float32; fastdata and
+FFCV deliver channels_last (FFCV's ``ToTorchImage()`` default, a view of its NHWC batch), the
+baseline NCHW (``ToTensor``).
 Every input is read once before it is timed (warm page cache for all contenders).
 """
 from __future__ import annotations
@@ -47,7 +49,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     kw = dict(batch_size=64, crop=224, warmup=5, batches=a.batches, repeat=a.repeat,
-              device="cpu", num_workers=2)
+              device="cpu", num_workers=2, channels_last=True)     # FFCV's ToTorchImage's too
     rows = []
     for name, opts in SETS.items():
         out = os.path.join(a.work, name)
@@ -78,7 +80,8 @@ def main():
                 rows.append((f"ffcv {mode} (same 256px pixels)", f["img_per_s"], "", None))
             print(rows[-1], file=sys.stderr, flush=True)
     base = rows[0][1]["median"]
-    print(f"# {os.cpu_count()} cpus, torch {torch.__version__}, batch 64, RRC224 float32")
+    print(f"# {os.cpu_count()} cpus, torch {torch.__version__}, batch 64, RRC224 float32, "
+          f"channels_last (baseline NCHW)")
     print("| loader | img/s (median) | min–max | × baseline |")
     print("| --- | --- | --- | --- |")
     for label, s, what, why in rows:

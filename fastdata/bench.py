@@ -97,7 +97,9 @@ class Bench:
                  model: str = "none", batch_size: int = 64, size: int | None = None,
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, channels_last: bool | None = None):
+        """``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
+        the layout the step runs it in; without one, the device's default)."""
         from fastdata.readers import ShardSet
         from fastdata.train.step import default_precision, input_dtype
 
@@ -123,6 +125,8 @@ class Bench:
             repeat
         self.num_workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
         self.seed = seed
+        self.channels_last = True if channels_last is None and model != "none" \
+            else channels_last
 
     # ---- loaders ----
     def _loader(self, backend: str):
@@ -142,11 +146,10 @@ class Bench:
                 raise _Skip(why)
         from fastdata.loaders import Loader
 
-        # with a model, the layout the step runs it in (no per-step copy), else the default
-        cl = True if self.model_name != "none" else None
         loader = Loader(self.ds, backend=backend, batch_size=self.batch_size, train=True,
                         size=self.size, crop=self.crop, device=self.device, dtype=self.dtype,
-                        channels_last=cl, num_workers=self.num_workers, seed=self.seed)
+                        channels_last=self.channels_last, num_workers=self.num_workers,
+                        seed=self.seed)
         layout = "channels_last" if loader.channels_last else "NCHW"
         return loader, f"{self.ds.container} {self.ds.encoding} {self.size}px {layout}"
 
@@ -178,9 +181,11 @@ class Bench:
         torch.manual_seed(self.seed)
         model = build_model(self.model_name, len(self.ds.classes)).to(self.device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        # channels_last on every device, as `fastdata train`: every backend and the ceiling
-        # then run the same computation (the baseline's NCHW batches are converted per step)
-        return TrainStep(model, opt, precision=self.precision, channels_last=True)
+        # the loaders' layout (by default channels_last on every device, as `fastdata train`):
+        # every backend and the ceiling then run the same computation (the baseline's NCHW
+        # batches are converted per step)
+        return TrainStep(model, opt, precision=self.precision,
+                         channels_last=bool(self.channels_last))
 
     def _fixed_batch(self, channels_last: bool):
         """One batch of the set's own images (centre crops, normalised) and labels, on the

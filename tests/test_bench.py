@@ -58,6 +58,8 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
             assert "model" not in r
         else:
             m = r["model"]
+            if name != "baseline":          # the step's layout: one computation for every row
+                assert r["what"].endswith("channels_last"), r["what"]
             check_stats(m["img_per_s"])
             check_stats(m["ceiling"], runs=4)       # --repeat runs before and after the loader
             assert m["fraction_of_ceiling"] > 0 and 0 <= m["data_wait_frac"] <= 1
