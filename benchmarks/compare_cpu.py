@@ -6,7 +6,9 @@ vs FFCV 1.0.2 (raw and JPEG .beton written from the same 256x256 pixels).
     .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare \
         --ffcv-python /tmp/ffcv-venv/bin/python     # see benchmarks/ffcv_cpu.py for that venv
 
-Prints a markdown table (figures in benchmarks/RESULTS.md) and writes WORK/compare.json.
+Prints a markdown table (figures in benchmarks/RESULTS.md) and writes WORK/compare.json; then,
+with ``--rounds``, × baseline measured pairwise in interleaved rounds (baseline, then each
+fastdata torch set, seconds apart), which this noisy machine needs for a trustworthy ratio.
 Batch 64, 2 workers/threads, RandomResizedCrop(224) + flip + normalise to float32; fastdata and
 FFCV deliver channels_last (FFCV's ``ToTorchImage()`` default, a view of its NHWC batch), the
 baseline NCHW (``ToTensor``).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -47,6 +50,8 @@ def main():
     ap.add_argument("--ffcv-python", default=None, help="python of an environment with ffcv")
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved baseline/torch rounds after the table (0: none)")
     a = ap.parse_args()
     kw = dict(batch_size=64, crop=224, warmup=5, batches=a.batches, repeat=a.repeat,
               device="cpu", num_workers=2, channels_last=True)     # FFCV's ToTorchImage's too
@@ -90,8 +95,28 @@ def main():
         else:
             print(f"| {label} | {s['median']:.0f} | {s['min']:.0f}–{s['max']:.0f} | "
                   f"{s['median'] / base:.1f}× |")
+    ratios = interleaved(a, kw) if a.rounds else {}
     with open(os.path.join(a.work, "compare.json"), "w") as f:
-        json.dump({"env": env_info(), "rows": rows}, f, indent=1)
+        json.dump({"env": env_info(), "rows": rows, "interleaved": ratios}, f, indent=1)
+
+
+def interleaved(a, kw) -> dict:
+    """× baseline measured pairwise: each round runs the baseline and then one fastdata torch
+    set, seconds apart, so this machine's drift (up to 2× over minutes) hits both alike."""
+    kw = {**kw, "repeat": 1}
+    ratios: dict[str, list[float]] = {name: [] for name in SETS}
+    for _ in range(a.rounds):
+        for name in SETS:
+            rep = Bench(os.path.join(a.work, name), source=a.photos,
+                        backends=["baseline", "torch"], **kw).run(progress=False)
+            base, torch_ = (r["loader"]["img_per_s"]["median"] for r in rep["results"])
+            ratios[name].append(torch_ / base)
+            print(("interleaved", name, base, torch_), file=sys.stderr, flush=True)
+    print(f"\nInterleaved, {a.rounds} rounds (baseline then torch, {a.batches} batches each): "
+          f"× baseline, median (min–max) of the per-round ratios")
+    for name, r in ratios.items():
+        print(f"- torch {name}: {statistics.median(r):.1f}× ({min(r):.1f}–{max(r):.1f})")
+    return ratios
 
 
 if __name__ == "__main__":
