@@ -179,6 +179,8 @@ class Bench:
         from fastdata.train import TrainStep, build_model
 
         torch.manual_seed(self.seed)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True       # as `fit` trains: fixed shapes here
         model = build_model(self.model_name, len(self.ds.classes)).to(self.device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         # the loaders' layout (by default channels_last on every device, as `fastdata train`):
