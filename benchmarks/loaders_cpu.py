@@ -69,7 +69,6 @@ def main():
                                      pin_memory=False, drop_last=True, persistent_workers=True)
     base, _ = throughput(dl, max_batches=a.baseline_batches)
     print(f"(a) baseline ({ds.kind}), PIL decode+RRC224: {base:.0f} img/s")
-    rows = [("a", "baseline", base, None)]
     for kind in ("thread", "process"):
         for c in ("hdf5", "lmdb"):
             variants = [("(b) RRC224 float32", dict(crop=224, dtype=torch.float32)),

@@ -1,7 +1,6 @@
 """Resume after a real SIGKILL; verify catches a single flipped byte and names the sample."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
