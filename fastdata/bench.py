@@ -16,6 +16,7 @@ no source folder for the baseline) is reported as skipped with the reason.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -189,7 +190,8 @@ class Bench:
         return TrainStep(model, opt, precision=self.precision,
                          channels_last=bool(self.channels_last))
 
-    def _fixed_batch(self, channels_last: bool):
+    @functools.cached_property
+    def _fixed_batch(self):
         """One batch of the set's own images (centre crops, normalised) and labels, on the
         device in the step's layout: the model sees the same kind of data as when fed. (The
         layout matters: an NCHW batch here against channels_last loader batches made fed runs
@@ -199,14 +201,14 @@ class Bench:
         idx = [k % len(self.ds) for k in range(self.batch_size)]
         raw = torch.from_numpy(self.ds.read_batch(idx, size=self.size))
         x = Augment(train=False, crop=self.crop, dtype=self.dtype,
-                    channels_last=channels_last)(raw)
+                    channels_last=bool(self.channels_last))(raw)
         y = torch.from_numpy(self.ds.labels[idx]).long()
         return x.to(self.device), y.to(self.device)
 
     def ceiling(self, step, bar, warmup: int = 0) -> list[float]:
         """``step`` on one fixed on-device batch, run while no loader runs: a loader's
         read-ahead threads would compete with the model for a CPU."""
-        x, y = self._fixed_batch(step.channels_last)
+        x, y = self._fixed_batch
         for _ in range(warmup):
             step(x, y)
         runs = []

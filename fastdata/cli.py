@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -302,9 +303,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                 "for PyTorch training.")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or info logs")
     sub = p.add_subparsers(dest="command", required=True)
+    add = functools.partial(sub.add_parser, formatter_class=_Help)
 
-    c = sub.add_parser("convert", formatter_class=_Help,
-                       help="pack an image folder (root/<class>/...) into shards")
+    c = add("convert", help="pack an image folder (root/<class>/...) into shards")
     c.add_argument("src", help="image folder, ImageFolder layout")
     c.add_argument("out", help="output directory for the shard set")
     c.add_argument("--format", choices=CONTAINERS, default="hdf5", help="container")
@@ -326,31 +327,26 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true", help="finish an interrupted conversion")
     c.set_defaults(func=cmd_convert)
 
-    i = sub.add_parser("info", formatter_class=_Help,
-                       help="describe a shard set (or the environment with --env)")
+    i = add("info", help="describe a shard set (or the environment with --env)")
     i.add_argument("out", nargs="?")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--env", action="store_true", help="versions, pillow-simd check, GPU")
     i.set_defaults(func=cmd_info)
 
-    v = sub.add_parser("verify", formatter_class=_Help,
-                       help="recompute checksums, decode every JPEG")
+    v = add("verify", help="recompute checksums, decode every JPEG")
     v.add_argument("out")
     v.set_defaults(func=cmd_verify)
 
-    t = sub.add_parser("train", formatter_class=_Help,
-                       help="train a model on a shard set (torchrun for DDP)")
+    t = add("train", help="train a model on a shard set (torchrun for DDP)")
     t.set_defaults(func=cmd_train)
-    b = sub.add_parser("bench", formatter_class=_Help,
-                       help="loader and model throughput vs a PIL baseline and the "
-                       "model's ceiling")
+    b = add("bench", help="loader and model throughput vs a PIL baseline and the model's "
+            "ceiling")
     b.set_defaults(func=cmd_bench)
     if full:
         add_train_args(t)
         add_bench_args(b)
 
-    d = sub.add_parser("demo", formatter_class=_Help,
-                       help="draw a sample dataset, convert it, train on it")
+    d = add("demo", help="draw a sample dataset, convert it, train on it")
     d.add_argument("--dir", default="fastdata-demo", help="working directory")
     d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
     d.set_defaults(func=cmd_demo)
