@@ -156,7 +156,9 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["sizes"] == [8, 16, 32] and info["classes"] == {"a": 7, "b": 7, "c": 7}
     assert info["container"] == "lmdb" and info["shards"] == 3 and info["bytes"] > 0
-    assert cli(["-q", "verify", out]) == 0
+    capsys.readouterr()
+    assert cli(["verify", out]) == 0 and "verify:" in capsys.readouterr().err   # progress bar
+    assert cli(["verify", out, "-q"]) == 0 and "verify:" not in capsys.readouterr().err
     assert cli(["-q", "convert", folder, out]) == 2      # non-empty OUT refused, no traceback
     with pytest.raises(SystemExit):
         cli(["convert", folder, out, "--size", "48"])
