@@ -26,6 +26,7 @@ import time
 import torch
 
 from fastdata._optional import available, require
+from fastdata.env import resolve_device
 
 log = logging.getLogger("fastdata.bench")
 SCHEMA = "fastdata-bench/1"
@@ -116,7 +117,7 @@ class Bench:
         self.ds = ShardSet(out)
         self.size = self.ds.size if size is None else size
         self.crop = crop or min(224, self.size)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(device)
         self.precision = precision or default_precision(self.device)
         self.dtype = input_dtype(self.precision, self.device)
         src = source or self.ds.manifest.get("source")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -299,14 +298,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     names of backends and precisions) are left out, so convert/info/verify start without torch.
     """
     full = command not in ("convert", "info", "verify")
-    quiet = argparse.ArgumentParser(add_help=False)     # -q before or after the command
-    quiet.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                       help="no progress bars or info logs")
-    p = argparse.ArgumentParser(prog="fastdata", parents=[quiet], description="Image shards "
-                                "and fast loaders for PyTorch training.")
-    p.set_defaults(quiet=False)
+    p = argparse.ArgumentParser(prog="fastdata", description="Image shards and fast loaders "
+                                "for PyTorch training.")
+    quiet = dict(action="store_true", help="no progress bars or info logs")
+    p.add_argument("-q", "--quiet", **quiet)
     sub = p.add_subparsers(dest="command", required=True)
-    add = functools.partial(sub.add_parser, formatter_class=_Help, parents=[quiet])
+
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        s = sub.add_parser(name, formatter_class=_Help, **kw)
+        s.add_argument("-q", "--quiet", default=argparse.SUPPRESS, **quiet)  # after it too
+        return s
 
     c = add("convert", help="pack an image folder (root/<class>/...) into shards")
     c.add_argument("src", help="image folder, ImageFolder layout")

@@ -28,6 +28,23 @@ def warn_if_not_simd() -> None:
                       f"Fix: {SIMD_FIX}", RuntimeWarning, stacklevel=3)
 
 
+def resolve_device(device=None):
+    """``device`` (None: CUDA when available, else the CPU) as a checked ``torch.device``."""
+    import torch
+
+    try:
+        dev = torch.device(device if device is not None else
+                           ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not valid; use 'cpu' or 'cuda[:N]'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available (torch "
+                         f"{torch.__version__}); use device='cpu'")
+    return dev
+
+
 def keep_freed_memory(limit: int = 1 << 30) -> bool:
     """Have glibc's malloc keep freed blocks of up to ``limit`` bytes for reuse instead of
     unmapping them (``mallopt`` M_MMAP_THRESHOLD and M_TRIM_THRESHOLD).

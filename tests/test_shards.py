@@ -158,7 +158,8 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys):
     assert info["container"] == "lmdb" and info["shards"] == 3 and info["bytes"] > 0
     capsys.readouterr()
     assert cli(["verify", out]) == 0 and "verify:" in capsys.readouterr().err   # progress bar
-    assert cli(["verify", out, "-q"]) == 0 and "verify:" not in capsys.readouterr().err
+    for argv in (["-q", "verify", out], ["verify", out, "-q"]):    # before or after the command
+        assert cli(argv) == 0 and "verify:" not in capsys.readouterr().err
     assert cli(["-q", "convert", folder, out]) == 2      # non-empty OUT refused, no traceback
     with pytest.raises(SystemExit):
         cli(["convert", folder, out, "--size", "48"])

@@ -205,6 +205,20 @@ def _run(shard_set, ckdir, **kw):
     return model, hist
 
 
+def test_bad_device_and_empty_epoch_are_named(shard_set):
+    from fastdata.train import distributed
+
+    with pytest.raises(ValueError, match="device='foo' is not valid; use 'cpu' or 'cuda"):
+        distributed.setup(device="foo")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+            distributed.setup(device="cuda")
+    model = net()
+    loader = fastdata.Loader(shard_set, batch_size=25, device="cpu")   # 24 samples
+    with pytest.raises(ValueError, match="no full training batch"):
+        fit(TrainStep(model, sgd(model)), loader, epochs=1)
+
+
 def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path):
     whole, hist = _run(shard_set, str(tmp_path / "a"))
     assert [h["epoch"] for h in hist] == [0, 1, 2] and all(0 <= h["val_acc"] <= 1 for h in hist)

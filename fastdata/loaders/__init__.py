@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
+from fastdata.env import resolve_device
 from fastdata.format import check_size
 from fastdata.order import Order
 from fastdata.readers import ShardSet
@@ -82,12 +83,7 @@ class Loader:
             dtype = DTYPES[dtype]
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
-        self.device = torch.device(device if device is not None else
-                                   ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"device={device!r} is not valid; use 'cpu' or 'cuda[:N]'")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} but CUDA is not available; use device='cpu'")
+        self.device = resolve_device(device)
         if workers not in ("thread", "process"):
             raise ValueError(f"workers={workers!r} is not valid; choose one of thread, process")
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers

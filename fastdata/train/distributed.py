@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fastdata.env import resolve_device
+
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
@@ -36,8 +38,7 @@ def setup(device: str | None = None, backend: str | None = None) -> DistInfo:
     env = os.environ
     rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
     local = int(env.get("LOCAL_RANK", 0))
-    dev = torch.device(device if device is not None else
-                       ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     if dev.type == "cuda":
         dev = torch.device("cuda", local if dev.index is None else dev.index)
         torch.cuda.set_device(dev)

@@ -80,6 +80,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     """
     import torch.distributed as dist
 
+    if len(loader) == 0:
+        raise ValueError(f"no full training batch per epoch: {loader!r}; use a smaller batch "
+                         f"size")
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if step.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
