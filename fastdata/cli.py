@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return a.func(a)
-    except (ValueError, FileExistsError, FileNotFoundError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:     # bad input or damaged data: no traceback
         log.error("%s", e)
         return 2
     except KeyboardInterrupt:

@@ -48,7 +48,10 @@ class ShardReader:
         if h is None or self._pid != os.getpid():
             with _OPEN_LOCK:
                 if self._h is None or self._pid != os.getpid():
-                    self._h, self._pid = self._open(), os.getpid()
+                    try:
+                        self._h, self._pid = self._open(), os.getpid()
+                    except OSError as e:    # h5py's messages do not always name the file
+                        raise OSError(f"cannot open shard {self.path}: {e}") from e
                 h = self._h
         return h
 
@@ -266,7 +269,12 @@ class ShardSet:
                 reader.read_raw(s, local[rows], out, rows)
             else:
                 for r in rows:
-                    decode_jpeg(reader.payload(s, int(local[r])), out[r])
+                    try:
+                        decode_jpeg(reader.payload(s, int(local[r])), out[r])
+                    except Exception as e:      # noqa: BLE001 - damaged data, named below
+                        raise OSError(f"{reader.path}: sample {int(local[r])} (of that shard) "
+                                      f"at size {s} is not a readable JPEG ({e}); check the "
+                                      f"set with `fastdata verify {self.root}`") from e
         return out
 
     def read_encoded(self, indices, size: int | None = None) -> list:

@@ -11,6 +11,7 @@ import pytest
 
 import fastdata
 from converters.convert import convert
+from fastdata._optional import available
 from fastdata.cli import main as cli
 from fastdata.verify import verify
 from tests.conftest import plain_folder
@@ -104,3 +105,25 @@ def test_verify_catches_one_flipped_byte(folder, tmp_path, capsys, container, en
     assert cli(["-q", "verify", str(out)]) == 1
     report = capsys.readouterr().out
     assert f"{shard.name} sample {target}: size 32" in report, report
+
+
+def test_damaged_shards_fail_loudly_naming_the_file(folder, tmp_path):
+    out = tmp_path / "o"
+    convert(folder, str(out), encoding="jpeg", sizes=[16], shard_size=5, progress=False)
+    ds = fastdata.open(out)
+    payload = bytes(ds.read_encoded([7])[0])                  # shard 1, local sample 2
+    shard = out / ds.manifest["shards"][1]["file"]
+    data = shard.read_bytes()
+    assert data.count(payload) == 1
+    shard.write_bytes(data.replace(payload, bytes(len(payload))))    # no longer a JPEG
+    loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu", num_workers=2)
+    with pytest.raises(OSError, match=f"{shard.name}: sample 2 .* not a readable JPEG.*"
+                                      f"fastdata verify"):
+        list(loader)
+    if available("nvidia.dali")[0]:         # DALI decodes JPEG itself: its error points here
+        with pytest.raises(RuntimeError, match=f"fastdata verify {out}"):
+            list(fastdata.Loader(out, backend="dali", batch_size=4, train=False, device="cpu"))
+    assert fastdata.open(out).read_batch([6, 8]).shape == (2, 16, 16, 3)   # the rest reads
+    shard.write_bytes(data[:len(data) // 2])                     # truncated
+    with pytest.raises(OSError, match=f"cannot open shard .*{shard.name}"):
+        fastdata.open(out).read_batch([7])

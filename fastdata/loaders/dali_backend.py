@@ -142,6 +142,10 @@ class DaliBackend(Backend):
                 except StopIteration:
                     finished = True
                     return
+                except RuntimeError as e:       # DALI names the batch slot, not the sample
+                    root = self.loader.dataset.root
+                    raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
+                                       f"names any damaged shard and sample\n{e}") from e
                 yield self._to_torch(images), self._to_torch(labels)
         finally:
             if finished:
