@@ -16,7 +16,6 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
-import threading
 from collections import deque
 
 from tqdm import tqdm
@@ -28,6 +27,7 @@ from fastdata.env import warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
                              SHARD_SUFFIX, ShardMeta, check_choice, check_size, shard_file,
                              write_json_atomic)
+from fastdata.interrupt import SigintLatch
 from fastdata.readers import READERS
 from fastdata.verify import verify_shard
 
@@ -138,34 +138,6 @@ class _Decoder:
                 yield from self._result(self._pool.submit(_prepare, [job], self.opts), 1)
             except _WorkerDied as e:
                 yield job[0], None, None, f"worker process {e} while decoding this file"
-
-
-class _SigintLatch:
-    """The first Ctrl-C is remembered and ``check()``, called at every image, raises
-    KeyboardInterrupt; a second one raises at once (a hung worker is waited on for minutes).
-    Python's own handler raises wherever the main thread is, and inside a finalizer (a weakref
-    callback run by the garbage collector) the exception is printed as "Exception ignored" and
-    lost: 4 of 10 Ctrl-C's here let the conversion run on to the end. Only in the main thread,
-    and only while SIGINT has Python's default handler."""
-
-    def __init__(self):
-        self.hit, self._old = False, None
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._old = signal.signal(signal.SIGINT, self._handler)
-
-    def _handler(self, signum, frame):
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-
-    def check(self) -> None:
-        if self.hit:
-            raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
 
 
 def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
@@ -291,7 +263,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         buf.clear()
         shard_skipped, shard_first = [], end
 
-    latch = _SigintLatch()
+    latch = SigintLatch()
     decoder = _Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
     bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",

@@ -67,15 +67,15 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
 
 def test_ctrl_c_during_a_finalizer_is_not_lost():
     """Python drops a KeyboardInterrupt raised inside a weakref callback ("Exception ignored");
-    the converter's latch keeps it (the race let 4 of 10 Ctrl-C's run a conversion on)."""
-    from converters.convert import _SigintLatch
+    SigintLatch keeps it (the race let 4 of 10 Ctrl-C's run a conversion on)."""
+    from fastdata.interrupt import SigintLatch
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         pytest.skip("SIGINT is not Python's default handler here")
 
     class Thing:
         pass
-    latch = _SigintLatch()
+    latch = SigintLatch()
     try:
         thing = Thing()
         ref = weakref.ref(thing, lambda r: (os.kill(os.getpid(), signal.SIGINT), time.sleep(0.01)))

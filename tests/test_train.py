@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -192,9 +193,11 @@ def shard_set(tmp_path_factory):
     return str(tmp / "hdf5")
 
 
-def _run(shard_set, ckdir, **kw):
+def _run(shard_set, ckdir, hook=None, **kw):
     torch.manual_seed(0)
     model = SmallResNet(3, width=8, blocks=(1, 1))
+    if hook is not None:
+        model.register_forward_pre_hook(hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = make_scheduler(opt, "onecycle", total_steps=3 * 6)
     step = TrainStep(model, opt, precision="fp32", accum_steps=2, scheduler=sched)
@@ -232,6 +235,24 @@ def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path):
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
     for a, b in zip(resumed.buffers(), whole.buffers()):       # BatchNorm running stats too
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path):
+    whole, _ = _run(shard_set, str(tmp_path / "a"))
+    calls = [0]
+
+    def ctrl_c_at_fifth_forward(module, args):      # mid-window: accumulation is 2
+        calls[0] += 1
+        if calls[0] == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        _run(shard_set, str(tmp_path / "b"), hook=ctrl_c_at_fifth_forward)
+    assert calls[0] == 6            # finished the window, then stopped
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["step"]["steps"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    resumed, hist = _run(shard_set, str(tmp_path / "b"))
+    assert hist[0]["epoch"] == 0 and hist[0]["samples"] == 12       # the rest of epoch 0
+    torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- the command under torchrun

@@ -5,7 +5,9 @@ Checkpoints (``checkpoint_dir/last.pt``, written by rank 0 to a temporary file a
 hold the model, optimizer, scheduler, step (scaler + counters), loader position, epoch and the
 torch RNG state. They are taken only where an accumulation window closes, every
 ``checkpoint_every`` optimizer steps and at the end of each epoch, so a resumed run continues
-with exactly the batches and parameters an uninterrupted run would have had.
+with exactly the batches and parameters an uninterrupted run would have had. In one process,
+Ctrl-C saves a checkpoint where the current window closes and then stops (a second Ctrl-C
+stops at once).
 Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.jsonl``.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from fastdata.interrupt import SigintLatch
 from fastdata.train.distributed import all_reduce_sum, barrier
 from fastdata.train.step import TrainStep
 
@@ -102,48 +105,61 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 _save(ckpt, _state(step, loader, epoch))
             barrier()
 
-    for epoch in range(epoch0, epochs):
-        loader.set_epoch(epoch)
-        step.model.train()
-        seen = torch.zeros(nclass, dtype=torch.int64, device=step.device)
-        loss_sum = n_sum = 0.0
-        t0 = t_log = time.perf_counter()
-        stopped = False
-        for k, (images, labels) in enumerate(loader, 1):
-            step(images, labels)
-            seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
-            if log_every and k % log_every == 0:
-                m = step.read_metrics()
-                loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
-                now = time.perf_counter()
-                log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
-                         m["loss"], m["samples"] / max(now - t_log, 1e-9))
-                t_log = now
-            if checkpoint_every and step.at_window_end and step.steps % checkpoint_every == 0:
-                save(epoch)
-            if max_steps is not None and step.steps >= max_steps and step.at_window_end:
-                save(epoch)
-                stopped = True
+    # one process with checkpoints: Ctrl-C stops where the accumulation window closes, after
+    # saving there (fastdata/interrupt.py); with DDP the ranks would have to agree on the step
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    latch = SigintLatch(enabled=bool(ckpt) and world == 1)
+    try:
+        for epoch in range(epoch0, epochs):
+            loader.set_epoch(epoch)
+            step.model.train()
+            seen = torch.zeros(nclass, dtype=torch.int64, device=step.device)
+            loss_sum = n_sum = 0.0
+            t0 = t_log = time.perf_counter()
+            stopped = False
+            for k, (images, labels) in enumerate(loader, 1):
+                step(images, labels)
+                seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
+                if log_every and k % log_every == 0:
+                    m = step.read_metrics()
+                    loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
+                    now = time.perf_counter()
+                    log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
+                             m["loss"], m["samples"] / max(now - t_log, 1e-9))
+                    t_log = now
+                if checkpoint_every and step.at_window_end and step.steps % checkpoint_every == 0:
+                    save(epoch)
+                if latch.hit and step.at_window_end:
+                    save(epoch)
+                    log.warning("interrupted: %s saved at epoch %d, step %d; run the same command "
+                                "again to resume", ckpt, epoch, step.steps)
+                    raise KeyboardInterrupt
+                if max_steps is not None and step.steps >= max_steps and step.at_window_end:
+                    save(epoch)
+                    stopped = True
+                    break
+            m = step.read_metrics()
+            loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
+            secs = time.perf_counter() - t0
+            rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
+                   "loss": loss_sum / max(n_sum, 1), "seconds": secs,
+                   "images_per_s": n_sum / max(secs, 1e-9),
+                   "lr": step.optimizer.param_groups[0]["lr"], "label_counts": seen.tolist(),
+                   "complete": not stopped}
+            if eval_loader is not None and not stopped:
+                rec["val_acc"] = evaluate(step, eval_loader)
+            history.append(rec)
+            if checkpoint_dir:
+                with open(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
+                     f", val acc {rec['val_acc']:.3f}" if "val_acc" in rec else "")
+            if stopped:
                 break
-        m = step.read_metrics()
-        loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
-        secs = time.perf_counter() - t0
-        rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
-               "loss": loss_sum / max(n_sum, 1), "seconds": secs,
-               "images_per_s": n_sum / max(secs, 1e-9),
-               "lr": step.optimizer.param_groups[0]["lr"], "label_counts": seen.tolist(),
-               "complete": not stopped}
-        if eval_loader is not None and not stopped:
-            rec["val_acc"] = evaluate(step, eval_loader)
-        history.append(rec)
-        if checkpoint_dir:
-            with open(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), "a") as f:
-                f.write(json.dumps(rec) + "\n")
-        log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
-                 f", val acc {rec['val_acc']:.3f}" if "val_acc" in rec else "")
-        if stopped:
-            break
-        save(epoch + 1)
+            save(epoch + 1)
+            latch.check()           # Ctrl-C during the evaluation: this epoch is saved
+    finally:
+        latch.restore()
     return history
 
 
