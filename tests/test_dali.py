@@ -108,7 +108,11 @@ def test_resume_mid_epoch_and_progressive_size(shards):  # noqa: F811
     b = fastdata.Loader(shards["lmdb"], backend="dali", **kw)
     b.load_state_dict(state)
     assert first + labels_of(b) == whole
-    assert labels_of(a) == whole[2:]         # the same loader resumes where it stopped too
+    assert labels_of(a) == whole             # a new loop starts the epoch, as a DataLoader's
+    a.load_state_dict(state)
+    assert labels_of(a) == whole[2:]         # unless a state was loaded
+    c, d = iter(a), iter(a)                  # two live iterators: each its own pipeline
+    assert [(y.tolist(), z.tolist()) for (_, y), (_, z) in zip(c, d)] == list(zip(whole, whole))
     a.size = 32
     x, _ = next(iter(a))
     assert x.shape[-1] == 32

@@ -101,6 +101,21 @@ def test_resume_mid_epoch_yields_exactly_the_rest(shards, train):
     assert seen(resumed, ids) == full[2:]
 
 
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_each_loop_starts_the_epoch_like_a_dataloader(shards, workers):
+    ds = fastdata.open(shards["hdf5"])
+    ids = ids_of(ds)
+    loader = make(ds, seed=3, num_workers=2, workers=workers)
+    full = seen(loader, ids)
+    next(iter(loader))                  # a peek at one batch is not lost from the next loop
+    assert seen(loader, ids) == full
+    a, b = iter(loader), iter(loader)   # two live iterators: each its own pass
+    pairs = list(zip(a, b))
+    assert len(pairs) == len(full) and all(torch.equal(x[0], y[0]) for x, y in pairs)
+    assert loader.state_dict()["order"]["position"] == len(full)    # follows the latest: b
+    assert next(b, None) is None and loader.state_dict()["order"]["position"] == 0
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_process_workers_fork_and_spawn(shards, method):
     ds = fastdata.open(shards["lmdb"])

@@ -98,6 +98,7 @@ class Loader:
         self.order = Order(len(self.dataset), batch_size=batch_size, train=train,
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
+        self._resume, self._iterations = False, 0      # see __iter__
         self.train = bool(train)
         self._size = self.dataset.size
         if size is not None:
@@ -153,14 +154,26 @@ class Loader:
     def load_state_dict(self, state: dict) -> None:
         self.order.load_state_dict(state["order"])
         self.size = state["size"]
+        self._resume = True
 
     def __iter__(self):
+        """A pass over the current epoch from its start, like a DataLoader (a batch taken with
+        ``next(iter(loader))`` is not missing from the next loop), or from the position given
+        by the last ``load_state_dict``. The latest iterator is the one ``state_dict`` follows.
+        """
         order = self.order
+        if not self._resume:
+            order.position = 0
+        self._resume = False
+        self._iterations += 1
+        me = self._iterations
         batches = order.batches()
         for images, labels in self._backend.iterate(batches, order.epoch, order.position):
-            order.position += 1
+            if me == self._iterations:
+                order.position += 1
             yield images, labels
-        order.position = 0          # a finished epoch repeats its order until set_epoch
+        if me == self._iterations:
+            order.position = 0      # a finished epoch repeats its order until set_epoch
 
     def close(self) -> None:
         self._backend.close()

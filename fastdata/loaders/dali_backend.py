@@ -130,9 +130,8 @@ class DaliBackend(Backend):
     # ---- iteration ----
     def iterate(self, batches, epoch, start):
         size = self.loader.size
-        if size not in self._pipes:
-            self._pipes[size] = self._build(size)
-        pipe, source = self._pipes[size]
+        # taken out while in use: an iteration started meanwhile builds its own pipeline
+        pipe, source = self._pipes.pop(size, None) or self._build(size)
         source.start(batches)
         finished = False
         try:
@@ -148,10 +147,9 @@ class DaliBackend(Backend):
                                        f"names any damaged shard and sample\n{e}") from e
                 yield self._to_torch(images), self._to_torch(labels)
         finally:
-            if finished:
+            if finished:        # else batches are still queued inside: dropped, built anew
                 pipe.reset()
-            else:       # left mid-epoch: batches are queued inside; start over next time
-                del self._pipes[size]
+                self._pipes.setdefault(size, (pipe, source))
 
     def _to_torch(self, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy, on this stream)."""
