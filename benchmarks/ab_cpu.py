@@ -15,6 +15,10 @@ benchmarks/RESULTS.md.
   each image normalised as soon as it is resized, while in cache (Augment.__call__).
 * epochs: uint8 channels_last loader, 5 whole epochs, batch buffers made afresh each epoch vs
   kept across epochs (TorchBackend keeps its batch reader).
+* flip: RRC224 float32 channels_last, the resized output mirrored vs the source crop mirrored
+  before the resize (the same pixels; augment.resized_patches).
+
+``--pairs flip,omp`` runs only those.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import threading
 import time
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 import fastdata
 import fastdata.augment as aug
@@ -56,6 +62,18 @@ def unfused_call(self, x, generator=None, out=None):
     return out
 
 
+def flip_after_resize(x, boxes, flips, out):
+    """``augment.resized_patches`` before: the resized output mirrored."""
+    xs = x.permute(0, 3, 1, 2)
+    for k, (t, l, h, w) in enumerate(boxes.tolist()):
+        patch = xs[k:k + 1, :, t:t + h, l:l + w]
+        if (h, w) != (out, out):
+            patch = F.interpolate(patch.contiguous(memory_format=torch.channels_last),
+                                  size=(out, out), mode="bilinear", antialias=True,
+                                  align_corners=False)
+        yield patch[0].flip(-1) if flips[k] else patch[0]
+
+
 def batches(path, **kw):
     return _forever(fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2,
                                     **kw))
@@ -72,17 +90,28 @@ def report(name, res):
     for side, runs in res.items():
         print(f"{name} {side}: median {statistics.median(runs):.0f} img/s, runs "
               f"{', '.join(f'{r:.0f}' for r in runs)}")
+    before, now = res.values()
+    ratios = [b / a for a, b in zip(before, now)]
+    print(f"{name}: now / before per round, median {statistics.median(ratios):.3f} "
+          f"({min(ratios):.3f}-{max(ratios):.3f})")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default="/tmp/fd-compare")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated subset of "
+                    + ", ".join(PAIRS))
     a = ap.parse_args()
+    for name in a.pairs.split(","):
+        PAIRS[name](a)
+
+
+def pair_jpeg(a):
 
     # jpeg: one loader; the decode function is swapped between rounds
     it = batches(os.path.join(a.work, "jpeg-hdf5"))
-    fast, res = readers.decode_jpeg, {"simplejpeg": [], "PIL": []}
+    fast, res = readers.decode_jpeg, {"PIL": [], "simplejpeg": []}
     for _ in range(a.rounds):
         for side, fn in (("PIL", pil_decode), ("simplejpeg", fast)):
             readers.decode_jpeg = fn
@@ -91,6 +120,8 @@ def main():
     readers.decode_jpeg = fast
     report("jpeg-hdf5", res)
 
+
+def pair_omp(a):
     # omp: two loaders, their thread pools made with and without the per-thread setting
     real, its = tb.one_intraop_thread, {}
     for side, init in (("default", lambda: None), ("one OpenMP thread", real)):
@@ -104,6 +135,8 @@ def main():
             res[side].append(timed(g, 20))
     report("raw-hdf5", res)
 
+
+def pair_map(a):
     # map: HDF5 read_batch (random batches of 64, two threads) through np.memmap itself vs the
     # plain ndarray view of it that the reader keeps
     ds = fastdata.open(os.path.join(a.work, "raw-hdf5"))
@@ -132,6 +165,8 @@ def main():
             res[side].append(read_two_threads())
     report("read_batch raw-hdf5", res)
 
+
+def pair_fused(a):
     # fused: float32 output normalised batch-wide after resizing (before) vs per image (now)
     real = aug.Augment.__call__
     for cl in (False, True):
@@ -145,6 +180,8 @@ def main():
         aug.Augment.__call__ = real
         report(f"raw-hdf5 RRC224 float32 {'channels_last' if cl else 'NCHW'}", res)
 
+
+def pair_epochs(a):
     # epochs: uint8 channels_last batches (no augmentation), whole epochs, with the batch
     # buffers made afresh at each epoch's start (before) vs kept across epochs (now)
     loader = fastdata.Loader(os.path.join(a.work, "raw-hdf5"), batch_size=64, device="cpu",
@@ -170,6 +207,23 @@ def main():
             res[side].append(epochs())
     tb.TorchBackend.iterate = real
     report("raw-hdf5 uint8 channels_last", res)
+
+
+def pair_flip(a):
+    real = aug.resized_patches
+    it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=True)
+    res = {"output mirrored": [], "source crop mirrored": []}
+    for _ in range(a.rounds):
+        for side, fn in zip(res, (flip_after_resize, real)):
+            aug.resized_patches = fn
+            timed(it, 4)
+            res[side].append(timed(it, 20))
+    aug.resized_patches = real
+    report("raw-hdf5 RRC224 float32 channels_last", res)
+
+
+PAIRS = {"jpeg": pair_jpeg, "omp": pair_omp, "map": pair_map, "fused": pair_fused,
+         "epochs": pair_epochs, "flip": pair_flip}
 
 
 if __name__ == "__main__":

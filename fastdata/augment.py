@@ -63,11 +63,13 @@ def resized_patches(x: torch.Tensor, boxes, flips, out: int):
     xs = x.permute(0, 3, 1, 2)              # NHWC memory as NCHW: channels_last views
     for k, (t, l, h, w) in enumerate(boxes.tolist()):
         patch = xs[k:k + 1, :, t:t + h, l:l + w]
+        if flips[k]:    # mirror the source crop, usually smaller than the output: the resize
+            patch = patch.flip(-1)      # commutes with it, bit for bit (ab_cpu.py, "flip")
         if (h, w) != (out, out):    # a dense patch halves the uint8 AA kernel's time on CPU
             patch = F.interpolate(patch.contiguous(memory_format=torch.channels_last),
                                   size=(out, out), mode="bilinear", antialias=True,
                                   align_corners=False)
-        yield patch[0].flip(-1) if flips[k] else patch[0]
+        yield patch[0]
 
 
 def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,

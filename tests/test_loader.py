@@ -10,7 +10,7 @@ import torch
 
 import fastdata
 from converters.convert import convert
-from fastdata.augment import Augment, random_resized_crop_boxes
+from fastdata.augment import Augment, random_resized_crop_boxes, resized_patches
 from fastdata.order import Order
 from tests.conftest import plain_folder
 
@@ -187,6 +187,17 @@ def test_flip_really_flips():
     same = [bool(torch.equal(y[k], x[k])) for k in range(len(x))]
     assert all(f != s for f, s in zip(flipped, same))                # each is one or the other
     assert 0 < sum(flipped) < len(x)
+
+
+def test_a_mirrored_crop_is_the_mirror_of_the_crop():
+    """The per-sample kernel mirrors the source crop before resizing it (less to copy): the
+    same pixels as mirroring the resized crop, upscaled or antialiased-downscaled."""
+    x = _images(64, 48)
+    boxes = random_resized_crop_boxes(64, 48, 48, generator=torch.Generator().manual_seed(2))
+    for out in (24, 40):                    # most crops shrink to 24, grow to 40
+        plain = list(resized_patches(x, boxes, [False] * 64, out))
+        mirrored = list(resized_patches(x, boxes, [True] * 64, out))
+        assert all(torch.equal(m, p.flip(-1)) for m, p in zip(mirrored, plain))
 
 
 def test_normalisation_and_kernels_agree():
