@@ -1,8 +1,9 @@
 """``fastdata bench``: loaders against each other, against a plain PIL pipeline, and against
 the model's ceiling (the same step on one fixed on-device batch: no input pipeline).
 
-For each backend (``baseline``: ImageFolder + PIL + DataLoader over the source folder;
-``torch``; ``dali``), after ``warmup`` batches, ``repeat`` runs of ``batches`` batches each:
+For each backend (``baseline``: ImageFolder + PIL + DataLoader over the source folder, once;
+``torch`` and ``dali`` on each shard set given, so one run compares containers and encodings),
+after ``warmup`` batches, ``repeat`` runs of ``batches`` batches each:
 
 * loader only: images/s (median, min, max over the runs);
 * with a model: the same ``TrainStep`` fed by the loader, and on one fixed on-device batch of
@@ -29,7 +30,7 @@ from fastdata._optional import available, require
 from fastdata.env import resolve_device
 
 log = logging.getLogger("fastdata.bench")
-SCHEMA = "fastdata-bench/1"
+SCHEMA = "fastdata-bench/2"      # 2: several shard sets (config "shard_sets", per-row "shards")
 BACKENDS = ("baseline", "torch", "dali")
 
 
@@ -95,12 +96,14 @@ class _Clock:
 
 
 class Bench:
-    def __init__(self, out: str, *, source: str | None = None, backends=BACKENDS,
+    def __init__(self, out, *, source: str | None = None, backends=BACKENDS,
                  model: str = "none", batch_size: int = 64, size: int | None = None,
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,
                  seed: int = 0, channels_last: bool | None = None):
-        """``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
+        """``out``: a shard set's path, or several (the fastdata backends run on each; they
+        must share the stored ``size``, by default the largest they all hold).
+        ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
         the layout the step runs it in; without one, the device's default)."""
         from fastdata.readers import ShardSet
         from fastdata.train.step import default_precision, input_dtype
@@ -114,8 +117,18 @@ class Bench:
                 raise ValueError(f"{name}={v!r} is not valid; use an integer >= 1")
         if not isinstance(warmup, int) or warmup < 0:
             raise ValueError(f"warmup={warmup!r} is not valid; use an integer >= 0")
-        self.ds = ShardSet(out)
-        self.size = self.ds.size if size is None else size
+        self.sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike))
+                                          else out)]
+        if not self.sets:
+            raise ValueError("give at least one shard set")
+        self.ds = self.sets[0]          # the ceiling's images; its manifest names the source
+        common = set.intersection(*(set(d.sizes) for d in self.sets))
+        if size is None and not common:
+            raise ValueError("the shard sets share no stored size (" + "; ".join(
+                f"{d.root}: {', '.join(map(str, d.sizes))}" for d in self.sets) + ")")
+        self.size = max(common) if size is None else size
+        for d in self.sets:
+            d._check_size(self.size)    # names the set and its sizes
         self.crop = crop or min(224, self.size)
         self.device = resolve_device(device)
         self.precision = precision or default_precision(self.device)
@@ -131,7 +144,7 @@ class Bench:
             else channels_last
 
     # ---- loaders ----
-    def _loader(self, backend: str):
+    def _loader(self, backend: str, ds):
         if backend == "baseline":
             from fastdata.baseline import baseline_loader
 
@@ -148,12 +161,12 @@ class Bench:
                 raise _Skip(why)
         from fastdata.loaders import Loader
 
-        loader = Loader(self.ds, backend=backend, batch_size=self.batch_size, train=True,
+        loader = Loader(ds, backend=backend, batch_size=self.batch_size, train=True,
                         size=self.size, crop=self.crop, device=self.device, dtype=self.dtype,
                         channels_last=self.channels_last, num_workers=self.num_workers,
                         seed=self.seed)
         layout = "channels_last" if loader.channels_last else "NCHW"
-        return loader, f"{self.ds.container} {self.ds.encoding} {self.size}px {layout}"
+        return loader, f"{ds.container} {ds.encoding} {self.size}px {layout}"
 
     def _to_device(self, x, y):
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -243,6 +256,9 @@ class Bench:
                 "rss": rss}
 
     # ---- the run ----
+    def _rows(self) -> list[tuple]:
+        return _rows_of(self.backends, self.sets)
+
     def run(self, progress: bool = True) -> dict:
         from tqdm import tqdm
 
@@ -251,21 +267,22 @@ class Bench:
         with_model = self.model_name != "none"
         per = self.repeat * (4 if with_model else 1)
         results, ceiling = [], []
-        with tqdm(total=len(self.backends) * per, desc="bench", unit="run",
+        with tqdm(total=len(self._rows()) * per, desc="bench", unit="run",
                   disable=not progress) as bar:
-            for name in self.backends:
-                bar.set_description(f"bench: {name}")
+            for name, ds, label in self._rows():
+                bar.set_description(f"bench: {label}")
+                row = {"backend": name, "label": label, "shards": ds and ds.root}
                 try:
-                    loader, what = self._loader(name)
+                    loader, what = self._loader(name, ds)
                 except _Skip as e:
-                    results.append({"backend": name, "status": "skipped", "reason": str(e)})
+                    results.append({**row, "status": "skipped", "reason": str(e)})
                     bar.update(per)
                     continue
                 if with_model:          # loaders start their threads on the first next()
                     step = self._step()
                     ceil = self.ceiling(step, bar, warmup=self.warmup)
                 it = _forever(loader)
-                rec = {"backend": name, "status": "ok", "what": what}
+                rec = {**row, "status": "ok", "what": what}
                 lo = self.loader_only(it, bar)
                 rec["loader"] = {"img_per_s": lo["img_per_s"]}
                 rss = lo["rss"]
@@ -299,8 +316,9 @@ class Bench:
         env = env_info()
         return {
             "schema": SCHEMA,
-            "config": {"shards": self.ds.root, "container": self.ds.container,
-                       "encoding": self.ds.encoding, "size": self.size, "crop": self.crop,
+            "config": {"shard_sets": [{"path": d.root, "container": d.container,
+                                       "encoding": d.encoding, "sizes": list(d.sizes)}
+                                      for d in self.sets], "size": self.size, "crop": self.crop,
                        "source": self.source, "model": self.model_name,
                        "batch_size": self.batch_size, "warmup": self.warmup,
                        "batches": self.batches, "repeat": self.repeat,
@@ -318,25 +336,42 @@ class _Skip(Exception):
     pass
 
 
+def _rows_of(backends, sets) -> list[tuple]:
+    """(backend, shard set or None, label): the baseline once, the others on every set."""
+    rows = []
+    for name in backends:
+        for ds in ([None] if name == "baseline" else sets):
+            if ds is None or len(sets) == 1:
+                label = name
+            else:
+                label = f"{name} {ds.container} {ds.encoding}"
+                if sum(d.container == ds.container and d.encoding == ds.encoding
+                       for d in sets) > 1:
+                    label = f"{name} {os.path.basename(ds.root)}"
+            rows.append((name, ds, label))
+    return rows
+
+
 def table(report: dict) -> str:
     """The report as a fixed-width text table."""
     c = report["config"]
-    lines = [f"{c['shards']} ({c['container']}, {c['encoding']}, {c['size']}px → crop "
-             f"{c['crop']}), batch {c['batch_size']}, {c['device']}, "
-             f"{c['batches']} batches × {c['repeat']} runs"]
-    head = f"{'backend':<9} {'loader img/s':>13} {'(min-max)':>15} {'× base':>7}"
+    sets = ", ".join(f"{d['path']} ({d['container']}, {d['encoding']})" for d in c["shard_sets"])
+    lines = [f"{sets}: {c['size']}px → crop {c['crop']}, batch {c['batch_size']}, "
+             f"{c['device']}, {c['batches']} batches × {c['repeat']} runs"]
+    w = max([9] + [len(r["label"]) for r in report["results"]])
+    head = f"{'loader':<{w}} {'loader img/s':>13} {'(min-max)':>15} {'× base':>7}"
     if report["ceiling"]:
         head += f" {'model img/s':>12} {'ceiling':>8} {'% ceiling':>9} {'data wait':>9}"
     lines += [head + f" {'peak PSS':>9}", "-" * len(head + " " * 10)]
     for r in report["results"]:
         if r["status"] != "ok":
-            lines.append(f"{r['backend']:<9} skipped: {r['reason']}")
+            lines.append(f"{r['label']:<{w}} skipped: {r['reason']}")
             continue
         s = r["loader"]["img_per_s"]
         vs = r["loader"].get("vs_baseline")
         spread = f"{s['min']:.0f}-{s['max']:.0f}"
         times = f"{vs:.1f}x" if vs else "-"
-        row = f"{r['backend']:<9} {s['median']:>13.0f} {spread:>15} {times:>7}"
+        row = f"{r['label']:<{w}} {s['median']:>13.0f} {spread:>15} {times:>7}"
         if report["ceiling"]:
             m = r["model"]
             row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
@@ -353,7 +388,7 @@ def table(report: dict) -> str:
                 lo, hi = m["fraction_range"]
                 why = ("within run-to-run noise; more --batches/--repeat narrow it" if lo <= 1
                        else "in every pairing of the runs")
-                lines.append(f"{r['backend']}: fed above its ceiling ({lo:.0%}-{hi:.0%} over "
+                lines.append(f"{r['label']}: fed above its ceiling ({lo:.0%}-{hi:.0%} over "
                              f"the runs), {why}")
     return "\n".join(lines)
 
@@ -367,9 +402,10 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in report["results"] if r["status"] == "ok"]
-    names = [r["backend"] for r in ok]
+    names = [r["label"] for r in ok]
     panels = 2 if report["ceiling"] else 1
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels + 1, 4), squeeze=False)
+    fig, axes = plt.subplots(1, panels, figsize=((2 + 0.8 * len(ok)) * panels + 1, 4.5),
+                             squeeze=False)
     ax = axes[0][0]
     med = [r["loader"]["img_per_s"]["median"] for r in ok]
     err = [[m - r["loader"]["img_per_s"]["min"] for m, r in zip(med, ok)],
@@ -387,8 +423,9 @@ def plot(report: dict, path: str) -> None:
         ax.set_title(f"{report['ceiling']['model']} fed by the loader")
         ax.legend()
     c = report["config"]
-    fig.suptitle(f"{c['container']} {c['encoding']} {c['size']}px, crop {c['crop']}, "
-                 f"batch {c['batch_size']}, {c['device']}")
+    for ax in axes[0]:
+        ax.tick_params(axis="x", labelrotation=20 if len(ok) > 3 else 0)
+    fig.suptitle(f"{c['size']}px, crop {c['crop']}, batch {c['batch_size']}, {c['device']}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -238,7 +238,8 @@ def cmd_demo(a) -> int:
     plot = ["--plot", j("bench.png")] if available("matplotlib")[0] else []
     if not plot:
         log.warning("no plot: matplotlib is not installed (pip install 'fastdata[plot]')")
-    bench_run(sub("bench", j("train-hdf5"), "--source", j("images", "train"), "--model",
+    bench_run(sub("bench", j("train-hdf5"), j("train-lmdb"), "--source", j("images", "train"),
+                  "--model",
                   "resnet8", "--batch-size", 32, "--warmup", 3, "--batches", 10, "--repeat", 2,
                   "--device", "cpu", "--json", j("bench.json"), *plot))
     return 0
@@ -360,7 +361,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def add_bench_args(b: argparse.ArgumentParser) -> None:
     from fastdata.train.step import PRECISIONS
 
-    b.add_argument("out", help="shard set")
+    b.add_argument("out", nargs="+", help="shard set(s): torch and dali run on each, so one "
+                   "run compares containers and encodings")
     b.add_argument("--source", help="image folder for the baseline (default: the manifest's "
                    "source, when it still exists)")
     b.add_argument("--backends", default="baseline,torch,dali",

@@ -39,8 +39,10 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
     assert rc == 0
     out = capsys.readouterr().out
     rep = json.loads(js.read_text())
-    assert rep["schema"] == "fastdata-bench/1"
+    assert rep["schema"] == "fastdata-bench/2"
     assert rep["config"]["crop"] == 32 and rep["config"]["model"] == model
+    assert rep["config"]["shard_sets"] == [{"path": shards, "container": "hdf5",
+                                            "encoding": "raw", "sizes": [16, 32]}]
     assert {"torch", "pil", "pil_simd", "h5py", "lmdb", "dali", "cpu_count", "gpu"} <= \
         set(rep["env"])
     by = {r["backend"]: r for r in rep["results"]}
@@ -93,6 +95,28 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     assert rep["results"][1]["status"] == "ok"
     assert main(["-q", "bench", shards, "--backends", "torch,ffcv"]) == 2
     assert "backends=ffcv is not valid; choose from baseline, torch, dali" in caplog.text
+
+
+def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
+    src, shards = bench_set
+    jpeg = str(tmp_path / "jpeg")
+    convert(src, jpeg, container="lmdb", encoding="jpeg", sizes=[16], workers=1, progress=False)
+    js = tmp_path / "m.json"
+    argv = ["bench", shards, jpeg, "--backends", "baseline,torch", "--batch-size", "4",
+            "--warmup", "0", "--batches", "1", "--repeat", "1", "--workers", "1",
+            "--device", "cpu", "--json", str(js), "-q"]
+    assert main(argv) == 0
+    rep = json.loads(js.read_text())
+    assert rep["config"]["size"] == 16            # the largest size both sets hold
+    rows = [(r["label"], r["shards"], r["status"]) for r in rep["results"]]
+    assert rows == [("baseline", None, "ok"), ("torch hdf5 raw", shards, "ok"),
+                    ("torch lmdb jpeg", jpeg, "ok")]
+    assert "torch lmdb jpeg" in capsys.readouterr().out
+    assert main(argv[:-3] + ["--size", "32"]) == 2     # not stored in the JPEG set
+    assert "size 32 is not stored in" in caplog.text and "jpeg" in caplog.text
+    convert(src, str(tmp_path / "tiny"), sizes=[8], workers=1, progress=False)
+    assert main(["-q", "bench", shards, str(tmp_path / "tiny")]) == 2
+    assert "share no stored size" in caplog.text
 
 
 @pytest.mark.slow
