@@ -294,6 +294,8 @@ class Bench:
                 it.close()
                 if hasattr(loader, "close"):
                     loader.close()
+                if ds is not None:      # its maps' pages would count in the next rows' PSS
+                    ds.close()
                 del it, loader          # the baseline's persistent workers must not linger
                 gc.collect()            # into the next backend's memory figures
                 if with_model:          # ceiling runs before and after the loader's: drift and

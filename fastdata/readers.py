@@ -283,6 +283,11 @@ class ShardSet:
         shard, local = self.locate(indices)
         return [self.shards[a].payload(s, int(b)) for a, b in zip(shard, local)]
 
+    def close(self) -> None:
+        """Drop every shard's handles and memory maps (they reopen on the next read)."""
+        for sh in self.shards:
+            sh.close()
+
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         return zip(self.manifest["shards"], self.shards)
 

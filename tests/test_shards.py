@@ -93,6 +93,9 @@ def test_pickle_fork_spawn(shard_sets, method, container):
     got = q.get(timeout=60)
     p.join(timeout=60)
     assert p.exitcode == 0 and got == expected
+    ds.close()                                          # handles dropped, reopened on demand
+    assert all(sh._h is None for sh in ds.shards)
+    assert ds.read_batch([1, 9, 17]).sum() == expected
 
 
 def test_reader_errors(shard_sets, tmp_path):
