@@ -239,9 +239,8 @@ def cmd_demo(a) -> int:
     if not plot:
         log.warning("no plot: matplotlib is not installed (pip install 'fastdata[plot]')")
     bench_run(sub("bench", j("train-hdf5"), j("train-lmdb"), "--source", j("images", "train"),
-                  "--model",
-                  "resnet8", "--batch-size", 32, "--warmup", 3, "--batches", 10, "--repeat", 2,
-                  "--device", "cpu", "--json", j("bench.json"), *plot))
+                  "--model", "resnet8", "--batch-size", 32, "--warmup", 3, "--batches", 10,
+                  "--repeat", 2, "--device", "cpu", "--json", j("bench.json"), *plot))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Facts about the running environment: which PIL is live (pillow-simd or not), versions; and
-one process-wide setting for the CLI's CPU runs (``keep_freed_memory``)."""
+"""Facts about the running environment: which PIL is live (pillow-simd or not), versions, the
+device to use (``resolve_device``); and one process-wide setting for the CLI's CPU runs
+(``keep_freed_memory``)."""
 from __future__ import annotations
 
 import ctypes
