@@ -117,7 +117,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
             loss_sum = n_sum = 0.0
             t0 = t_log = time.perf_counter()
             stopped = False
-            for k, (images, labels) in enumerate(loader, 1):
+            for images, labels in loader:
+                k = loader.state_dict()["order"]["position"]   # counted from the epoch start
                 step(images, labels)
                 seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
                 if log_every and k % log_every == 0:
