@@ -200,6 +200,15 @@ def test_a_mirrored_crop_is_the_mirror_of_the_crop():
         assert all(torch.equal(m, p.flip(-1)) for m, p in zip(mirrored, plain))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_strided_input_gives_the_same_batch(dtype):
+    """A sliced (non-contiguous) batch gives what its contiguous copy gives."""
+    x = _images(32, 40)[::2, 3:, 5:38]                  # every other image, an odd window
+    aug = Augment(train=True, crop=24, dtype=dtype, channels_last=True)
+    a = aug(x, torch.Generator().manual_seed(7))
+    assert torch.equal(a, aug(x.contiguous(), torch.Generator().manual_seed(7)))
+
+
 def test_normalisation_and_kernels_agree():
     x = _images(8, 32)
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
