@@ -257,7 +257,19 @@ class Bench:
 
     # ---- the run ----
     def _rows(self) -> list[tuple]:
-        return _rows_of(self.backends, self.sets)
+        """(backend, shard set or None, label): the baseline once, the others on every set."""
+        rows = []
+        for name in self.backends:
+            for ds in ([None] if name == "baseline" else self.sets):
+                if ds is None or len(self.sets) == 1:
+                    label = name
+                elif sum((d.container, d.encoding) == (ds.container, ds.encoding)
+                         for d in self.sets) > 1:
+                    label = f"{name} {os.path.basename(ds.root)}"
+                else:
+                    label = f"{name} {ds.container} {ds.encoding}"
+                rows.append((name, ds, label))
+        return rows
 
     def run(self, progress: bool = True) -> dict:
         from tqdm import tqdm
@@ -266,10 +278,10 @@ class Bench:
 
         with_model = self.model_name != "none"
         per = self.repeat * (4 if with_model else 1)
-        results, ceiling = [], []
-        with tqdm(total=len(self._rows()) * per, desc="bench", unit="run",
+        results, ceiling, rows = [], [], self._rows()
+        with tqdm(total=len(rows) * per, desc="bench", unit="run",
                   disable=not progress) as bar:
-            for name, ds, label in self._rows():
+            for name, ds, label in rows:
                 bar.set_description(f"bench: {label}")
                 row = {"backend": name, "label": label, "shards": ds and ds.root}
                 try:
@@ -336,22 +348,6 @@ class Bench:
 
 class _Skip(Exception):
     pass
-
-
-def _rows_of(backends, sets) -> list[tuple]:
-    """(backend, shard set or None, label): the baseline once, the others on every set."""
-    rows = []
-    for name in backends:
-        for ds in ([None] if name == "baseline" else sets):
-            if ds is None or len(sets) == 1:
-                label = name
-            else:
-                label = f"{name} {ds.container} {ds.encoding}"
-                if sum(d.container == ds.container and d.encoding == ds.encoding
-                       for d in sets) > 1:
-                    label = f"{name} {os.path.basename(ds.root)}"
-            rows.append((name, ds, label))
-    return rows
 
 
 def table(report: dict) -> str:

@@ -92,9 +92,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     ckpt = os.path.join(checkpoint_dir, "last.pt") if checkpoint_dir else None
     if ckpt:
         os.makedirs(checkpoint_dir, exist_ok=True)
-    epoch0 = 0
+    epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
-        epoch0 = _load(ckpt, step, loader)
+        epoch0, start = _load(ckpt, step, loader)
         log.info("resumed from %s at epoch %d, step %d", ckpt, epoch0, step.steps)
     nclass = len(loader.dataset.classes)
     history = []
@@ -117,8 +117,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
             loss_sum = n_sum = 0.0
             t0 = t_log = time.perf_counter()
             stopped = False
-            for images, labels in loader:
-                k = loader.state_dict()["order"]["position"]   # counted from the epoch start
+            # k counts from the epoch's start, also in a resumed epoch
+            for k, (images, labels) in enumerate(loader, 1 + (start if epoch == epoch0 else 0)):
                 step(images, labels)
                 seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
                 if log_every and k % log_every == 0:
@@ -171,7 +171,8 @@ def _state(step: TrainStep, loader, epoch: int) -> dict:
             "rng": torch.get_rng_state()}
 
 
-def _load(path: str, step: TrainStep, loader) -> int:
+def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
+    """Restore ``path``; returns (epoch, batches of it already done)."""
     s = torch.load(path, map_location=step.device, weights_only=False)
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
@@ -181,4 +182,5 @@ def _load(path: str, step: TrainStep, loader) -> int:
     torch.set_rng_state(s["rng"].cpu())
     if s["epoch"] == s["loader"]["order"]["epoch"]:      # a mid-epoch checkpoint
         loader.load_state_dict(s["loader"])
-    return s["epoch"]
+        return s["epoch"], s["loader"]["order"]["position"]
+    return s["epoch"], 0
