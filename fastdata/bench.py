@@ -28,6 +28,7 @@ import torch
 
 from fastdata._optional import available, require
 from fastdata.env import resolve_device
+from fastdata.interrupt import SigintLatch
 
 log = logging.getLogger("fastdata.bench")
 SCHEMA = "fastdata-bench/2"      # 2: several shard sets (config "shard_sets", per-row "shards")
@@ -52,8 +53,8 @@ def rss_tree_mb() -> float | None:
     return total / 1024
 
 
-def _forever(loader):
-    """Batches across epochs (``set_epoch`` between them)."""
+def _forever(loader, check):
+    """Batches across epochs (``set_epoch`` between them); ``check()`` before each."""
     epoch = 0
     while True:
         if hasattr(loader, "set_epoch"):
@@ -61,6 +62,7 @@ def _forever(loader):
         empty = True
         for batch in loader:
             empty = False
+            check()
             yield batch
         if empty:
             raise ValueError("the loader yields no full batch: use a smaller --batch-size")
@@ -142,6 +144,7 @@ class Bench:
         self.seed = seed
         self.channels_last = True if channels_last is None and model != "none" \
             else channels_last
+        self._latch = SigintLatch(enabled=False)        # run() installs one
 
     # ---- loaders ----
     def _loader(self, backend: str, ds):
@@ -224,11 +227,13 @@ class Bench:
         read-ahead threads would compete with the model for a CPU."""
         x, y = self._fixed_batch
         for _ in range(warmup):
+            self._latch.check()
             step(x, y)
         runs = []
         for _ in range(self.repeat):
             with _Clock(self.device) as c:
                 for _ in range(self.batches):
+                    self._latch.check()
                     step(x, y)
             runs.append(self.batch_size * self.batches / c.seconds)
             bar.update()
@@ -271,56 +276,74 @@ class Bench:
                 rows.append((name, ds, label))
         return rows
 
+    def _row(self, name, ds, row, bar) -> dict:
+        """One backend on one shard set (or the baseline): its figures, its loader closed."""
+        with_model = self.model_name != "none"
+        try:
+            loader, what = self._loader(name, ds)
+        except _Skip as e:
+            bar.update(self.repeat * (4 if with_model else 1))
+            return {**row, "status": "skipped", "reason": str(e)}
+        it = None
+        try:
+            if with_model:              # loaders start their threads on the first next()
+                step = self._step()
+                ceil = self.ceiling(step, bar, warmup=self.warmup)
+            it = _forever(loader, self._latch.check)
+            rec = {**row, "status": "ok", "what": what}
+            lo = self.loader_only(it, bar)
+            rec["loader"] = {"img_per_s": lo["img_per_s"]}
+            rss = lo["rss"]
+            if with_model:
+                f = self.fed(step, it, bar)
+                rss += f.pop("rss")
+        finally:
+            if it is not None:
+                it.close()
+            if hasattr(loader, "close"):
+                loader.close()
+            if ds is not None:          # its maps' pages would count in the next rows' PSS
+                ds.close()
+            del it, loader              # the baseline's persistent workers must not linger
+            gc.collect()                # into the next backend's memory figures
+        rss = [r for r in rss if r is not None]
+        rec["peak_pss_mb"] = max(rss) if rss else None
+        if with_model:                  # ceiling runs before and after the loader's: drift and
+            ceil += self.ceiling(step, bar)             # warm-up weigh on both sides
+            fed = f["img_per_s"]
+            rec["model"] = {"name": self.model_name, **f, "ceiling": _stats(ceil),
+                            "fraction_of_ceiling": fed["median"] / statistics.median(ceil),
+                            # what run-to-run noise allows: worst and best pairing
+                            "fraction_range": [fed["min"] / max(ceil), fed["max"] / min(ceil)]}
+        return rec
+
     def run(self, progress: bool = True) -> dict:
+        """Every row; a Ctrl-C (in the main thread) stops at the next batch and the report
+        keeps the rows done, the others marked "interrupted" (``report["interrupted"]``)."""
         from tqdm import tqdm
 
         from fastdata.env import env_info
 
-        with_model = self.model_name != "none"
-        per = self.repeat * (4 if with_model else 1)
-        results, ceiling, rows = [], [], self._rows()
-        with tqdm(total=len(rows) * per, desc="bench", unit="run",
-                  disable=not progress) as bar:
-            for name, ds, label in rows:
-                bar.set_description(f"bench: {label}")
-                row = {"backend": name, "label": label, "shards": ds and ds.root}
-                try:
-                    loader, what = self._loader(name, ds)
-                except _Skip as e:
-                    results.append({**row, "status": "skipped", "reason": str(e)})
-                    bar.update(per)
-                    continue
-                if with_model:          # loaders start their threads on the first next()
-                    step = self._step()
-                    ceil = self.ceiling(step, bar, warmup=self.warmup)
-                it = _forever(loader)
-                rec = {**row, "status": "ok", "what": what}
-                lo = self.loader_only(it, bar)
-                rec["loader"] = {"img_per_s": lo["img_per_s"]}
-                rss = lo["rss"]
-                if with_model:
-                    f = self.fed(step, it, bar)
-                    rss += f.pop("rss")
-                rss = [r for r in rss if r is not None]
-                rec["peak_pss_mb"] = max(rss) if rss else None
-                it.close()
-                if hasattr(loader, "close"):
-                    loader.close()
-                if ds is not None:      # its maps' pages would count in the next rows' PSS
-                    ds.close()
-                del it, loader          # the baseline's persistent workers must not linger
-                gc.collect()            # into the next backend's memory figures
-                if with_model:          # ceiling runs before and after the loader's: drift and
-                    ceil += self.ceiling(step, bar)         # warm-up weigh on both sides
-                    ceiling += ceil
-                    fed = f["img_per_s"]
-                    rec["model"] = {"name": self.model_name, **f, "ceiling": _stats(ceil),
-                                    "fraction_of_ceiling": fed["median"]
-                                    / statistics.median(ceil),
-                                    # what run-to-run noise allows: worst and best pairing
-                                    "fraction_range": [fed["min"] / max(ceil),
-                                                       fed["max"] / min(ceil)]}
-                results.append(rec)
+        rows = self._rows()
+        results = []
+        self._latch = SigintLatch()
+        try:
+            with tqdm(total=len(rows) * self.repeat * (4 if self.model_name != "none" else 1),
+                      desc="bench", unit="run", disable=not progress) as bar:
+                for name, ds, label in rows:
+                    bar.set_description(f"bench: {label}")
+                    row = {"backend": name, "label": label, "shards": ds and ds.root}
+                    if self._latch.hit:
+                        results.append({**row, "status": "interrupted"})
+                        continue
+                    try:
+                        results.append(self._row(name, ds, row, bar))
+                    except KeyboardInterrupt:
+                        self._latch.hit = True
+                        results.append({**row, "status": "interrupted"})
+        finally:
+            self._latch.restore()
+        ceiling = [c for r in results if "model" in r for c in r["model"]["ceiling"]["runs"]]
         base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
                     None)
         for r in results:
@@ -343,6 +366,7 @@ class Bench:
             "ceiling": {"model": self.model_name, "img_per_s": _stats(ceiling)}
             if ceiling else None,
             "results": results,
+            "interrupted": self._latch.hit,
         }
 
 
@@ -363,7 +387,8 @@ def table(report: dict) -> str:
     lines += [head + f" {'peak PSS':>9}", "-" * len(head + " " * 10)]
     for r in report["results"]:
         if r["status"] != "ok":
-            lines.append(f"{r['label']:<{w}} skipped: {r['reason']}")
+            lines.append(f"{r['label']:<{w}} {r['status']}"
+                         + (f": {r['reason']}" if "reason" in r else " (Ctrl-C)"))
             continue
         s = r["loader"]["img_per_s"]
         vs = r["loader"].get("vs_baseline")

@@ -197,6 +197,8 @@ def bench_run(a) -> dict:
     if a.plot:
         plot(report, a.plot)
         echo(f"plot: {a.plot}")
+    if report["interrupted"]:
+        raise KeyboardInterrupt     # exit 130 (also ends a demo), after the figures are out
     return report
 
 

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 from PIL import Image
 
 from converters.convert import convert
-from fastdata.bench import table
+from fastdata.bench import Bench, table
 from fastdata.cli import main
 from tests.conftest import plain_folder
 
@@ -117,6 +119,41 @@ def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
     convert(src, str(tmp_path / "tiny"), sizes=[8], workers=1, progress=False)
     assert main(["-q", "bench", shards, str(tmp_path / "tiny")]) == 2
     assert "share no stored size" in caplog.text
+
+
+@pytest.mark.parametrize("model", ["none", "tiny"])
+def test_ctrl_c_keeps_the_rows_done(bench_set, tmp_path, capsys, monkeypatch, model):
+    """Ctrl-C as the second row starts (its first batch, or its first ceiling step): the table,
+    JSON and plot still come out with the first row's figures, the rest marked, exit 130."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's default handler here")
+    src, shards = bench_set
+    lmdb = str(tmp_path / "lmdb")
+    convert(src, lmdb, container="lmdb", sizes=[32], workers=1, progress=False)
+    calls, real = [], Bench._loader
+
+    def loader(self, backend, ds):
+        calls.append(backend)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, backend, ds)
+    monkeypatch.setattr(Bench, "_loader", loader)
+    js, png = tmp_path / "i.json", tmp_path / "i.png"
+    rc = main(["-q", "bench", shards, lmdb, "--backends", "torch,baseline", "--model", model,
+               "--batch-size", "4", "--warmup", "0", "--batches", "2", "--repeat", "1",
+               "--workers", "1", "--device", "cpu", "--json", str(js), "--plot", str(png)])
+    assert rc == 130 and calls == ["torch", "torch"]        # the baseline never started
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    rep = json.loads(js.read_text())
+    assert rep["interrupted"] is True
+    assert [(r["label"], r["status"]) for r in rep["results"]] == [
+        ("torch hdf5 raw", "ok"), ("torch lmdb raw", "interrupted"), ("baseline", "interrupted")]
+    check_stats(rep["results"][0]["loader"]["img_per_s"], runs=1)
+    if model == "tiny":
+        assert len(rep["ceiling"]["img_per_s"]["runs"]) == 2       # the first row's only
+    assert "torch lmdb raw interrupted (Ctrl-C)" in capsys.readouterr().out
+    with Image.open(png) as im:
+        im.verify()
 
 
 @pytest.mark.slow
