@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 
@@ -149,7 +150,8 @@ def train_run(a) -> dict:
                                   weight_decay=a.weight_decay)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        total = max(1, a.epochs * len(train) // a.accum)      # optimizer steps in the run
+        # optimizer steps in the run (fit also closes each epoch's last, partial window)
+        total = a.epochs * math.ceil(len(train) / a.accum)
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
                          clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,

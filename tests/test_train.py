@@ -57,6 +57,20 @@ def test_accumulation_equals_one_big_batch():
     torch.testing.assert_close(params(small), params(big), rtol=1e-5, atol=1e-6)
 
 
+def test_a_window_closed_early_equals_one_batch_of_its_micro_batches():
+    """An epoch's last, partial window (2 of 3 micro-batches here) steps as one batch of 8."""
+    x, y = data(20)
+    big, small = net(), net()
+    s_big = TrainStep(big, sgd(big), precision="fp32", channels_last=False)
+    s_small = TrainStep(small, sgd(small), precision="fp32", accum_steps=3, channels_last=False)
+    for lo, hi in ((0, 12), (12, 20)):
+        s_big(x[lo:hi], y[lo:hi])
+    for k, lo in enumerate(range(0, 20, 4)):     # a full window, then two micro-batches
+        s_small(x[lo:lo + 4], y[lo:lo + 4], close_window=k == 4)
+    assert s_small.steps == 2 and s_small.at_window_end
+    torch.testing.assert_close(params(small), params(big), rtol=1e-5, atol=1e-6)
+
+
 def test_clip_and_scheduler_step_once_per_window():
     model = net()
     opt = sgd(model)
@@ -126,11 +140,11 @@ def _ddp_worker(rank, world, init, out, micro, accum):
     model.register_comm_hook(None, hook)
     step = TrainStep(model, sgd(model), precision="fp32", accum_steps=accum,
                      channels_last=False)
-    x, y = data(micro * world * accum * 2)
+    x, y = data(micro * world * (accum * 2 + 1))
     counts = []
-    for k in range(accum * 2):               # two windows; rank r takes its slice of each
-        lo = (k * world + rank) * micro
-        step(x[lo:lo + micro], y[lo:lo + micro])
+    for k in range(accum * 2 + 1):      # two windows and one closed early; rank r takes its
+        lo = (k * world + rank) * micro                 # slice of each micro-batch
+        step(x[lo:lo + micro], y[lo:lo + micro], close_window=k == accum * 2)
         counts.append(calls[0])
     torch.save({"params": params(model.module), "counts": counts}, f"{out}/rank{rank}.pt")
     dist.destroy_process_group()
@@ -151,13 +165,14 @@ def test_ddp_two_processes_equal_single_process_and_sync_once_per_window(tmp_pat
     torch.testing.assert_close(r0["params"], r1["params"], rtol=0, atol=0)
     single = net()
     step = TrainStep(single, sgd(single), precision="fp32", channels_last=False)
-    x, y = data(micro * world * accum * 2)
+    x, y = data(micro * world * (accum * 2 + 1))
     window = micro * world * accum                  # union of every rank's micro-batches
     for w in range(2):
         step(x[w * window:(w + 1) * window], y[w * window:(w + 1) * window])
+    step(x[2 * window:], y[2 * window:])            # the early-closed window's union
     torch.testing.assert_close(r0["params"], params(single), rtol=1e-5, atol=1e-6)
     c = r0["counts"]                # all-reduces so far, after each micro-batch
-    assert c[0] == 0 and c[1] >= 1 and c[2] == c[1] and c[3] == 2 * c[1]
+    assert c[0] == 0 and c[1] >= 1 and c[2] == c[1] and c[3] == 2 * c[1] and c[4] == 3 * c[1]
 
 
 def test_channels_last_ddp_model_is_converted_before_wrapping(tmp_path):
@@ -193,17 +208,18 @@ def shard_set(tmp_path_factory):
     return str(tmp / "hdf5")
 
 
-def _run(shard_set, ckdir, hook=None, **kw):
+def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, **kw):
+    """12 batches per epoch."""
     torch.manual_seed(0)
     model = SmallResNet(3, width=8, blocks=(1, 1))
     if hook is not None:
         model.register_forward_pre_hook(hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sched = make_scheduler(opt, "onecycle", total_steps=3 * 6)
-    step = TrainStep(model, opt, precision="fp32", accum_steps=2, scheduler=sched)
+    sched = make_scheduler(opt, "onecycle", total_steps=3 * -(-12 // accum))
+    step = TrainStep(model, opt, precision="fp32", accum_steps=accum, scheduler=sched)
     loader = fastdata.Loader(shard_set, batch_size=2, device="cpu", num_workers=2, seed=3)
     ev = fastdata.Loader(shard_set, batch_size=5, train=False, device="cpu", num_workers=0)
-    hist = fit(step, loader, epochs=3, eval_loader=ev, checkpoint_dir=ckdir,
+    hist = fit(step, loader, epochs=epochs, eval_loader=ev, checkpoint_dir=ckdir,
                checkpoint_every=2, **kw)
     return model, hist
 
@@ -235,6 +251,19 @@ def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path):
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
     for a, b in zip(resumed.buffers(), whole.buffers()):       # BatchNorm running stats too
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_epochs_that_end_mid_window_are_checkpointed_and_resume_exactly(shard_set, tmp_path):
+    """12 batches, windows of 5: each epoch's last window closes after 2 (it used to stay open
+    into the next epoch, and no epoch-end checkpoint was ever saved)."""
+    whole, hist = _run(shard_set, str(tmp_path / "a"), accum=5)
+    assert [h["steps"] for h in hist] == [3, 6, 9]
+    part, _ = _run(shard_set, str(tmp_path / "b"), accum=5, epochs=1)
+    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert saved["epoch"] == 1 and saved["step"]["steps"] == 3
+    resumed, h2 = _run(shard_set, str(tmp_path / "b"), accum=5)
+    assert [h["epoch"] for h in h2] == [1, 2]
+    torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
 
 
 def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path):

@@ -4,7 +4,8 @@ over ranks, LR schedules, throughput logs, atomic checkpoints and exact resume.
 Checkpoints (``checkpoint_dir/last.pt``, written by rank 0 to a temporary file and renamed)
 hold the model, optimizer, scheduler, step (scaler + counters), loader position, epoch and the
 torch RNG state. They are taken only where an accumulation window closes, every
-``checkpoint_every`` optimizer steps and at the end of each epoch, so a resumed run continues
+``checkpoint_every`` optimizer steps and at the end of each epoch (whose last batch closes
+its window, full or not: ``TrainStep(..., close_window=True)``), so a resumed run continues
 with exactly the batches and parameters an uninterrupted run would have had. In one process,
 Ctrl-C saves a checkpoint where the current window closes and then stops (a second Ctrl-C
 stops at once).
@@ -119,7 +120,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
             stopped = False
             # k counts from the epoch's start, also in a resumed epoch
             for k, (images, labels) in enumerate(loader, 1 + (start if epoch == epoch0 else 0)):
-                step(images, labels)
+                step(images, labels, close_window=k == len(loader))
                 seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
                 if log_every and k % log_every == 0:
                     m = step.read_metrics()

@@ -9,6 +9,9 @@ DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
   gradient all-reduce (``no_sync``) on all but the last micro-batch of a window; the optimizer,
   scaler and scheduler step only on that last one, then ``zero_grad(set_to_none=True)``.
   ``k`` micro-batches of ``b`` therefore equal one batch of ``k*b`` (the loss is a mean).
+  ``step(x, y, close_window=True)`` ends a window early (``fit`` does at an epoch's last batch,
+  as Lightning and the HF Trainer step there): that micro-batch synchronises, and the ``n < k``
+  micro-batches' gradients are scaled by ``k/n``, so they equal one batch of ``n*b``.
 * With fp16 the gradients are unscaled before clipping; a step whose gradients hold inf/NaN
   is skipped by the scaler (and the scale lowered).
 * ``channels_last`` (default: on CUDA) converts the model once and each batch (a no-op for
@@ -84,7 +87,7 @@ class TrainStep:
         self.optimizer, self.scheduler = optimizer, scheduler
         self.loss_fn = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
-        self.micro = 0              # micro-batches seen; a window ends every accum_steps
+        self.micro = 0              # micro-batches of the open window
         self.steps = 0              # optimizer steps taken (attempted, with fp16)
         self.loss_sum = torch.zeros((), device=self.device)
         self.samples = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -92,7 +95,7 @@ class TrainStep:
     @property
     def at_window_end(self) -> bool:
         """No micro-batch of an accumulation window is pending (a safe point to checkpoint)."""
-        return self.micro % self.accum_steps == 0
+        return self.micro == 0
 
     @property
     def module(self) -> nn.Module:
@@ -105,9 +108,12 @@ class TrainStep:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One micro-batch: forward, backward, and the step when it closes a window."""
-        last = (self.micro + 1) % self.accum_steps == 0
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *,
+                 close_window: bool = False) -> torch.Tensor:
+        """One micro-batch: forward, backward, and the step when it closes a window (every
+        ``accum_steps``-th, or this one with ``close_window``)."""
+        n = self.micro + 1
+        last = close_window or n == self.accum_steps
         if self.channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
@@ -116,16 +122,21 @@ class TrainStep:
             with self.autocast():
                 loss = self.loss_fn(self.forward(images), labels)
             self.scaler.scale(loss / self.accum_steps).backward()
-        self.micro += 1
+        self.micro = 0 if last else n
         if last:
-            self._step()
+            self._step(n)
         loss = loss.detach()
         self.loss_sum += loss.float() * labels.shape[0]
         self.samples += labels.shape[0]
         return loss
 
-    def _step(self) -> None:
+    def _step(self, n: int) -> None:
         opt = self.optimizer
+        if n < self.accum_steps:        # a window closed early: the mean over its n batches
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(self.accum_steps / n)
         if self.clip_grad_norm is not None:
             self.scaler.unscale_(opt)
             params = [p for g in opt.param_groups for p in g["params"]]
@@ -153,5 +164,6 @@ class TrainStep:
         return {"micro": self.micro, "steps": self.steps, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.micro, self.steps = state["micro"], state["steps"]
+        # "micro" counted every micro-batch before close_window: saved at a window's end
+        self.micro, self.steps = state["micro"] % self.accum_steps, state["steps"]
         self.scaler.load_state_dict(state["scaler"])
