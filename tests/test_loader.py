@@ -141,13 +141,16 @@ def test_float_output_contract_and_determinism(shards):
 
 # ---------------------------------------------------------------- augmentation
 @pytest.mark.gpu
-@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("train,workers", [(True, "thread"), (False, "thread"),
+                                           (True, "process")])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16])
-def test_cuda_path_matches_the_cpu_path(shards, train, dtype):
+def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
     """Pinned buffers, the side stream and the batched kernel on CUDA: the same samples in the
-    same batches as on the CPU, the contract's dtype and layout, the same geometry."""
+    same batches as on the CPU, the contract's dtype and layout, the same geometry. Forked
+    worker processes must leave pinning to the parent."""
     kw = dict(batch_size=4, size=32, crop=24, train=train, seed=1, num_workers=2, dtype=dtype)
-    g = fastdata.Loader(shards["hdf5"], device="cuda", **kw)
+    g = fastdata.Loader(shards["hdf5"], device="cuda", workers=workers, mp_context="fork",
+                        **kw)
     c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, **kw)
     n = 0
     for (xg, yg), (xc, yc) in zip(g, c):
@@ -261,6 +264,7 @@ def test_order_lengths():
     ({"size": 20}, "not a power of two"),
     ({"dtype": "int4"}, "dtype='int4' is not valid; choose one of float32"),
     ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),
+    ({"mp_context": "clone"}, "mp_context='clone' is not valid; choose one of fork, spawn"),
     ({"rank": 2, "world_size": 2}, "rank=2 is not valid for world_size=2"),
     ({"device": "tpu"}, "device"),
     ({"num_workers": -1}, "num_workers=-1"),

@@ -86,6 +86,10 @@ class Loader:
         self.device = resolve_device(device)
         if workers not in ("thread", "process"):
             raise ValueError(f"workers={workers!r} is not valid; choose one of thread, process")
+        contexts = ("fork", "spawn", "forkserver")
+        if mp_context is not None and mp_context not in contexts:
+            raise ValueError(f"mp_context={mp_context!r} is not valid; choose one of "
+                             f"{', '.join(contexts)} or None (the platform's default)")
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers={num_workers!r} is not valid; use an integer >= 0")

@@ -98,9 +98,12 @@ class _BatchReader:
 
     def _pool(self, key, shape, dtype):
         if key not in self._pools:
-            self._pools[key] = BufferPool(shape, dtype, pin=self.pin)
-            # a DataLoader worker's result moves into shared memory still read by the parent
-            self._pools[key].recycle &= torch.utils.data.get_worker_info() is None
+            # in a DataLoader worker process: its result moves into shared memory still read
+            # by the parent (no recycling), and the DataLoader pins it in the parent (pinning
+            # here would touch CUDA, which a forked worker cannot)
+            worker = torch.utils.data.get_worker_info() is not None
+            self._pools[key] = BufferPool(shape, dtype, pin=self.pin and not worker)
+            self._pools[key].recycle &= not worker
         return self._pools[key]
 
     def __getstate__(self):
