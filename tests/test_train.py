@@ -114,6 +114,19 @@ def test_bf16_autocast_on_cpu():
     assert step.read_metrics()["samples"] == 4
 
 
+def test_models_by_name_and_bad_names_are_named():
+    from fastdata.train import build_model
+
+    assert build_model("tiny", 5).head.out_features == 5
+    assert build_model("fastdata.train.models:SmallResNet", 7).head.out_features == 7
+    for name, msg in (("no_such_module:f", "cannot load 'f' from module 'no_such_module'"),
+                      ("fastdata.train.models:nothing", "cannot load 'nothing'"),
+                      ("builtins:dict", "returned dict, not an nn.Module"),
+                      ("resnet99", "resnet99")):
+        with pytest.raises(ValueError, match=msg):
+            build_model(name, 3)
+
+
 def test_bad_arguments_are_named():
     model = net()
     with pytest.raises(ValueError, match="precision='fp8'.*fp32, bf16, fp16"):

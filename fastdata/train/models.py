@@ -60,7 +60,12 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         return BUILTIN[name](num_classes)
     if ":" in name:
         module, fn = name.split(":", 1)
-        model = getattr(importlib.import_module(module), fn)(num_classes=num_classes)
+        try:
+            make = getattr(importlib.import_module(module), fn)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"model={name!r}: cannot load {fn!r} from module {module!r} ({e}); "
+                             f"is the module on PYTHONPATH?") from None
+        model = make(num_classes=num_classes)
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={name!r} returned {type(model).__name__}, not an nn.Module")
         return model
