@@ -28,6 +28,8 @@ class Order:
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank!r} is not valid for world_size={world_size}; "
                              f"use 0..{world_size - 1}")
+        if not isinstance(seed, (int, np.integer)) or seed < 0:     # numpy's seeds are >= 0
+            raise ValueError(f"seed={seed!r} is not valid; use an integer >= 0")
         self.n, self.batch_size, self.train = int(n), int(batch_size), bool(train)
         self.shuffle = self.train if shuffle is None else bool(shuffle)
         self.drop_last = self.train if drop_last is None else bool(drop_last)

@@ -265,6 +265,8 @@ def test_order_lengths():
     ({"dtype": "int4"}, "dtype='int4' is not valid; choose one of float32"),
     ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),
     ({"mp_context": "clone"}, "mp_context='clone' is not valid; choose one of fork, spawn"),
+    ({"seed": "a"}, "seed='a' is not valid; use an integer >= 0"),
+    ({"seed": -1}, "seed=-1 is not valid"),
     ({"rank": 2, "world_size": 2}, "rank=2 is not valid for world_size=2"),
     ({"device": "tpu"}, "device"),
     ({"num_workers": -1}, "num_workers=-1"),
