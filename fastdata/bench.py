@@ -276,13 +276,19 @@ class Bench:
                 rows.append((name, ds, label))
         return rows
 
+    @property
+    def _runs_per_row(self) -> int:
+        """Timed runs per row (the progress bar's unit): loader only, or with a model also
+        fed and the ceiling before and after."""
+        return self.repeat * (4 if self.model_name != "none" else 1)
+
     def _row(self, name, ds, row, bar) -> dict:
         """One backend on one shard set (or the baseline): its figures, its loader closed."""
         with_model = self.model_name != "none"
         try:
             loader, what = self._loader(name, ds)
         except _Skip as e:
-            bar.update(self.repeat * (4 if with_model else 1))
+            bar.update(self._runs_per_row)
             return {**row, "status": "skipped", "reason": str(e)}
         it = None
         try:
@@ -328,8 +334,8 @@ class Bench:
         results = []
         self._latch = SigintLatch()
         try:
-            with tqdm(total=len(rows) * self.repeat * (4 if self.model_name != "none" else 1),
-                      desc="bench", unit="run", disable=not progress) as bar:
+            with tqdm(total=len(rows) * self._runs_per_row, desc="bench", unit="run",
+                      disable=not progress) as bar:
                 for name, ds, label in rows:
                     bar.set_description(f"bench: {label}")
                     row = {"backend": name, "label": label, "shards": ds and ds.root}

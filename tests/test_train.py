@@ -251,8 +251,13 @@ def test_bad_device_and_empty_epoch_are_named(shard_set):
         fit(TrainStep(model, sgd(model)), loader, epochs=1)
 
 
-def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path):
+def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path, monkeypatch):
+    fit_module = sys.modules[fit.__module__]        # the package exports the function `fit`
+    saves, real = [], fit_module._save
+    monkeypatch.setattr(fit_module, "_save", lambda p, s: (saves.append(s["epoch"]), real(p, s)))
     whole, hist = _run(shard_set, str(tmp_path / "a"))
+    # every 2 of an epoch's 6 steps, the 3rd time as the epoch ends: written once, not twice
+    assert saves == [0, 0, 1, 1, 1, 2, 2, 2, 3]
     assert [h["epoch"] for h in hist] == [0, 1, 2] and all(0 <= h["val_acc"] <= 1 for h in hist)
     assert hist[-1]["steps"] == 3 * 6 and sum(hist[0]["label_counts"]) == 24
     part, h1 = _run(shard_set, str(tmp_path / "b"), max_steps=8)   # stops mid-epoch 1

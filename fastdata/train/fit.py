@@ -129,7 +129,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                     log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
                              m["loss"], m["samples"] / max(now - t_log, 1e-9))
                     t_log = now
-                if checkpoint_every and step.at_window_end and step.steps % checkpoint_every == 0:
+                if (checkpoint_every and step.at_window_end and k < len(loader)   # the epoch's
+                        and step.steps % checkpoint_every == 0):          # end saves anyway
                     save(epoch)
                 if latch.hit and step.at_window_end:
                     save(epoch)
