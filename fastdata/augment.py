@@ -6,8 +6,8 @@ stored square (torchvision's Resize(256)+CenterCrop(224) is ratio 0.875) resized
 Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 output skips it).
 
 Two kernels give the same geometry: ``per_sample`` (uint8 antialiased bilinear ``interpolate``
-per image, each image normalised while still in cache: fastest on CPU) and ``batched`` (one
-``grid_sample`` for the whole batch, for CUDA).
+per image, each image normalised while still in cache: fastest on CPU) and ``batched`` (the
+same antialiased weights as two batched matrix products for the whole batch, for CUDA).
 All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
 worker ran a batch.
 """
@@ -82,21 +82,38 @@ def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,
     return y
 
 
+def resample_weights(start, length, size: int, out: int, flips=None) -> torch.Tensor:
+    """``(B, out, size)`` float32 on ``start``'s device: row ``i`` of matrix ``b`` resamples
+    the window ``[start[b], start[b] + length[b])`` of a line of ``size`` pixels to output
+    pixel ``i`` with ``interpolate(mode="bilinear", antialias=True)``'s weights (PIL's triangle
+    filter, widened by the downscale factor), mirrored where ``flips``."""
+    start = start.to(torch.float32)[:, None, None]
+    length = length.to(torch.float32)[:, None, None]
+    scale = length / out
+    centre = (torch.arange(out, device=start.device)[None, :, None] + 0.5) * scale
+    pos = torch.arange(size, device=start.device)[None, None, :] - start     # window coords
+    w = (1 - (pos + 0.5 - centre).abs() / scale.clamp(min=1)).clamp_(min=0)
+    w = w * ((pos >= 0) & (pos < length))
+    w = w / w.sum(-1, keepdim=True)
+    if flips is not None:
+        w = torch.where(flips[:, None, None], w.flip(1), w)
+    return w
+
+
 def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor:
-    """x: (B, H, W, 3) uint8 → (B, 3, out, out) float32 (bilinear ``grid_sample``, one launch)."""
+    """x: (B, H, W, 3) uint8 → (B, 3, out, out) float32 in 0..255 (arbitrary strides): the same
+    antialiased crop-resize as the per-sample kernel, as two batched matrix products over the
+    whole stored image (a crop's weights are zero outside it), so a launch per image and
+    aliasing on downscaled crops are both avoided."""
     b, height, width, _ = x.shape
-    boxes = boxes.to(torch.float32)
-    top, left, h, w = boxes.unbind(1)
-    theta = torch.zeros(b, 2, 3)
-    sx = w / width
-    theta[:, 0, 0] = torch.where(torch.as_tensor(flips, dtype=torch.bool), -sx, sx)
-    theta[:, 0, 2] = (2 * left + w) / width - 1
-    theta[:, 1, 1] = h / height
-    theta[:, 1, 2] = (2 * top + h) / height - 1
-    theta = theta.to(x.device, non_blocking=True)
-    grid = F.affine_grid(theta, [b, 3, out, out], align_corners=False)
-    src = x.permute(0, 3, 1, 2).float()
-    return F.grid_sample(src, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    boxes = boxes.to(x.device, non_blocking=True)
+    flips = torch.as_tensor(flips, dtype=torch.bool).to(x.device, non_blocking=True)
+    wy = resample_weights(boxes[:, 0], boxes[:, 2], height, out)
+    wx = resample_weights(boxes[:, 1], boxes[:, 3], width, out, flips)
+    t = torch.bmm(wy, x.float().reshape(b, height, width * 3))          # rows: (B, out, W*3)
+    t = t.view(b, out, width, 3).transpose(1, 2).reshape(b, width, out * 3)
+    y = torch.bmm(wx, t).view(b, out, out, 3)                           # (B, x, y, channel)
+    return y.permute(0, 3, 2, 1)
 
 
 class Augment:
