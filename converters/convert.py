@@ -16,6 +16,8 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import threading
+import time
 from collections import deque
 
 from tqdm import tqdm
@@ -54,10 +56,19 @@ def default_shard_size(sizes, encoding: str) -> int:
 _worker_ring: Ring | None = None     # set in each worker process by _worker_init
 
 
-def _worker_init(ring: Ring | None) -> None:
+def _worker_init(ring: Ring | None, parent: int) -> None:
     global _worker_ring
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
     _worker_ring = ring
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A pool worker waits on its task pipe forever, and holds that pipe's write end itself,
+    so one whose parent was killed (SIGKILL, OOM) would stay behind: leave once orphaned."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _prepare(batch, opts: DecodeOptions) -> list[tuple]:
@@ -85,7 +96,8 @@ class _Decoder:
     def _new_pool(self):
         self.close()
         self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
-                                            initializer=_worker_init, initargs=(self.ring,))
+                                            initializer=_worker_init,
+                                            initargs=(self.ring, os.getpid()))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -29,6 +29,27 @@ convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], s
 """
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Neither gone nor a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("container,encoding,sig", [("hdf5", "raw", signal.SIGKILL),
                                                     ("lmdb", "jpeg", signal.SIGKILL),
                                                     ("hdf5", "raw", signal.SIGINT)])
@@ -36,7 +57,7 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
     src = plain_folder(tmp_path / "src", per_class=8)
     out = tmp_path / "killed"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(tmp_path / "stderr", "w") as err:     # not a pipe: orphaned workers keep it open
+    with open(tmp_path / "stderr", "w") as err:     # a file: no pipe for the workers to hold
         proc = subprocess.Popen([sys.executable, "-c", CHILD, src, str(out), container,
                                  encoding], cwd=repo, env={**os.environ, "PYTHONPATH": repo},
                                 stderr=err)
@@ -47,8 +68,14 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the child finished before it could be killed"
+    workers = _children(proc.pid)
+    assert workers, "the converter has no worker process"
     proc.send_signal(sig)
     proc.wait(timeout=60)
+    deadline = time.time() + 20             # orphaned workers leave too
+    while time.time() < deadline and any(map(_running, workers)):
+        time.sleep(0.05)
+    assert not any(map(_running, workers)), f"workers {workers} outlived the converter"
     assert not (out / "manifest.json").exists()
     if sig == signal.SIGINT:        # stops at once, says how to go on
         text = (tmp_path / "stderr").read_text()
