@@ -16,6 +16,18 @@ from __future__ import annotations
 import numpy as np
 
 
+def flag(name: str, value, default: bool | None = None) -> bool:
+    """``value`` as a bool; ``None`` gives ``default`` where there is one. A string such as
+    "no" is an error, not True."""
+    if value is None and default is not None:
+        return default
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer))
+                                                and value in (0, 1)):
+        return bool(value)
+    none = "" if default is None else f" or None (the default, {default})"
+    raise ValueError(f"{name}={value!r} is not valid; use True or False{none}")
+
+
 class Order:
     def __init__(self, n: int, *, batch_size: int, train: bool = True, shuffle: bool | None = None,
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None):
@@ -30,12 +42,21 @@ class Order:
                              f"use 0..{world_size - 1}")
         if not isinstance(seed, (int, np.integer)) or seed < 0:     # numpy's seeds are >= 0
             raise ValueError(f"seed={seed!r} is not valid; use an integer >= 0")
-        self.n, self.batch_size, self.train = int(n), int(batch_size), bool(train)
-        self.shuffle = self.train if shuffle is None else bool(shuffle)
-        self.drop_last = self.train if drop_last is None else bool(drop_last)
+        self.n, self.batch_size, self.train = int(n), int(batch_size), flag("train", train)
+        self.shuffle = flag("shuffle", shuffle, self.train)
+        self.drop_last = flag("drop_last", drop_last, self.train)
         self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.epoch = 0
         self.position = 0       # batches already served in this epoch
+        if self.train and self.n and not len(self):     # the same on every rank: no DDP hang
+            per_rank = self.n // self.world_size
+            if not per_rank:
+                raise ValueError(f"world_size={self.world_size} leaves no training sample per "
+                                 f"rank: the shard set holds {self.n}")
+            raise ValueError(f"batch_size={batch_size} leaves no training batch: each of the "
+                             f"{self.world_size} rank(s) holds {per_rank} samples and "
+                             f"drop_last=True drops a partial batch; use batch_size <= "
+                             f"{per_rank} or drop_last=False")
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:

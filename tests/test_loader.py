@@ -294,6 +294,12 @@ def test_order_lengths():
     ({"rank": 2, "world_size": 2}, "rank=2 is not valid for world_size=2"),
     ({"device": "tpu"}, "device"),
     ({"num_workers": -1}, "num_workers=-1"),
+    ({"shuffle": "no"}, "shuffle='no' is not valid; use True or False or None"),
+    ({"channels_last": "yes"}, "channels_last='yes' is not valid"),
+    ({"batch_size": 24}, "batch_size=24 leaves no training batch: each of the 1 rank.*"
+                         "holds 23 samples.*use batch_size <= 23 or drop_last=False"),
+    ({"batch_size": 12, "world_size": 2, "rank": 1}, "batch_size=12 .* holds 11 samples"),
+    ({"batch_size": 1, "world_size": 24, "rank": 0}, "world_size=24 leaves no training sample"),
 ])
 def test_bad_arguments(shards, kw, match):
     with pytest.raises((ValueError, RuntimeError), match=match):

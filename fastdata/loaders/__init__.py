@@ -16,7 +16,7 @@ import torch
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from fastdata.env import resolve_device
 from fastdata.format import check_size
-from fastdata.order import Order
+from fastdata.order import Order, flag
 from fastdata.readers import ShardSet
 
 BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
@@ -103,17 +103,16 @@ class Loader:
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
-        self.train = bool(train)
+        self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
             self.size = size
         self.crop = None if crop is None else int(crop)
         if self.crop is not None and self.crop < 1:
             raise ValueError(f"crop={crop!r} is not valid; use a positive size in pixels")
-        self.augment = self.train if augment is None else bool(augment)
+        self.augment = flag("augment", augment, self.train)
         self.dtype = dtype
-        self.channels_last = (self.device.type == "cuda") if channels_last is None \
-            else bool(channels_last)
+        self.channels_last = flag("channels_last", channels_last, self.device.type == "cuda")
         self.transform = Augment(train=self.augment, crop=self.crop, dtype=dtype,
                                  channels_last=self.channels_last, mean=mean, std=std,
                                  scale=scale, ratio=ratio)
