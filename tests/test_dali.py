@@ -134,6 +134,7 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F
 def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
     """A forked worker whose garbage collector meets the parent's DALI pipeline (a reference
     cycle loader <-> backend) must not crash: it used to die with SIGSEGV."""
+    import faulthandler
     import gc
 
     gc.collect()
@@ -145,6 +146,8 @@ def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
         del loader                              # now only the cyclic collector can free it
         pid = os.fork()
         if pid == 0:
+            # a hang (seen once in a full run, cause not found) fails with the child's stacks
+            faulthandler.dump_traceback_later(60, exit=True)
             gc.collect()
             os._exit(0)
         _, status = os.waitpid(pid, 0)
