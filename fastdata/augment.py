@@ -116,6 +116,16 @@ def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor
     return y.permute(0, 3, 2, 1)
 
 
+def _numbers(name: str, value, n: int) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != n:
+        raise ValueError(f"{name}={value!r} is not valid; give {n} numbers")
+    return out
+
+
 class Augment:
     """Callable: ``(uint8 (B,H,W,3) tensor, generator) -> (B,3,crop,crop)`` per the contract
     (``crop=None``: the input's size)."""
@@ -124,11 +134,14 @@ class Augment:
                  channels_last: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: float = 0.5,
                  eval_ratio: float | None = None, kernel: str = "auto"):
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-            raise ValueError(f"mean={mean!r}/std={std!r} must be 3 values each, std > 0")
-        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
-            raise ValueError(f"scale={scale!r} must satisfy 0 < lo <= hi <= 1 and "
-                             f"ratio={ratio!r} 0 < lo <= hi")
+        mean, std = _numbers("mean", mean, 3), _numbers("std", std, 3)
+        scale, ratio = _numbers("scale", scale, 2), _numbers("ratio", ratio, 2)
+        if min(std) <= 0:
+            raise ValueError(f"std={std!r} is not valid; every value must be > 0")
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise ValueError(f"scale={scale!r} is not valid; use (lo, hi), 0 < lo <= hi <= 1")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio={ratio!r} is not valid; use (lo, hi), 0 < lo <= hi")
         if kernel not in ("auto", "per_sample", "batched"):
             raise ValueError(f"kernel={kernel!r}; choose one of auto, per_sample, batched")
         self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
@@ -136,7 +149,7 @@ class Augment:
             eval_ratio = 0.875 if crop else 1.0
         self.scale, self.ratio, self.flip, self.eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
-        self.mean, self.std = tuple(map(float, mean)), tuple(map(float, std))
+        self.mean, self.std = mean, std
         # y/255 → (y/255 - mean)/std as y*scale + shift, per device and row width: built once
         self._constants: dict = {}
 

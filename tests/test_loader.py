@@ -295,6 +295,12 @@ def test_order_lengths():
     ({"device": "tpu"}, "device"),
     ({"num_workers": -1}, "num_workers=-1"),
     ({"shuffle": "no"}, "shuffle='no' is not valid; use True or False or None"),
+    ({"crop": 2.5}, "crop=2.5 is not valid; use a positive size in pixels"),
+    ({"scale": 0.5}, "scale=0.5 is not valid; give 2 numbers"),
+    ({"scale": (0.5, 0.2)}, r"scale=\(0.5, 0.2\) is not valid; use \(lo, hi\), 0 < lo"),
+    ({"ratio": (0, 1)}, r"ratio=\(0.0, 1.0\) is not valid"),
+    ({"mean": None}, "mean=None is not valid; give 3 numbers"),
+    ({"std": (1, 0, 1)}, "every value must be > 0"),
     ({"channels_last": "yes"}, "channels_last='yes' is not valid"),
     ({"batch_size": 24}, "batch_size=24 leaves no training batch: each of the 1 rank.*"
                          "holds 23 samples.*use batch_size <= 23 or drop_last=False"),

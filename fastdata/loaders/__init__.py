@@ -107,9 +107,10 @@ class Loader:
         self._size = self.dataset.size
         if size is not None:
             self.size = size
+        if crop is not None and (not isinstance(crop, (int, np.integer)) or crop < 1):
+            raise ValueError(f"crop={crop!r} is not valid; use a positive size in pixels, "
+                             f"or None for the stored size")
         self.crop = None if crop is None else int(crop)
-        if self.crop is not None and self.crop < 1:
-            raise ValueError(f"crop={crop!r} is not valid; use a positive size in pixels")
         self.augment = flag("augment", augment, self.train)
         self.dtype = dtype
         self.channels_last = flag("channels_last", channels_last, self.device.type == "cuda")
