@@ -108,7 +108,6 @@ def main():
 
 
 def pair_jpeg(a):
-
     # jpeg: one loader; the decode function is swapped between rounds
     it = batches(os.path.join(a.work, "jpeg-hdf5"))
     fast, res = readers.decode_jpeg, {"PIL": [], "simplejpeg": []}
@@ -209,31 +208,28 @@ def pair_epochs(a):
     report("raw-hdf5 uint8 channels_last", res)
 
 
-def _pair_kernels(a, res, before, now):
-    """RRC224 float32 channels_last loader, ``(resized_patches, Augment._put)`` swapped; img/s
-    and the process's CPU time per image (both worker threads: what a model sharing the
-    cores with the loader would get back)."""
-    real = aug.resized_patches, aug.Augment._put
+def pair_flip(a):
+    """RRC224 float32 channels_last loader, the resized output mirrored (before) vs the source
+    crop mirrored (now); img/s and the process's CPU time per image (both worker threads: what
+    a model sharing the cores with the loader would get back)."""
+    real = aug.resized_patches
     it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=True)
+    res = {"output mirrored": [], "source crop mirrored": []}
     cpu = {side: [] for side in res}
     for _ in range(a.rounds):
-        for side, (patches, put) in zip(res, (before, now)):
-            aug.resized_patches, aug.Augment._put = patches, put
+        for side, patches in zip(res, (flip_after_resize, real)):
+            aug.resized_patches = patches
             timed(it, 4)
             c = time.process_time()
             res[side].append(timed(it, 20))
             cpu[side].append((time.process_time() - c) / (20 * 64) * 1e6)
-    aug.resized_patches, aug.Augment._put = real
+    aug.resized_patches = real
     report("raw-hdf5 RRC224 float32 channels_last", res)
     ratios = [b / a for a, b in zip(*cpu.values())]
     print(f"  CPU us/img, median: "
-          f"{', '.join(f'{k} {statistics.median(v):.0f}' for k, v in cpu.items())}; now / before per round {statistics.median(ratios):.3f} "
+          f"{', '.join(f'{k} {statistics.median(v):.0f}' for k, v in cpu.items())}; "
+          f"now / before per round {statistics.median(ratios):.3f} "
           f"({min(ratios):.3f}-{max(ratios):.3f})")
-
-
-def pair_flip(a):
-    _pair_kernels(a, {"output mirrored": [], "source crop mirrored": []},
-                  (flip_after_resize, aug.Augment._put), (aug.resized_patches, aug.Augment._put))
 
 
 PAIRS = {"jpeg": pair_jpeg, "omp": pair_omp, "map": pair_map, "fused": pair_fused,

@@ -53,7 +53,7 @@ def rss_tree_mb() -> float | None:
     return total / 1024
 
 
-def _forever(loader, check):
+def _forever(loader, check=lambda: None):
     """Batches across epochs (``set_epoch`` between them); ``check()`` before each."""
     epoch = 0
     while True:
