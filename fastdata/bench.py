@@ -130,7 +130,7 @@ class Bench:
                 f"{d.root}: {', '.join(map(str, d.sizes))}" for d in self.sets) + ")")
         self.size = max(common) if size is None else size
         for d in self.sets:
-            d._check_size(self.size)    # names the set and its sizes
+            d.stored_size(self.size)    # names the set and its sizes
         self.crop = crop or min(224, self.size)
         self.device = resolve_device(device)
         self.precision = precision or default_precision(self.device)

@@ -68,7 +68,7 @@ def info_dict(path: str) -> dict:
 
 def print_info(d: dict) -> None:
     enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
-    echo(f"{d['path']}")
+    echo(f"{d['path']}  (from {d['source']})")
     echo(f"  {d['samples']} samples in {d['shards']} {d['container']} shards, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{_human(d['bytes'])} on disk")
@@ -150,8 +150,9 @@ def train_run(a) -> dict:
                                   weight_decay=a.weight_decay)
         else:
             opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-        # optimizer steps in the run (fit also closes each epoch's last, partial window)
-        total = a.epochs * math.ceil(len(train) / a.accum)
+        # optimizer steps in the run (fit also closes each epoch's last, partial window);
+        # a bad --accum or --epochs is named by TrainStep and fit below
+        total = max(a.epochs, 1) * math.ceil(len(train) / max(a.accum, 1))
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
                          clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,
@@ -183,6 +184,10 @@ def cmd_train(a) -> int:
 def bench_run(a) -> dict:
     from fastdata.bench import Bench, plot, table
 
+    for opt, path in (("--json", a.json), ("--plot", a.plot)):    # before minutes of timing
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            raise ValueError(f"{opt} {path}: folder {folder} does not exist")
     bench = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,

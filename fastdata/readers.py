@@ -215,10 +215,11 @@ class ShardSet:
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
-        self.size = self.sizes[-1] if size is None else self._check_size(size)
+        self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
 
-    def _check_size(self, size) -> int:
+    def stored_size(self, size) -> int:
+        """``size`` as an int, or a ValueError naming the sizes this set stores."""
         s = check_size(size)
         if s not in self.sizes:
             raise ValueError(f"size {size!r} is not stored in {self.root}; stored sizes: "
@@ -240,7 +241,11 @@ class ShardSet:
         return self._labels
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.asarray(indices, np.int64).reshape(-1)
+        idx = np.asarray(indices)
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"sample indices must be integers, got {idx.dtype} "
+                            f"(e.g. {idx.reshape(-1)[0]!r})")
+        idx = idx.astype(np.int64, copy=False).reshape(-1)
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             bad = idx[(idx < 0) | (idx >= self._n)][0]
             raise IndexError(f"sample index {bad} out of range for {self._n} samples")
@@ -255,7 +260,7 @@ class ShardSet:
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:
         """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
-        s = self.size if size is None else self._check_size(size)
+        s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
         if out is None:
             out = np.empty((len(local), s, s, 3), np.uint8)
@@ -279,7 +284,7 @@ class ShardSet:
 
     def read_encoded(self, indices, size: int | None = None) -> list:
         """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""
-        s = self.size if size is None else self._check_size(size)
+        s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
         return [self.shards[a].payload(s, int(b)) for a, b in zip(shard, local)]
 

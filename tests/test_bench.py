@@ -97,6 +97,9 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     assert rep["results"][1]["status"] == "ok"
     assert main(["-q", "bench", shards, "--backends", "torch,ffcv"]) == 2
     assert "backends=ffcv is not valid; choose from baseline, torch, dali" in caplog.text
+    bad = tmp_path / "no" / "b.json"        # refused before the timing, not after it
+    assert main(["-q", "bench", shards, "--backends", "torch", "--json", str(bad)]) == 2
+    assert f"--json {bad}: folder {bad.parent} does not exist" in caplog.text
 
 
 def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):

@@ -104,6 +104,8 @@ def test_reader_errors(shard_sets, tmp_path):
         ds.read_batch([0], size=64)
     with pytest.raises(IndexError, match="21"):
         ds.read_batch([21])
+    with pytest.raises(TypeError, match="indices must be integers, got float64"):
+        ds.read_batch(np.array([0.5]))                  # was silently read as sample 0
     with pytest.raises(fastdata.format.ShardFormatError, match="no manifest.json"):
         fastdata.open(tmp_path)
 
@@ -159,7 +161,9 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["sizes"] == [8, 16, 32] and info["classes"] == {"a": 7, "b": 7, "c": 7}
     assert info["container"] == "lmdb" and info["shards"] == 3 and info["bytes"] > 0
-    capsys.readouterr()
+    assert cli(["info", out]) == 0
+    text = capsys.readouterr().out
+    assert f"(from {folder})" in text and "21 samples in 3 lmdb shards" in text, text
     assert cli(["verify", out]) == 0 and "verify:" in capsys.readouterr().err   # progress bar
     for argv in (["-q", "verify", out], ["verify", out, "-q"]):    # before or after the command
         assert cli(argv) == 0 and "verify:" not in capsys.readouterr().err

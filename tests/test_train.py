@@ -122,6 +122,7 @@ def test_models_by_name_and_bad_names_are_named():
     for name, msg in (("no_such_module:f", "cannot load 'f' from module 'no_such_module'"),
                       ("fastdata.train.models:nothing", "cannot load 'nothing'"),
                       ("builtins:dict", "returned dict, not an nn.Module"),
+                      ("os:getcwd", r"getcwd\(num_classes=3\) failed .*must accept num_classes"),
                       ("resnet99", "resnet99")):
         with pytest.raises(ValueError, match=msg):
             build_model(name, 3)
@@ -237,7 +238,8 @@ def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, **kw):
     return model, hist
 
 
-def test_bad_device_and_empty_epoch_are_named(shard_set):
+def test_bad_device_and_empty_epoch_are_named(shard_set, caplog):
+    from fastdata.cli import main as cli
     from fastdata.train import distributed
 
     with pytest.raises(ValueError, match="device='foo' is not valid; use 'cpu' or 'cuda"):
@@ -250,6 +252,14 @@ def test_bad_device_and_empty_epoch_are_named(shard_set):
                              drop_last=True)        # 24 samples (a train loader refuses this)
     with pytest.raises(ValueError, match="no full training batch"):
         fit(TrainStep(model, sgd(model)), loader, epochs=1)
+    loader = fastdata.Loader(shard_set, batch_size=8, device="cpu")
+    for kw, msg in (({"epochs": 0}, "epochs=0 is not valid; use an integer >= 1"),
+                    ({"epochs": 1, "log_every": -1}, "log_every=-1 .* >= 0"),
+                    ({"epochs": 1, "max_steps": 0}, "max_steps=0 .* >= 1 or None")):
+        with pytest.raises(ValueError, match=msg):      # epochs=0 used to train nothing, rc 0
+            fit(TrainStep(model, sgd(model)), loader, **kw)
+    assert cli(["-q", "train", shard_set, "--batch-size", "8", "--accum", "0"]) == 2  # was a
+    assert "accum_steps=0 is not valid" in caplog.text                 # ZeroDivisionError
 
 
 def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path, monkeypatch):

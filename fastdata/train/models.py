@@ -65,7 +65,11 @@ def build_model(name: str, num_classes: int) -> nn.Module:
         except (ImportError, AttributeError) as e:
             raise ValueError(f"model={name!r}: cannot load {fn!r} from module {module!r} ({e}); "
                              f"is the module on PYTHONPATH?") from None
-        model = make(num_classes=num_classes)
+        try:
+            model = make(num_classes=num_classes)
+        except TypeError as e:
+            raise ValueError(f"model={name!r}: {fn}(num_classes={num_classes}) failed ({e}); "
+                             f"the callable must accept num_classes=") from e
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={name!r} returned {type(model).__name__}, not an nn.Module")
         return model
