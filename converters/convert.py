@@ -25,9 +25,10 @@ from tqdm import tqdm
 from converters.decode import DecodeOptions, Ring, prepare_batch
 from converters.scan import scan_folder
 from converters.writers import WRITERS, ShardBuffer
+from fastdata.checks import choice, integer
 from fastdata.env import warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
-                             SHARD_SUFFIX, ShardMeta, check_choice, check_size, shard_file,
+                             SHARD_SUFFIX, ShardMeta, check_size, shard_file,
                              write_json_atomic)
 from fastdata.interrupt import SigintLatch
 from fastdata.readers import READERS
@@ -214,30 +215,26 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``; return the manifest."""
-    check_choice("container", container, CONTAINERS)
-    check_choice("encoding", encoding, ENCODINGS)
-    check_choice("fit", fit, FITS)
-    check_choice("on_error", on_error, ("skip", "raise"))
+    choice("container", container, CONTAINERS)
+    choice("encoding", encoding, ENCODINGS)
+    choice("fit", fit, FITS)
+    choice("on_error", on_error, ("skip", "raise"))
     if isinstance(sizes, (int, str)):
         sizes = [sizes]
     sizes = tuple(sorted({check_size(s) for s in sizes}))
     if not sizes:
         raise ValueError("give at least one size (a power of two >= 8)")
-    if not 1 <= int(quality) <= 100:
-        raise ValueError(f"quality={quality!r} is not valid; use 1..100")
-    workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    if workers < 1:
-        raise ValueError(f"workers={workers!r} is not valid; use 1 or more")
-    shard_size = default_shard_size(sizes, encoding) if shard_size is None else int(shard_size)
-    if shard_size < 1:
-        raise ValueError(f"shard_size={shard_size!r} is not valid; use 1 or more")
+    quality = integer("quality", quality, 1, 100)
+    workers = integer("workers", workers, 1, optional=True) or os.cpu_count() or 1
+    shard_size = (integer("shard_size", shard_size, 1, optional=True)
+                  or default_shard_size(sizes, encoding))
     if overwrite and resume:
         raise ValueError("overwrite and resume exclude each other")
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
     scan = scan_folder(src)
-    opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=int(quality))
+    opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
     fp = _fingerprint(scan, opts, container, shard_size)
     _prepare_out(out, src, overwrite=overwrite, resume=resume)
     if resume and os.path.isfile(os.path.join(out, MANIFEST)):

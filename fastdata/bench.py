@@ -27,6 +27,7 @@ import time
 import torch
 
 from fastdata._optional import available, require
+from fastdata.checks import integer
 from fastdata.env import resolve_device
 from fastdata.interrupt import SigintLatch
 
@@ -114,11 +115,9 @@ class Bench:
         if bad or not backends:
             raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
                              f"{', '.join(BACKENDS)}")
-        for name, v in (("batch_size", batch_size), ("batches", batches), ("repeat", repeat)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}={v!r} is not valid; use an integer >= 1")
-        if not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup={warmup!r} is not valid; use an integer >= 0")
+        for name, v, low in (("batch_size", batch_size, 1), ("batches", batches, 1),
+                             ("repeat", repeat, 1), ("warmup", warmup, 0)):
+            integer(name, v, low)
         self.sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike))
                                           else out)]
         if not self.sets:

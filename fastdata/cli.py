@@ -171,6 +171,7 @@ def train_run(a) -> dict:
         train.close()
         if val is not None:
             val.close()
+        del step, model         # DDP holds its process group: free it before the group goes
         return last
     finally:
         dist.teardown()

@@ -57,12 +57,6 @@ def check_size(size: Any) -> int:
     return s
 
 
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
-    return value
-
-
 def shard_file(container: str, index: int) -> str:
     return f"shard-{index:05d}{SHARD_SUFFIX[container]}"
 

@@ -15,33 +15,19 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def flag(name: str, value, default: bool | None = None) -> bool:
-    """``value`` as a bool; ``None`` gives ``default`` where there is one. A string such as
-    "no" is an error, not True."""
-    if value is None and default is not None:
-        return default
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer))
-                                                and value in (0, 1)):
-        return bool(value)
-    none = "" if default is None else f" or None (the default, {default})"
-    raise ValueError(f"{name}={value!r} is not valid; use True or False{none}")
+from fastdata.checks import flag, integer
 
 
 class Order:
     def __init__(self, n: int, *, batch_size: int, train: bool = True, shuffle: bool | None = None,
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None):
-        if not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n={n!r} must be a count of samples >= 0")
-        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-            raise ValueError(f"batch_size={batch_size!r} is not valid; use an integer >= 1")
-        if not isinstance(world_size, (int, np.integer)) or world_size < 1:
-            raise ValueError(f"world_size={world_size!r} is not valid; use an integer >= 1")
+        integer("n", n, 0)
+        integer("batch_size", batch_size, 1)
+        integer("world_size", world_size, 1)
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank!r} is not valid for world_size={world_size}; "
                              f"use 0..{world_size - 1}")
-        if not isinstance(seed, (int, np.integer)) or seed < 0:     # numpy's seeds are >= 0
-            raise ValueError(f"seed={seed!r} is not valid; use an integer >= 0")
+        integer("seed", seed, 0)                    # numpy's seeds are >= 0
         self.n, self.batch_size, self.train = int(n), int(batch_size), flag("train", train)
         self.shuffle = flag("shuffle", shuffle, self.train)
         self.drop_last = flag("drop_last", drop_last, self.train)

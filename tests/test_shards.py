@@ -116,8 +116,11 @@ def test_reader_errors(shard_sets, tmp_path):
     ({"container": "zip"}, "container='zip' is not valid; choose one of hdf5, lmdb"),
     ({"encoding": "png"}, "choose one of raw, jpeg"),
     ({"fit": "zoom"}, "choose one of crop, pad, stretch"),
-    ({"quality": 0}, "quality=0"),
-    ({"workers": 0}, "workers=0"),
+    ({"quality": 0}, "quality=0 is not valid; use an integer in 1..100"),
+    ({"quality": True}, "quality=True"),                # was quality 1
+    ({"workers": 0}, "workers=0 is not valid; use an integer >= 1 or None"),
+    ({"workers": 1.5}, "workers=1.5"),                  # was 1 worker
+    ({"shard_size": "10"}, "shard_size='10'"),
 ])
 def test_bad_arguments_are_named(folder, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):

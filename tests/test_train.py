@@ -1,6 +1,7 @@
 """TrainStep, DDP over real gloo process groups, fit/checkpoint/resume, `fastdata train`."""
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -161,6 +162,10 @@ def _ddp_worker(rank, world, init, out, micro, accum):
         step(x[lo:lo + micro], y[lo:lo + micro], close_window=k == accum * 2)
         counts.append(calls[0])
     torch.save({"params": params(model.module), "counts": counts}, f"{out}/rank{rank}.pt")
+    # DDP's reducer holds the group: freed last, it ran the group's destructor holding the GIL
+    # while a gloo thread still released work with Python tensors (the hook's): one child hung
+    del step, model
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -168,13 +173,17 @@ def test_ddp_two_processes_equal_single_process_and_sync_once_per_window(tmp_pat
     micro, accum, world = 3, 2, 2
     ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_ddp_worker, args=(r, world, f"file://{tmp_path}/store",
-                                                   str(tmp_path), micro, accum))
+                                                   str(tmp_path), micro, accum),
+                         daemon=True)       # a hung child must not hold pytest at exit
              for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(120)
-        assert p.exitcode == 0
+        if p.exitcode is None:
+            p.kill()
+            p.join(10)
+        assert p.exitcode == 0, f"rank {procs.index(p)}: exit code {p.exitcode}"
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(world))
     torch.testing.assert_close(r0["params"], r1["params"], rtol=0, atol=0)
     single = net()
@@ -209,6 +218,8 @@ def test_channels_last_ddp_model_is_converted_before_wrapping(tmp_path):
             step = TrainStep(early, sgd(early), precision="fp32", channels_last=True)
             step(*data(4))
             step(*data(4))
+        del late, early, step       # DDP before its group (see _ddp_worker)
+        gc.collect()
     finally:
         dist.destroy_process_group()
 

@@ -16,7 +16,8 @@ import torch
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from fastdata.env import resolve_device
 from fastdata.format import check_size
-from fastdata.order import Order, flag
+from fastdata.checks import flag, integer
+from fastdata.order import Order
 from fastdata.readers import ShardSet
 
 BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
@@ -91,10 +92,8 @@ class Loader:
             raise ValueError(f"mp_context={mp_context!r} is not valid; choose one of "
                              f"{', '.join(contexts)} or None (the platform's default)")
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} is not valid; use an integer >= 0")
-        if not isinstance(prefetch, int) or prefetch < 1:
-            raise ValueError(f"prefetch={prefetch!r} is not valid; use an integer >= 1")
+        num_workers = integer("num_workers", num_workers, 0)
+        prefetch = integer("prefetch", prefetch, 1)
         if rank is None or world_size is None:
             r, w = _dist_rank_world()
             rank = r if rank is None else rank

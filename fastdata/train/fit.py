@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from fastdata.checks import integer
 from fastdata.interrupt import SigintLatch
 from fastdata.train.distributed import all_reduce_sum, barrier
 from fastdata.train.step import TrainStep
@@ -84,10 +85,10 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     """
     import torch.distributed as dist
 
-    for name, value, low in (("epochs", epochs, 1), ("log_every", log_every, 0),
-                             ("checkpoint_every", checkpoint_every, None),
-                             ("max_steps", max_steps, None)):
-        _check_count(name, value, low)
+    integer("epochs", epochs, 1)
+    integer("log_every", log_every, 0)
+    integer("checkpoint_every", checkpoint_every, 1, optional=True)
+    integer("max_steps", max_steps, 1, optional=True)
     if len(loader) == 0:
         raise ValueError(f"no full training batch per epoch: {loader!r}; use a smaller batch "
                          f"size")
@@ -168,16 +169,6 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     finally:
         latch.restore()
     return history
-
-
-def _check_count(name: str, value, low: int | None) -> None:
-    """An integer >= ``low``; ``low=None``: an integer >= 1, or None."""
-    if value is None and low is None:
-        return
-    least = 1 if low is None else low
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        none = " or None" if low is None else ""
-        raise ValueError(f"{name}={value!r} is not valid; use an integer >= {least}{none}")
 
 
 def _state(step: TrainStep, loader, epoch: int) -> dict:

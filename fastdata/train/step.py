@@ -30,6 +30,8 @@ import warnings
 import torch
 from torch import nn
 
+from fastdata.checks import integer
+
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -61,8 +63,7 @@ class TrainStep:
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r} is not valid; choose one of "
                              f"{', '.join(PRECISIONS)}")
-        if not isinstance(accum_steps, int) or accum_steps < 1:
-            raise ValueError(f"accum_steps={accum_steps!r} is not valid; use an integer >= 1")
+        integer("accum_steps", accum_steps, 1)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm={clip_grad_norm!r} is not valid; use a number > 0 "
                              f"or None")

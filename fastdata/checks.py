@@ -1,0 +1,40 @@
+"""Argument checks shared by the public constructors: each error names the bad value and what
+is valid instead (``batch_size=0 is not valid; use an integer >= 1``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def flag(name: str, value, default: bool | None = None) -> bool:
+    """``value`` as a bool; ``None`` gives ``default`` where there is one. A string such as
+    "no" is an error, not True."""
+    if value is None and default is not None:
+        return default
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer))
+                                                and value in (0, 1)):
+        return bool(value)
+    none = "" if default is None else f" or None (the default, {default})"
+    raise ValueError(f"{name}={value!r} is not valid; use True or False{none}")
+
+
+def integer(name: str, value, low: int, high: int | None = None, *,
+            optional: bool = False) -> int | None:
+    """``value`` as an int in ``low..high``; a bool, a float or a string is an error (``2.5``
+    is not silently 2). ``optional``: None passes through."""
+    if value is None and optional:
+        return None
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not ok or value < low or (high is not None and value > high):
+        valid = f"an integer >= {low}" if high is None else f"an integer in {low}..{high}"
+        raise ValueError(f"{name}={value!r} is not valid; use {valid}"
+                         + (" or None" if optional else ""))
+    return int(value)
+
+
+def choice(name: str, value: Any, choices) -> Any:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of "
+                         f"{', '.join(map(str, choices))}")
+    return value
