@@ -88,7 +88,7 @@ def test_pickle_fork_spawn(shard_sets, method, container):
     assert pickle.loads(pickle.dumps(ds)).read_batch([1, 9, 17]).sum() == expected
     ctx = mp.get_context(method)
     q = ctx.Queue()
-    p = ctx.Process(target=_read_in_child, args=(ds, q))
+    p = ctx.Process(target=_read_in_child, args=(ds, q), daemon=True)   # never held at exit
     p.start()
     got = q.get(timeout=60)
     p.join(timeout=60)
