@@ -210,6 +210,23 @@ def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) ->
     return kept
 
 
+def _finished_manifest(out: str) -> dict | None:
+    """The manifest of a finished conversion in ``out``; None if there is none or it is
+    damaged (then the shards that verify are reused and the manifest is written anew)."""
+    path = os.path.join(out, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+        if isinstance(m, dict):
+            return m
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    log.warning("%s is damaged: rebuilding it from the shards that verify", path)
+    return None
+
+
 def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
@@ -237,9 +254,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
     fp = _fingerprint(scan, opts, container, shard_size)
     _prepare_out(out, src, overwrite=overwrite, resume=resume)
-    if resume and os.path.isfile(os.path.join(out, MANIFEST)):
-        with open(os.path.join(out, MANIFEST), encoding="utf-8") as f:
-            done = json.load(f)
+    done = _finished_manifest(out) if resume else None
+    if done is not None:
         if done.get("config") != fp:
             raise ValueError(f"{out} holds a finished conversion with other options or inputs; "
                              f"use --overwrite to replace it")

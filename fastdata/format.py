@@ -113,10 +113,16 @@ def read_manifest(root: str | os.PathLike) -> dict:
     if not os.path.isfile(path):
         raise ShardFormatError(f"{os.fspath(root)!r} is not a shard set: no {MANIFEST} "
                                f"(convert an image folder with `fastdata convert SRC OUT`)")
-    with open(path, encoding="utf-8") as f:
-        m = json.load(f)
-    if m.get("format") != FORMAT_NAME:
-        raise ShardFormatError(f"{path}: not a fastdata manifest (format={m.get('format')!r})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            m = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ShardFormatError(f"{path}: not readable JSON ({e}); the manifest is damaged, "
+                               f"convert again (`fastdata convert --resume` reuses sound "
+                               f"shards)") from e
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        raise ShardFormatError(f"{path}: not a fastdata manifest (format="
+                               f"{(m.get('format') if isinstance(m, dict) else m)!r})")
     if m.get("version") != FORMAT_VERSION:
         raise ShardFormatError(f"{path}: format version {m.get('version')!r} is not supported "
                                f"by this fastdata (reads version {FORMAT_VERSION})")

@@ -131,6 +131,14 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F
     assert "pip install 'fastdata[dali]'" in r.stdout and "backend='dali'" in r.stdout
 
 
+def test_torch_only_arguments_are_named_not_silently_dropped(shards):  # noqa: F811
+    with pytest.warns(UserWarning, match=r"workers='process', mp_context='spawn' apply to the "
+                                         r"torch backend only and are ignored"):
+        loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, device="cpu",
+                                 workers="process", mp_context="spawn")
+    assert len(labels_of(loader)) == len(loader)
+
+
 def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
     """A forked worker whose garbage collector meets the parent's DALI pipeline (a reference
     cycle loader <-> backend) must not crash: it used to die with SIGSEGV."""

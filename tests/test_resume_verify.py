@@ -1,6 +1,7 @@
 """Resume after a real SIGKILL; verify catches a single flipped byte and names the sample."""
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -131,6 +132,20 @@ def test_resume_redoes_a_damaged_shard(folder, tmp_path):
     _flip(out / "shard-00002.h5")          # damaged: redone, with everything after it
     assert convert(folder, str(out), sizes=[8], shard_size=4, resume=True,
                    progress=False) == full
+
+
+@pytest.mark.parametrize("damage", ["{", "[1]"])
+def test_a_damaged_manifest_is_named_and_resume_rebuilds_it(folder, tmp_path, caplog, damage):
+    out = tmp_path / "o"
+    full = convert(folder, str(out), sizes=[8], shard_size=4, progress=False)
+    (out / "manifest.json").write_text(damage)
+    caplog.set_level(logging.INFO, "fastdata")
+    with pytest.raises(fastdata.format.ShardFormatError, match=r"manifest.json: not (readable "
+                                                                r"JSON|a fastdata manifest)"):
+        fastdata.open(out)        # was json's bare "Expecting property name..." (or a crash)
+    assert convert(folder, str(out), sizes=[8], shard_size=4, resume=True,
+                   progress=False) == full
+    assert "manifest.json is damaged" in caplog.text and "reusing 6 complete shards" in caplog.text
 
 
 def _flip(path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import warnings
 import weakref
 
 import numpy as np
@@ -74,6 +75,10 @@ class DaliBackend(Backend):
         self.plugin = require("nvidia.dali.plugin.pytorch", need)
         self.gpu = loader.device.type == "cuda"
         self.threads = max(1, loader.num_workers)
+        if loader.workers != "thread" or loader.mp_context is not None:
+            warnings.warn(f"backend='dali' runs DALI's own threads: workers={loader.workers!r}, "
+                          f"mp_context={loader.mp_context!r} apply to the torch backend only and "
+                          f"are ignored here", stacklevel=3)
         self._reads: cf.ThreadPoolExecutor | None = None
         self._pipes: dict[int, tuple] = {}
 
