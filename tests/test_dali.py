@@ -141,10 +141,14 @@ def test_torch_only_arguments_are_named_not_silently_dropped(shards):  # noqa: F
 
 def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
     """A forked worker whose garbage collector meets the parent's DALI pipeline (a reference
-    cycle loader <-> backend) must not crash: it used to die with SIGSEGV."""
+    cycle loader <-> backend) must not crash: it died with SIGSEGV, first in DataLoader workers,
+    then in a convert worker whose collector ran inside threading's after-fork hook."""
     import faulthandler
     import gc
 
+    from fastdata.loaders import dali_backend
+
+    threshold = gc.get_threshold()
     gc.collect()
     gc.disable()
     try:
@@ -152,16 +156,20 @@ def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
                                  device="cpu")
         list(loader)
         del loader                              # now only the cyclic collector can free it
+        gc.set_threshold(1)     # the child's first allocation collects, before any hook of ours
+        gc.enable()
         pid = os.fork()
         if pid == 0:
-            # a hang (seen once in a full run, cause not found) fails with the child's stacks
-            faulthandler.dump_traceback_later(60, exit=True)
+            faulthandler.dump_traceback_later(60, exit=True)    # a hang fails with stacks
             gc.collect()
             os._exit(0)
         _, status = os.waitpid(pid, 0)
     finally:
+        gc.set_threshold(*threshold)
         gc.enable()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    gc.collect()
+    assert not dali_backend._HELD and not list(dali_backend._PIPELINES)    # the parent frees it
 
 
 @gpu

@@ -29,17 +29,19 @@ from fastdata.loaders import Backend, ordered
 
 
 # A fork child inherits this process's DALI pipelines but not their threads: destroying one
-# there (its garbage collector will try) kills the child with SIGSEGV. Copies inherited by a
-# child are therefore kept alive in it for good. (Found as a DataLoader worker crash.)
+# there (its garbage collector will try, as soon as the first allocation after the fork, even
+# inside threading's own after-fork hook) kills the child with SIGSEGV. So the live pipelines
+# are held strongly across every fork: the parent lets go right after, a child never does.
+# (Found as a DataLoader worker crash, then as a convert worker crash in a full test run.)
 _PIPELINES: weakref.WeakSet = weakref.WeakSet()
-_INHERITED: list = []
+_HELD: list = []
 
 
-def _keep_inherited_pipelines() -> None:
-    _INHERITED.extend(_PIPELINES)
+def _hold() -> None:
+    _HELD[:] = list(_PIPELINES)
 
 
-os.register_at_fork(after_in_child=_keep_inherited_pipelines)
+os.register_at_fork(before=_hold, after_in_parent=_HELD.clear)
 
 
 class _Source:
