@@ -284,7 +284,7 @@ def test_order_lengths():
 @pytest.mark.parametrize("kw, match", [
     ({"backend": "jax"}, "backend='jax' is not valid; choose one of torch"),
     ({"batch_size": 0}, "batch_size=0"),
-    ({"size": 64}, "size=64 is not stored.*16, 32"),
+    ({"size": 64}, "size 64 is not stored.*16, 32"),
     ({"size": 20}, "not a power of two"),
     ({"dtype": "int4"}, "dtype='int4' is not valid; choose one of float32"),
     ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),

@@ -162,8 +162,9 @@ def _ddp_worker(rank, world, init, out, micro, accum):
         step(x[lo:lo + micro], y[lo:lo + micro], close_window=k == accum * 2)
         counts.append(calls[0])
     torch.save({"params": params(model.module), "counts": counts}, f"{out}/rank{rank}.pt")
-    # DDP's reducer holds the group: freed last, it ran the group's destructor holding the GIL
-    # while a gloo thread still released work with Python tensors (the hook's): one child hung
+    # DDP's reducer holds the group: freed last (after destroy_process_group), it ran the
+    # group's destructor from Python, where one child hung in ~ProcessGroupGloo (a mutex) in a
+    # full run; not reproduced in 400 runs of this function alone, so the cause is a guess
     del step, model
     gc.collect()
     dist.destroy_process_group()

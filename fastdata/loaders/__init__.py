@@ -14,9 +14,8 @@ import numpy as np
 import torch
 
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
-from fastdata.env import resolve_device
-from fastdata.format import check_size
 from fastdata.checks import flag, integer
+from fastdata.env import resolve_device
 from fastdata.order import Order
 from fastdata.readers import ShardSet
 
@@ -130,11 +129,7 @@ class Loader:
 
     @size.setter
     def size(self, value) -> None:
-        s = check_size(value)
-        if s not in self.dataset.sizes:
-            raise ValueError(f"size={value!r} is not stored in {self.dataset.root}; stored: "
-                             f"{', '.join(map(str, self.dataset.sizes))}")
-        self._size = s
+        self._size = self.dataset.stored_size(value)
 
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
