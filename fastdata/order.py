@@ -21,17 +21,15 @@ from fastdata.checks import flag, integer
 class Order:
     def __init__(self, n: int, *, batch_size: int, train: bool = True, shuffle: bool | None = None,
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None):
-        integer("n", n, 0)
-        integer("batch_size", batch_size, 1)
-        integer("world_size", world_size, 1)
+        self.n, self.batch_size = integer("n", n, 0), integer("batch_size", batch_size, 1)
+        self.world_size = integer("world_size", world_size, 1)
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
             raise ValueError(f"rank={rank!r} is not valid for world_size={world_size}; "
                              f"use 0..{world_size - 1}")
-        integer("seed", seed, 0)                    # numpy's seeds are >= 0
-        self.n, self.batch_size, self.train = int(n), int(batch_size), flag("train", train)
+        self.rank, self.seed = int(rank), integer("seed", seed, 0)  # numpy's seeds are >= 0
+        self.train = flag("train", train)
         self.shuffle = flag("shuffle", shuffle, self.train)
         self.drop_last = flag("drop_last", drop_last, self.train)
-        self.seed, self.rank, self.world_size = int(seed), int(rank), int(world_size)
         self.epoch = 0
         self.position = 0       # batches already served in this epoch
         if self.train and self.n and not len(self):     # the same on every rank: no DDP hang

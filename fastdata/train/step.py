@@ -133,13 +133,12 @@ class TrainStep:
 
     def _step(self, n: int) -> None:
         opt = self.optimizer
-        params = [p for g in opt.param_groups for p in g["params"]]
         if n < self.accum_steps:        # a window closed early: the mean over its n batches
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(self.accum_steps / n)
+            grads = [p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, self.accum_steps / n)
         if self.clip_grad_norm is not None:
             self.scaler.unscale_(opt)
+            params = [p for g in opt.param_groups for p in g["params"]]
             torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm, foreach=True)
         self.scaler.step(opt)           # fp16: skipped (on device) when grads hold inf/NaN
         self.scaler.update()
