@@ -13,6 +13,7 @@ worker ran a batch.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -145,9 +146,7 @@ class Augment:
         if kernel not in ("auto", "per_sample", "batched"):
             raise ValueError(f"kernel={kernel!r}; choose one of auto, per_sample, batched")
         self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
-        if eval_ratio is None:          # torchvision's Resize(256)+CenterCrop(224) with a crop
-            eval_ratio = 0.875 if crop else 1.0
-        self.scale, self.ratio, self.flip, self.eval_ratio = scale, ratio, flip, eval_ratio
+        self.scale, self.ratio, self.flip, self._eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
         self.mean, self.std = mean, std
         # y/255 → (y/255 - mean)/std as y*scale + shift, per device and row width: built once
@@ -203,6 +202,19 @@ class Augment:
             o = rows[k]
             torch.addcmul(b, o.copy_(y.permute(1, 2, 0).reshape(h, 3 * w)), a, out=o)
         return put
+
+    @property
+    def eval_ratio(self) -> float:
+        """Given, or torchvision's Resize(256)+CenterCrop(224) with a crop, all without."""
+        if self._eval_ratio is None:
+            return 0.875 if self.crop else 1.0
+        return self._eval_ratio
+
+    def with_crop(self, crop: int | None) -> "Augment":
+        """A copy with another output size (an iteration in flight keeps this one)."""
+        other = copy.copy(self)
+        other.crop = crop
+        return other
 
     @property
     def memory_format(self):

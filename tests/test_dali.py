@@ -114,8 +114,12 @@ def test_resume_mid_epoch_and_progressive_size(shards):  # noqa: F811
     c, d = iter(a), iter(a)                  # two live iterators: each its own pipeline
     assert [(y.tolist(), z.tolist()) for (_, y), (_, z) in zip(c, d)] == list(zip(whole, whole))
     a.size = 32
+    assert {x.shape[-1] for x, _ in a} == {32}     # a whole epoch: its pipeline is kept
+    a.crop = 24                              # a new output size: a new pipeline
     x, _ = next(iter(a))
-    assert x.shape[-1] == 32
+    u, _ = next(iter(fastdata.Loader(shards["lmdb"], backend="dali", **{**kw, "size": 32},
+                                     crop=24)))
+    assert x.shape[-1] == 24 and torch.equal(x, u)
 
 
 def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F811

@@ -141,6 +141,25 @@ def test_float_output_contract_and_determinism(shards):
     assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_progressive_resizing_changes_size_and_crop_between_epochs(shards, train):
+    """``size`` and ``crop`` set on a live loader give what a loader built with them gives
+    (eval: no crop is the stored square as is, a crop is the 87.5% centre), and a state_dict
+    carries both."""
+    kw = dict(batch_size=5, train=train, seed=3, device="cpu", num_workers=2)
+    loader = fastdata.Loader(shards["lmdb"], size=16, **kw)
+    assert next(iter(loader))[0].shape == (5, 3, 16, 16)
+    loader.size, loader.crop = 32, 24
+    fresh = fastdata.Loader(shards["lmdb"], size=32, crop=24, **kw)
+    for (x, y), (u, v) in zip(loader, fresh):
+        assert x.shape[1:] == (3, 24, 24) and torch.equal(x, u) and torch.equal(y, v)
+    other = fastdata.Loader(shards["lmdb"], **kw)
+    other.load_state_dict(loader.state_dict())
+    assert (other.size, other.crop) == (32, 24)
+    with pytest.raises(ValueError, match="crop=0 is not valid"):
+        loader.crop = 0
+
+
 # ---------------------------------------------------------------- augmentation
 @pytest.mark.gpu
 @pytest.mark.parametrize("train,workers", [(True, "thread"), (False, "thread"),

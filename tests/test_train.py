@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -234,14 +235,14 @@ def shard_set(tmp_path_factory):
     return str(tmp / "hdf5")
 
 
-def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, **kw):
-    """12 batches per epoch."""
+def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, schedule="onecycle", plan=3, **kw):
+    """12 batches per epoch; the schedule lasts ``plan`` epochs."""
     torch.manual_seed(0)
     model = SmallResNet(3, width=8, blocks=(1, 1))
     if hook is not None:
         model.register_forward_pre_hook(hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sched = make_scheduler(opt, "onecycle", total_steps=3 * -(-12 // accum))
+    sched = make_scheduler(opt, schedule, total_steps=plan * -(-12 // accum))
     step = TrainStep(model, opt, precision="fp32", accum_steps=accum, scheduler=sched)
     loader = fastdata.Loader(shard_set, batch_size=2, device="cpu", num_workers=2, seed=3)
     ev = fastdata.Loader(shard_set, batch_size=5, train=False, device="cpu", num_workers=0)
@@ -305,6 +306,21 @@ def test_epochs_that_end_mid_window_are_checkpointed_and_resume_exactly(shard_se
     resumed, h2 = _run(shard_set, str(tmp_path / "b"), accum=5)
     assert [h["epoch"] for h in h2] == [1, 2]
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
+def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothing(
+        shard_set, tmp_path, schedule, caplog):
+    """A longer run from a checkpoint used to crash in OneCycleLR ("Tried to step 37
+    times") or silently bend the cosine; a finished run resumed logs that nothing is left."""
+    d = str(tmp_path / "ck")
+    _run(shard_set, d, schedule=schedule, epochs=1)
+    with pytest.raises(ValueError, match="lasts 18 optimizer steps, and this run's lasts 24"):
+        _run(shard_set, d, schedule=schedule, plan=4)
+    _run(shard_set, d, schedule=schedule, epochs=3)
+    with caplog.at_level(logging.INFO, logger="fastdata.train"):
+        assert _run(shard_set, d, schedule=schedule, epochs=3)[1] == []
+    assert "nothing left to train" in caplog.text
 
 
 def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path):

@@ -105,16 +105,13 @@ class Loader:
         self._size = self.dataset.size
         if size is not None:
             self.size = size
-        if crop is not None and (not isinstance(crop, (int, np.integer)) or crop < 1):
-            raise ValueError(f"crop={crop!r} is not valid; use a positive size in pixels, "
-                             f"or None for the stored size")
-        self.crop = None if crop is None else int(crop)
         self.augment = flag("augment", augment, self.train)
         self.dtype = dtype
         self.channels_last = flag("channels_last", channels_last, self.device.type == "cuda")
-        self.transform = Augment(train=self.augment, crop=self.crop, dtype=dtype,
+        self.transform = Augment(train=self.augment, dtype=dtype,
                                  channels_last=self.channels_last, mean=mean, std=std,
                                  scale=scale, ratio=ratio)
+        self.crop = crop
         self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
         self.mp_context = mp_context
         module, cls = BACKENDS[backend].split(":")
@@ -130,6 +127,19 @@ class Loader:
     @size.setter
     def size(self, value) -> None:
         self._size = self.dataset.stored_size(value)
+
+    @property
+    def crop(self) -> int | None:
+        """Output square size (None: the stored size); may change between epochs."""
+        return self.transform.crop
+
+    @crop.setter
+    def crop(self, value) -> None:
+        if value is not None and (not isinstance(value, (int, np.integer))
+                                  or isinstance(value, bool) or value < 1):
+            raise ValueError(f"crop={value!r} is not valid; use a positive size in pixels, "
+                             f"or None for the stored size")
+        self.transform = self.transform.with_crop(None if value is None else int(value))
 
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
@@ -147,11 +157,12 @@ class Loader:
         self.order.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        return {"order": self.order.state_dict(), "size": self._size}
+        return {"order": self.order.state_dict(), "size": self._size, "crop": self.crop}
 
     def load_state_dict(self, state: dict) -> None:
         self.order.load_state_dict(state["order"])
         self.size = state["size"]
+        self.crop = state.get("crop", self.crop)
         self._resume = True
 
     def __iter__(self):

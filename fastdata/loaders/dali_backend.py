@@ -82,7 +82,7 @@ class DaliBackend(Backend):
                           f"mp_context={loader.mp_context!r} apply to the torch backend only and "
                           f"are ignored here", stacklevel=3)
         self._reads: cf.ThreadPoolExecutor | None = None
-        self._pipes: dict[int, tuple] = {}
+        self._pipes: dict[tuple, tuple] = {}
 
     # ---- pipeline ----
     def _build(self, size: int):
@@ -137,8 +137,9 @@ class DaliBackend(Backend):
     # ---- iteration ----
     def iterate(self, batches, epoch, start):
         size = self.loader.size
+        key = (size, self.loader.crop)
         # taken out while in use: an iteration started meanwhile builds its own pipeline
-        pipe, source = self._pipes.pop(size, None) or self._build(size)
+        pipe, source = self._pipes.pop(key, None) or self._build(size)
         source.start(batches)
         finished = False
         try:
@@ -156,7 +157,7 @@ class DaliBackend(Backend):
         finally:
             if finished:        # else batches are still queued inside: dropped, built anew
                 pipe.reset()
-                self._pipes.setdefault(size, (pipe, source))
+                self._pipes.setdefault(key, (pipe, source))
 
     def _to_torch(self, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy, on this stream)."""

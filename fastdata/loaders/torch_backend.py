@@ -90,6 +90,7 @@ class _BatchReader:
 
     def __init__(self, loader, size: int):
         self.ds, self.size, self.transform = loader.dataset, size, loader.transform
+        self.key = (size, loader.crop)
         self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
         self.needs_transform = loader.needs_transform()
         self.crop, self.seed_of = loader.crop, loader.batch_seed
@@ -158,18 +159,19 @@ class TorchBackend(Backend):
 
     def iterate(self, batches, epoch, start):
         l = self.loader
-        if self._reader is None or self._reader.size != l.size:
+        if self._reader is None or self._reader.key != (l.size, l.crop):
             # kept across epochs: its recycled buffers are already faulted in (a fresh set
             # each epoch cost 16% of uint8 throughput: benchmarks/ab_cpu.py, "epochs")
             self._reader = _BatchReader(l, l.size)
-        host = self._host(self._reader, batches, epoch, start)
+        reader = self._reader       # this loop's, even if the size or crop changes meanwhile
+        host = self._host(reader, batches, epoch, start)
         if l.device.type == "cpu":
             for images, labels, _ in host:
                 yield images, labels
         else:
-            yield from self._cuda(host)
+            yield from self._cuda(host, reader)
 
-    def _cuda(self, host):
+    def _cuda(self, host, reader):
         l = self.loader
         dev = l.device
         stream = torch.cuda.Stream(dev)
@@ -183,13 +185,12 @@ class TorchBackend(Backend):
             with torch.cuda.stream(stream):
                 x = raw.to(dev, non_blocking=True)
                 y = labels.to(dev, non_blocking=True)
-                if l.needs_transform():
+                if reader.needs_transform:
                     g = torch.Generator().manual_seed(seed)
-                    x = l.transform(x, g)
+                    x = reader.transform(x, g)
                 else:
                     x = x.permute(0, 3, 1, 2)
-                    x = x.contiguous(memory_format=torch.channels_last if l.channels_last
-                                     else torch.contiguous_format)
+                    x = x.contiguous(memory_format=reader.transform.memory_format)
                 done = torch.cuda.Event()
                 done.record(stream)
             copying.append((done, raw))

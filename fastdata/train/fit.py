@@ -47,7 +47,9 @@ def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int 
         if s < warm:
             return (s + 1) / (warm + 1)
         return 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total_steps - warm)))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    sched.total_steps = total_steps     # in its state_dict, as OneCycleLR's: checked on resume
+    return sched
 
 
 @torch.no_grad()
@@ -102,6 +104,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     if ckpt and resume and os.path.exists(ckpt):
         epoch0, start = _load(ckpt, step, loader)
         log.info("resumed from %s at epoch %d, step %d", ckpt, epoch0, step.steps)
+        if epoch0 >= epochs:
+            log.info("nothing left to train: %s is at the end of epoch %d (epochs=%d)", ckpt,
+                     epoch0 - 1, epochs)
     nclass = len(loader.dataset.classes)
     history = []
 
@@ -181,6 +186,14 @@ def _state(step: TrainStep, loader, epoch: int) -> dict:
 def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     """Restore ``path``; returns (epoch, batches of it already done)."""
     s = torch.load(path, map_location=step.device, weights_only=False)
+    if step.scheduler is not None and s["scheduler"] is not None:
+        have = s["scheduler"].get("total_steps")
+        want = step.scheduler.state_dict().get("total_steps")
+        if have != want:
+            raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
+                             f"{have} optimizer steps, and this run's lasts {want} (other "
+                             f"epochs, batch size, accumulation or world size): resume with "
+                             f"the same settings, or start anew in another checkpoint folder")
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
     if step.scheduler is not None and s["scheduler"] is not None:
