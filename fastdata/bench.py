@@ -134,6 +134,9 @@ class Bench:
         self.device = resolve_device(device)
         self.precision = precision or default_precision(self.device)
         self.dtype = input_dtype(self.precision, self.device)
+        if source is not None and not os.path.isdir(source):
+            raise ValueError(f"source={source!r} is not a directory (the baseline's image "
+                             f"folder)")
         src = source or self.ds.manifest.get("source")
         self.source = src if src and os.path.isdir(src) else None
         self.backends, self.model_name = list(backends), model
@@ -151,8 +154,8 @@ class Bench:
             from fastdata.baseline import baseline_loader
 
             if self.source is None:
-                raise _Skip("no source image folder (give --source; the manifest's source "
-                            "folder is not there)")
+                raise _Skip(f"no source image folder: give --source (the manifest's "
+                            f"{self.ds.manifest.get('source')!r} is not there)")
             dl, ds = baseline_loader(self.source, batch_size=self.batch_size, crop=self.crop,
                                      num_workers=self.num_workers, device=self.device,
                                      seed=self.seed)

@@ -93,7 +93,9 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
                  "--batch-size", "4", "--warmup", "0", "--batches", "1", "--repeat", "1",
                  "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
-    assert rep["results"][0]["status"] == "skipped" and "source" in rep["results"][0]["reason"]
+    assert rep["results"][0]["status"] == "skipped" and gone in rep["results"][0]["reason"]
+    assert main(["-q", "bench", shards, "--source", gone]) == 2   # a --source given: an error
+    assert f"source='{gone}' is not a directory" in caplog.text   # (it was skipped as missing)
     assert rep["results"][1]["status"] == "ok"
     assert main(["-q", "bench", shards, "--backends", "torch,ffcv"]) == 2
     assert "backends=ffcv is not valid; choose from baseline, torch, dali" in caplog.text
