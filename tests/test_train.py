@@ -358,7 +358,8 @@ def test_fastdata_train_under_torchrun_two_ranks_see_disjoint_data(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "held-out accuracy" in r.stdout
     assert "bucket view strides" not in r.stderr    # channels_last before DDP wrapped it
-    logs = [[json.loads(line) for line in open(ck / f"log-rank{k}.jsonl")] for k in (0, 1)]
+    logs = [[json.loads(line) for line in (ck / f"log-rank{k}.jsonl").read_text().splitlines()]
+            for k in (0, 1)]
     for epoch in (0, 1):
         c0, c1 = (logs[k][epoch]["label_counts"] for k in (0, 1))
         assert sum(c0) == sum(c1) == 4
