@@ -246,15 +246,16 @@ class ShardSet:
             raise TypeError(f"sample indices must be integers, got {idx.dtype} "
                             f"(e.g. {idx.reshape(-1)[0]!r})")
         idx = idx.astype(np.int64, copy=False).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            bad = idx[(idx < 0) | (idx >= self._n)][0]
-            raise IndexError(f"sample index {bad} out of range for {self._n} samples")
+        lo, n = (idx.min() if idx.size else 0), self._n
+        if idx.size and (lo < -n or idx.max() >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"sample index {bad} out of range for {n} samples")
+        if lo < 0:                                      # from the end, as Python and numpy
+            idx = np.where(idx < 0, idx + n, idx)
         shard = np.searchsorted(self._starts, idx, side="right") - 1
         return shard, idx - self._starts[shard]
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        if i < 0:
-            i += self._n
         return self.read_batch([i])[0], int(self.labels[i])
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None

@@ -104,6 +104,10 @@ def test_reader_errors(shard_sets, tmp_path):
         ds.read_batch([0], size=64)
     with pytest.raises(IndexError, match="21"):
         ds.read_batch([21])
+    with pytest.raises(IndexError, match="sample index -22 out of range for 21"):
+        ds[-22]
+    ends = ds.read_batch([20, 0])            # negative indices count from the end, as ds[-1]
+    assert np.array_equal(ds.read_batch([-1, -21]), ends) and np.array_equal(ds[-1][0], ends[0])
     with pytest.raises(TypeError, match="indices must be integers, got float64"):
         ds.read_batch(np.array([0.5]))                  # was silently read as sample 0
     with pytest.raises(fastdata.format.ShardFormatError, match="no manifest.json"):
