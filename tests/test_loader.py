@@ -317,7 +317,7 @@ def test_order_lengths():
     ({"prefetch": 0}, "prefetch=0 is not valid; use an integer >= 1"),
     ({"batch_size": 4.0}, "batch_size=4.0 is not valid; use an integer >= 1"),
     ({"shuffle": "no"}, "shuffle='no' is not valid; use True or False or None"),
-    ({"crop": 2.5}, "crop=2.5 is not valid; use a positive size in pixels"),
+    ({"crop": 2.5}, "crop=2.5 is not valid; use an integer >= 1 or None"),
     ({"scale": 0.5}, "scale=0.5 is not valid; give 2 numbers"),
     ({"scale": (0.5, 0.2)}, r"scale=\(0.5, 0.2\) is not valid; use \(lo, hi\), 0 < lo"),
     ({"ratio": (0, 1)}, r"ratio=\(0.0, 1.0\) is not valid"),

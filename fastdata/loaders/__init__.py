@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
-from fastdata.checks import flag, integer
+from fastdata.checks import choice, flag, integer
 from fastdata.env import resolve_device
 from fastdata.order import Order
 from fastdata.readers import ShardSet
@@ -72,9 +72,7 @@ class Loader:
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not valid; choose one of "
-                             f"{', '.join(BACKENDS)}")
+        choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
             if dtype not in DTYPES:
@@ -84,8 +82,7 @@ class Loader:
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
         self.device = resolve_device(device)
-        if workers not in ("thread", "process"):
-            raise ValueError(f"workers={workers!r} is not valid; choose one of thread, process")
+        choice("workers", workers, ("thread", "process"))
         contexts = ("fork", "spawn", "forkserver")
         if mp_context is not None and mp_context not in contexts:
             raise ValueError(f"mp_context={mp_context!r} is not valid; choose one of "
@@ -135,11 +132,7 @@ class Loader:
 
     @crop.setter
     def crop(self, value) -> None:
-        if value is not None and (not isinstance(value, (int, np.integer))
-                                  or isinstance(value, bool) or value < 1):
-            raise ValueError(f"crop={value!r} is not valid; use a positive size in pixels, "
-                             f"or None for the stored size")
-        self.transform = self.transform.with_crop(None if value is None else int(value))
+        self.transform = self.transform.with_crop(integer("crop", value, 1, optional=True))
 
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
