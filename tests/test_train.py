@@ -311,7 +311,7 @@ def test_epochs_that_end_mid_window_are_checkpointed_and_resume_exactly(shard_se
 @pytest.mark.parametrize("schedule", ["onecycle", "cosine"])
 def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothing(
         shard_set, tmp_path, schedule, caplog):
-    """A longer run from a checkpoint used to crash in OneCycleLR ("Tried to step 37
+    """A longer run from a checkpoint used to crash in OneCycleLR ("Tried to step N
     times") or silently bend the cosine; a finished run resumed logs that nothing is left."""
     d = str(tmp_path / "ck")
     _run(shard_set, d, schedule=schedule, epochs=1)

@@ -90,10 +90,10 @@ class _BatchReader:
 
     def __init__(self, loader, size: int):
         self.ds, self.size, self.transform = loader.dataset, size, loader.transform
-        self.key = (size, loader.crop)
         self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
         self.needs_transform = loader.needs_transform()
         self.crop, self.seed_of = loader.crop, loader.batch_seed
+        self.key = (size, self.crop)
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
 

@@ -189,7 +189,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     if step.scheduler is not None and s["scheduler"] is not None:
         have = s["scheduler"].get("total_steps")
         want = step.scheduler.state_dict().get("total_steps")
-        if have != want:
+        if have is not None and have != want:   # None: a cosine saved before lengths were
             raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
                              f"{have} optimizer steps, and this run's lasts {want} (other "
                              f"epochs, batch size, accumulation or world size): resume with "
