@@ -19,6 +19,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fastdata.checks import choice
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -143,8 +145,7 @@ class Augment:
             raise ValueError(f"scale={scale!r} is not valid; use (lo, hi), 0 < lo <= hi <= 1")
         if not 0 < ratio[0] <= ratio[1]:
             raise ValueError(f"ratio={ratio!r} is not valid; use (lo, hi), 0 < lo <= hi")
-        if kernel not in ("auto", "per_sample", "batched"):
-            raise ValueError(f"kernel={kernel!r}; choose one of auto, per_sample, batched")
+        choice("kernel", kernel, ("auto", "per_sample", "batched"))
         self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
         self.scale, self.ratio, self.flip, self._eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel

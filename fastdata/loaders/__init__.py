@@ -75,10 +75,7 @@ class Loader:
         choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
-            if dtype not in DTYPES:
-                raise ValueError(f"dtype={dtype!r} is not valid; choose one of "
-                                 f"{', '.join(DTYPES)}")
-            dtype = DTYPES[dtype]
+            dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
         self.device = resolve_device(device)

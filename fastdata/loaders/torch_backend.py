@@ -92,8 +92,8 @@ class _BatchReader:
         self.ds, self.size, self.transform = loader.dataset, size, loader.transform
         self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
         self.needs_transform = loader.needs_transform()
-        self.crop, self.seed_of = loader.crop, loader.batch_seed
-        self.key = (size, self.crop)
+        self.seed_of = loader.batch_seed
+        self.key = (size, self.transform.crop)
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
 
@@ -124,7 +124,8 @@ class _BatchReader:
             out = self._pool(("out", b, s), (b, 3, s, s), torch.uint8).get()
             return out.copy_(nchw), labels, None
         g = torch.Generator().manual_seed(self.seed_of(epoch, position))
-        o, t = self.crop or s, self.transform
+        t = self.transform
+        o = t.crop or s
         if t.dtype == torch.uint8:
             return t(raw, g), labels, None
         if t.channels_last:

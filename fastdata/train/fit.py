@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from fastdata.checks import integer
+from fastdata.checks import choice, integer
 from fastdata.interrupt import SigintLatch
 from fastdata.train.distributed import all_reduce_sum, barrier
 from fastdata.train.step import TrainStep
@@ -33,8 +33,7 @@ SCHEDULES = ("none", "onecycle", "cosine")
 def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int = 0):
     """``none``; ``onecycle`` (peak at each group's ``lr``); ``cosine`` to 0 after a linear
     warm-up of ``warmup_steps``."""
-    if name not in SCHEDULES:
-        raise ValueError(f"schedule={name!r} is not valid; choose one of {', '.join(SCHEDULES)}")
+    choice("schedule", name, SCHEDULES)
     total_steps = max(1, int(total_steps))
     if name == "none":
         return None
@@ -188,7 +187,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     s = torch.load(path, map_location=step.device, weights_only=False)
     if step.scheduler is not None and s["scheduler"] is not None:
         have = s["scheduler"].get("total_steps")
-        want = step.scheduler.state_dict().get("total_steps")
+        want = getattr(step.scheduler, "total_steps", None)
         if have is not None and have != want:   # None: a cosine saved before lengths were
             raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
                              f"{have} optimizer steps, and this run's lasts {want} (other "

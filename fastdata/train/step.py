@@ -30,7 +30,7 @@ import warnings
 import torch
 from torch import nn
 
-from fastdata.checks import integer
+from fastdata.checks import choice, integer
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,9 +60,7 @@ class TrainStep:
                  channels_last: bool | None = None, compile: bool = False):
         self.device = _device_of(model)
         precision = default_precision(self.device) if precision is None else precision
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision={precision!r} is not valid; choose one of "
-                             f"{', '.join(PRECISIONS)}")
+        choice("precision", precision, PRECISIONS)
         integer("accum_steps", accum_steps, 1)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm={clip_grad_norm!r} is not valid; use a number > 0 "
