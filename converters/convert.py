@@ -319,8 +319,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         bar.close()
     skipped.extend(shard_skipped)
     if not shards:
+        examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
         raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "
-                              f"read ({len(skipped)} skipped)")
+                              f"read ({len(skipped)} skipped, e.g. {examples})")
     manifest = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": container,
         "encoding": encoding, "quality": int(quality) if encoding == "jpeg" else None,

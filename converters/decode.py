@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from fastdata.format import BACKGROUND
 
@@ -119,9 +119,15 @@ def _load(path: str, opts: DecodeOptions) -> Image.Image:
     """Decoded, upright pixels of ``path`` (RGB or RGBX). Raises on unreadable input."""
     with open(path, "rb") as f:
         data = f.read()
+    if not data:
+        raise ValueError("empty file (0 bytes)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")     # EXIF/metadata chatter; real damage still raises
-        with Image.open(io.BytesIO(data)) as img:
+        try:
+            img = Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:      # its message names a BytesIO's address
+            raise UnidentifiedImageError("not an image format PIL can read") from None
+        with img:
             if img.format == "JPEG":
                 fast = _decode_jpeg(data, img, opts)
                 if fast is not None:

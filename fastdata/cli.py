@@ -39,12 +39,17 @@ def _human(n: float) -> str:
 
 # ---------------------------------------------------------------- commands
 def cmd_convert(a) -> int:
-    from converters.convert import convert
+    from converters.convert import ConversionError, convert
 
     sizes = sorted({s for group in a.size for s in group}) if a.size else [256]
-    convert(a.src, a.out, container=a.format, sizes=sizes, encoding=a.encoding,
-            quality=a.quality, fit=a.fit, workers=a.workers, shard_size=a.shard_size,
-            on_error=a.on_error, overwrite=a.overwrite, resume=a.resume, progress=not a.quiet)
+    try:
+        convert(a.src, a.out, container=a.format, sizes=sizes, encoding=a.encoding,
+                quality=a.quality, fit=a.fit, workers=a.workers, shard_size=a.shard_size,
+                on_error=a.on_error, overwrite=a.overwrite, resume=a.resume,
+                progress=not a.quiet)
+    except ConversionError as e:        # unreadable inputs: the data's fault, no traceback
+        log.error("%s", e)
+        return 1
     return 0
 
 

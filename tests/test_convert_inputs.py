@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ import fastdata
 import converters.convert as convert_mod
 from converters import decode
 from converters.convert import ConversionError, convert
+from fastdata.cli import main as cli
 from tests.conftest import odd_folder, plain_folder, smooth, tree_digest
 
 
@@ -40,6 +42,9 @@ def test_corrupt_inputs_skipped_with_reasons(odd):
     skipped = {s["path"]: s["reason"] for s in m["skipped"]}
     assert set(skipped) == expect["corrupt"]
     assert all(reason.strip() for reason in skipped.values())
+    assert skipped["broken/zero.jpg"] == "ValueError: empty file (0 bytes)"
+    # reasons are the same on every run: no object addresses (PIL names its BytesIO)
+    assert not any(" at 0x" in reason for reason in skipped.values()), skipped
 
 
 def test_modes_orientation_alpha_bitdepth(odd):
@@ -79,6 +84,18 @@ def test_on_error_raise_names_the_file(tmp_path):
     with pytest.raises(ConversionError, match="broken/"):
         convert(str(src), str(tmp_path / "out"), sizes=[8], on_error="raise", workers=1,
                 progress=False)
+
+
+def test_nothing_readable_is_one_clear_error(tmp_path, caplog):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.jpg").write_text("not a jpeg")
+    for on_error, match in (("skip", "none of the 1 image files .* e.g. a/x.jpg: "
+                                     "UnidentifiedImageError"), ("raise", "cannot read 'a/x.jpg'")):
+        caplog.clear()
+        out = str(tmp_path / f"out-{on_error}")
+        assert cli(["-q", "convert", str(src), out, "--on-error", on_error]) == 1  # no traceback
+        assert re.search(match, caplog.text), caplog.text
 
 
 def _die_on(name, real=decode.prepare):
