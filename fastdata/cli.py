@@ -29,6 +29,17 @@ def _sizes(text: str) -> list[int]:
     return [_size(t) for t in text.split(",") if t.strip()]
 
 
+def _rate(text: str) -> float:
+    """A learning rate or weight decay: finite and >= 0 (torch's optimizers let NaN through)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; use a finite number >= 0")
+    return value
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -294,8 +305,8 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--min-scale", type=float, default=0.08,
                    help="smallest RandomResizedCrop area fraction")
     t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer")
-    t.add_argument("--lr", type=float, default=0.1, help="peak learning rate")
-    t.add_argument("--weight-decay", type=float, default=5e-4, help="weight decay")
+    t.add_argument("--lr", type=_rate, default=0.1, help="peak learning rate")
+    t.add_argument("--weight-decay", type=_rate, default=5e-4, help="weight decay")
     t.add_argument("--schedule", choices=SCHEDULES, default="onecycle",
                    help="learning-rate schedule")
     t.add_argument("--clip-grad-norm", type=float, default=None,

@@ -251,7 +251,7 @@ def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, schedule="onecycle", pl
     return model, hist
 
 
-def test_bad_device_and_empty_epoch_are_named(shard_set, caplog):
+def test_bad_device_and_empty_epoch_are_named(shard_set, caplog, capsys):
     from fastdata.cli import main as cli
     from fastdata.train import distributed
 
@@ -273,6 +273,10 @@ def test_bad_device_and_empty_epoch_are_named(shard_set, caplog):
             fit(TrainStep(model, sgd(model)), loader, **kw)
     assert cli(["-q", "train", shard_set, "--batch-size", "8", "--accum", "0"]) == 2  # was a
     assert "accum_steps=0 is not valid" in caplog.text                 # ZeroDivisionError
+    for option, value in (("--lr", "nan"), ("--weight-decay", "-1")):  # torch takes a NaN lr
+        with pytest.raises(SystemExit):
+            cli(["-q", "train", shard_set, option, value])
+        assert f"argument {option}: {value!r} is not valid" in capsys.readouterr().err
 
 
 def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path, monkeypatch):
