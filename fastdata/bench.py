@@ -111,6 +111,7 @@ class Bench:
         from fastdata.readers import ShardSet
         from fastdata.train.step import default_precision, input_dtype
 
+        backends = list(dict.fromkeys(backends))        # each once, in the order given
         bad = [b for b in backends if b not in BACKENDS]
         if bad or not backends:
             raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
@@ -118,6 +119,7 @@ class Bench:
         for name, v, low in (("batch_size", batch_size, 1), ("batches", batches, 1),
                              ("repeat", repeat, 1), ("warmup", warmup, 0)):
             integer(name, v, low)
+        integer("crop", crop, 1, optional=True)
         self.sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike))
                                           else out)]
         if not self.sets:
@@ -139,7 +141,7 @@ class Bench:
                              f"folder)")
         src = source or self.ds.manifest.get("source")
         self.source = src if src and os.path.isdir(src) else None
-        self.backends, self.model_name = list(backends), model
+        self.backends, self.model_name = backends, model
         self.batch_size, self.warmup, self.batches, self.repeat = batch_size, warmup, batches, \
             repeat
         self.num_workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)

@@ -89,14 +89,16 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     convert(gone, str(tmp_path / "orphan"), sizes=[16], workers=1, progress=False)
     shutil.rmtree(gone)                            # the manifest's source folder is gone
     js = tmp_path / "s.json"
-    assert main(["-q", "bench", str(tmp_path / "orphan"), "--backends", "baseline,torch",
+    assert main(["-q", "bench", str(tmp_path / "orphan"), "--backends", "baseline,torch,torch",
                  "--batch-size", "4", "--warmup", "0", "--batches", "1", "--repeat", "1",
                  "--json", str(js)]) == 0
     rep = json.loads(js.read_text())
     assert rep["results"][0]["status"] == "skipped" and gone in rep["results"][0]["reason"]
     assert main(["-q", "bench", shards, "--source", gone]) == 2   # a --source given: an error
     assert f"source='{gone}' is not a directory" in caplog.text   # (it was skipped as missing)
-    assert rep["results"][1]["status"] == "ok"
+    assert rep["results"][1]["status"] == "ok" and len(rep["results"]) == 2  # torch once
+    assert main(["-q", "bench", shards, "--crop", "0"]) == 2   # was taken as no crop
+    assert "crop=0 is not valid" in caplog.text
     assert main(["-q", "bench", shards, "--backends", "torch,ffcv"]) == 2
     assert "backends=ffcv is not valid; choose from baseline, torch, dali" in caplog.text
     bad = tmp_path / "no" / "b.json"        # refused before the timing, not after it
