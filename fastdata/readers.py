@@ -37,8 +37,12 @@ class ShardReader:
 
     container = ""
 
-    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int,
+                 nbytes: int | None = None):
+        """``nbytes``: the file's size when written (the manifest's); another size is refused
+        at open, as a memory map of a truncated file kills the reader with SIGBUS."""
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
+        self.nbytes = nbytes
         self._h: dict | None = None
         self._pid = -1
 
@@ -49,6 +53,7 @@ class ShardReader:
             with _OPEN_LOCK:
                 if self._h is None or self._pid != os.getpid():
                     try:
+                        self._check_size()
                         self._h, self._pid = self._open(), os.getpid()
                     except OSError as e:    # h5py's messages do not always name the file
                         raise OSError(f"cannot open shard {self.path}: {e}") from e
@@ -57,6 +62,12 @@ class ShardReader:
 
     def __getstate__(self):
         return {**self.__dict__, "_h": None, "_pid": -1}
+
+    def _check_size(self) -> None:
+        actual = os.path.getsize(self.path)
+        if self.nbytes is not None and actual != self.nbytes:
+            raise OSError(f"it is {actual} bytes and was written with {self.nbytes} "
+                          f"(truncated or replaced)")
 
     def _open(self) -> dict:
         raise NotImplementedError
@@ -212,7 +223,8 @@ class ShardSet:
         self.classes: list[str] = list(m["classes"])
         reader = READERS[self.container]
         self.shards = [reader(os.path.join(self.root, s["file"]), sizes=self.sizes,
-                              encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+                              encoding=self.encoding, count=s["count"], nbytes=s.get("bytes"))
+                       for s in m["shards"]]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
@@ -275,8 +287,9 @@ class ShardSet:
                 reader.read_raw(s, local[rows], out, rows)
             else:
                 for r in rows:
+                    buf = reader.payload(s, int(local[r]))     # an unopenable shard says so
                     try:
-                        decode_jpeg(reader.payload(s, int(local[r])), out[r])
+                        decode_jpeg(buf, out[r])
                     except Exception as e:      # noqa: BLE001 - damaged data, named below
                         raise OSError(f"{reader.path}: sample {int(local[r])} (of that shard) "
                                       f"at size {s} is not a readable JPEG ({e}); check the "

@@ -200,3 +200,23 @@ def test_damaged_shards_fail_loudly_naming_the_file(folder, tmp_path):
     shard.write_bytes(data[:len(data) // 2])                     # truncated
     with pytest.raises(OSError, match=f"cannot open shard .*{shard.name}"):
         fastdata.open(out).read_batch([7])
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_truncated_shard_is_named_not_a_crash(folder, tmp_path, container):
+    """LMDB maps the whole file: reading past a truncated end was SIGBUS (run in a child)."""
+    out = tmp_path / "o"
+    convert(folder, str(out), container=container, sizes=[16], shard_size=5, progress=False)
+    shard = out / fastdata.open(out).manifest["shards"][1]["file"]
+    os.truncate(shard, shard.stat().st_size // 2)
+    read = subprocess.run([sys.executable, "-c", "import sys, fastdata\ntry:\n"
+                           f"    fastdata.open({str(out)!r}).read_batch([7])\n"
+                           "except OSError as e:\n    sys.exit(str(e))"],
+                          capture_output=True, text=True, timeout=120)
+    assert read.returncode == 1 and shard.name in read.stderr and "truncated" in read.stderr, \
+        (read.returncode, read.stderr)
+    check = subprocess.run([sys.executable, "-m", "fastdata.cli", "-q", "verify", str(out)],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 1 and f"DAMAGED {shard.name}: " in check.stdout, \
+        (check.returncode, check.stdout, check.stderr)
+    assert fastdata.open(out).read_batch([2, 12]).shape == (2, 16, 16, 3)  # the rest reads
