@@ -227,6 +227,18 @@ def _finished_manifest(out: str) -> dict | None:
     return None
 
 
+def _changed_shards(out: str, manifest: dict) -> str:
+    """What is wrong at a glance (no checksums) with a finished set's shards: the first shard
+    missing, or of another size than the manifest's, named; '' if none."""
+    for entry in manifest["shards"]:
+        path = os.path.join(out, entry["file"])
+        size = os.path.getsize(path) if os.path.isfile(path) else None
+        if size != entry["bytes"]:
+            return f"{entry['file']} is " + ("missing" if size is None else
+                                              f"{size} bytes, written with {entry['bytes']}")
+    return ""
+
+
 def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
@@ -259,8 +271,13 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         if done.get("config") != fp:
             raise ValueError(f"{out} holds a finished conversion with other options or inputs; "
                              f"use --overwrite to replace it")
-        log.info("%s is already complete", out)
-        return done
+        gone = _changed_shards(out, done)
+        if not gone:
+            log.info("%s is already complete", out)
+            return done
+        log.warning("%s: %s; redoing from there (the shards before it are reused if they "
+                    "verify)", out, gone)
+        os.remove(os.path.join(out, MANIFEST))      # a manifest means complete: not now
     kept = _reusable_shards(out, container, sizes, encoding, fp) if resume else []
     if kept:
         log.info("resuming: reusing %d complete shards (%d samples)", len(kept),

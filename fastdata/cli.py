@@ -130,6 +130,9 @@ def cmd_verify(a) -> int:
     for p in problems:
         echo(f"DAMAGED {p}")
     echo(f"{a.out}: " + ("OK" if not problems else f"{len(problems)} problems found"))
+    if problems:
+        echo("to redo them: delete the damaged shard files, then run `fastdata convert SRC OUT "
+             "--resume` with the options of the conversion")
     return 0 if not problems else 1
 
 

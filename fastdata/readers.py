@@ -37,12 +37,8 @@ class ShardReader:
 
     container = ""
 
-    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int,
-                 nbytes: int | None = None):
-        """``nbytes``: the file's size when written (the manifest's); another size is refused
-        at open, as a memory map of a truncated file kills the reader with SIGBUS."""
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
-        self.nbytes = nbytes
         self._h: dict | None = None
         self._pid = -1
 
@@ -53,7 +49,6 @@ class ShardReader:
             with _OPEN_LOCK:
                 if self._h is None or self._pid != os.getpid():
                     try:
-                        self._check_size()
                         self._h, self._pid = self._open(), os.getpid()
                     except OSError as e:    # h5py's messages do not always name the file
                         raise OSError(f"cannot open shard {self.path}: {e}") from e
@@ -62,12 +57,6 @@ class ShardReader:
 
     def __getstate__(self):
         return {**self.__dict__, "_h": None, "_pid": -1}
-
-    def _check_size(self) -> None:
-        actual = os.path.getsize(self.path)
-        if self.nbytes is not None and actual != self.nbytes:
-            raise OSError(f"it is {actual} bytes and was written with {self.nbytes} "
-                          f"(truncated or replaced)")
 
     def _open(self) -> dict:
         raise NotImplementedError
@@ -153,9 +142,19 @@ class LMDBShardReader(ShardReader):
             entry[1].close()
             entry = None
         if entry is None:
-            entry = _LMDB_ENVS[key] = [os.getpid(), lmdb.open(
-                self.path, subdir=False, readonly=True, lock=False, readahead=False,
-                max_readers=1024), 0]
+            if not st.st_size:
+                raise OSError("empty file (0 bytes)")
+            try:
+                env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
+                                readahead=False, max_readers=1024)
+            except lmdb.Error as e:         # not an OSError: callers catch that for damage
+                raise OSError(str(e).removeprefix(f"{self.path}: ")) from e
+            # reading a page past a truncated file's end through the map is SIGBUS: refuse it
+            end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if st.st_size < end:
+                env.close()
+                raise OSError(f"truncated: {st.st_size} bytes, its last page ends at {end}")
+            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0]
         entry[2] += 1
         env = entry[1]
         with env.begin() as txn:
@@ -223,8 +222,7 @@ class ShardSet:
         self.classes: list[str] = list(m["classes"])
         reader = READERS[self.container]
         self.shards = [reader(os.path.join(self.root, s["file"]), sizes=self.sizes,
-                              encoding=self.encoding, count=s["count"], nbytes=s.get("bytes"))
-                       for s in m["shards"]]
+                              encoding=self.encoding, count=s["count"]) for s in m["shards"]]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
         self.size = self.sizes[-1] if size is None else self.stored_size(size)

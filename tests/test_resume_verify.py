@@ -134,6 +134,21 @@ def test_resume_redoes_a_damaged_shard(folder, tmp_path):
                    progress=False) == full
 
 
+@pytest.mark.parametrize("damage", ["truncate", "remove"])
+def test_resume_of_a_finished_set_redoes_a_missing_or_truncated_shard(folder, tmp_path, caplog,
+                                                                       damage):
+    out = tmp_path / "o"
+    full = convert(folder, str(out), container="lmdb", sizes=[8], shard_size=4, progress=False)
+    shard = out / full["shards"][3]["file"]
+    os.truncate(shard, 4096) if damage == "truncate" else os.remove(shard)
+    caplog.set_level(logging.INFO, "fastdata")
+    assert convert(folder, str(out), container="lmdb", sizes=[8], shard_size=4, resume=True,
+                   progress=False) == full          # was "already complete", shard still bad
+    assert f"{shard.name} is {'4096 bytes' if damage == 'truncate' else 'missing'}" \
+        in caplog.text and "reusing 3 complete shards" in caplog.text
+    assert verify(str(out)) == []
+
+
 @pytest.mark.parametrize("damage", ["{", "[1]"])
 def test_a_damaged_manifest_is_named_and_resume_rebuilds_it(folder, tmp_path, caplog, damage):
     out = tmp_path / "o"
@@ -158,8 +173,8 @@ def _flip(path):
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_verify_catches_one_flipped_byte(folder, tmp_path, capsys, container, encoding):
     out = tmp_path / "o"
-    convert(folder, str(out), container=container, encoding=encoding, sizes=[8, 32],
-            shard_size=5, progress=False)
+    full = convert(folder, str(out), container=container, encoding=encoding, sizes=[8, 32],
+                   shard_size=5, progress=False)
     assert cli(["-q", "verify", str(out)]) == 0
     ds = fastdata.open(out)
     target = 12                                         # shard 2, local sample 2
@@ -178,6 +193,11 @@ def test_verify_catches_one_flipped_byte(folder, tmp_path, capsys, container, en
     assert cli(["-q", "verify", str(out)]) == 1
     report = capsys.readouterr().out
     assert f"{shard.name} sample {target}: size 32" in report, report
+    assert "delete the damaged shard files" in report       # the remedy given works:
+    os.remove(shard)
+    redone = convert(folder, str(out), container=container, encoding=encoding, sizes=[8, 32],
+                     shard_size=5, resume=True, progress=False)
+    assert redone == full and verify(str(out)) == []
 
 
 def test_damaged_shards_fail_loudly_naming_the_file(folder, tmp_path):
@@ -220,3 +240,7 @@ def test_truncated_shard_is_named_not_a_crash(folder, tmp_path, container):
     assert check.returncode == 1 and f"DAMAGED {shard.name}: " in check.stdout, \
         (check.returncode, check.stdout, check.stderr)
     assert fastdata.open(out).read_batch([2, 12]).shape == (2, 16, 16, 3)  # the rest reads
+    for damage in (b"", b"not a shard" * 1000):
+        shard.write_bytes(damage)
+        with pytest.raises(OSError, match=f"cannot open shard .*{shard.name}: "):
+            fastdata.open(out).read_batch([7])     # was lmdb.Error, a traceback in the CLI
