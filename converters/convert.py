@@ -166,6 +166,8 @@ def _prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
     if real_out == real_src or real_out.startswith(real_src + os.sep):
         raise ValueError(f"output {out!r} is inside the source folder {src!r}; "
                          f"choose a directory outside it (the source is never modified)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     os.makedirs(out, exist_ok=True)
     ours = [n for n in os.listdir(out) if n.startswith(("shard-", MANIFEST))]
     if not os.listdir(out) or resume:

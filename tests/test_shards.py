@@ -160,7 +160,7 @@ def test_fit_modes(tmp_path, fit):
     assert np.abs(np.subtract((left, top), expected)).max() <= 10, (left, top)
 
 
-def test_cli_convert_info_verify(folder, tmp_path, capsys):
+def test_cli_convert_info_verify(folder, tmp_path, capsys, caplog):
     out = str(tmp_path / "o")
     assert cli(["-q", "convert", folder, out, "--format", "lmdb", "--size", "8,16",
                 "--size", "32", "--encoding", "jpeg", "--shard-size", "10"]) == 0
@@ -175,6 +175,8 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys):
     for argv in (["-q", "verify", out], ["verify", out, "-q"]):    # before or after the command
         assert cli(argv) == 0 and "verify:" not in capsys.readouterr().err
     assert cli(["-q", "convert", folder, out]) == 2      # non-empty OUT refused, no traceback
+    assert cli(["-q", "convert", folder, os.path.join(out, "manifest.json")]) == 2
+    assert "manifest.json' is a file; give a directory" in caplog.text    # was "File exists"
     with pytest.raises(SystemExit):
         cli(["convert", folder, out, "--size", "48"])
     assert "48" in capsys.readouterr().err
