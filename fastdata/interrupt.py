@@ -12,28 +12,30 @@ import threading
 
 
 class SigintLatch:
-    """While installed, the first Ctrl-C only sets ``hit``; the job calls ``check()`` (raises
-    KeyboardInterrupt once hit) or reads ``hit`` at its safe points. A second Ctrl-C raises at
-    once. Installed only when ``enabled``, in the main thread and over Python's default handler
-    (a program that handles SIGINT itself keeps its handler); ``restore()`` puts the old one
+    """While installed, the first Ctrl-C (or another of ``signals``, e.g. the SIGTERM a batch
+    scheduler sends before it kills a job) only sets ``hit``; the job calls ``check()`` (raises
+    KeyboardInterrupt once hit) or reads ``hit`` at its safe points. A second one raises at
+    once. Installed only when ``enabled``, in the main thread and over the default handler (a
+    program that handles a signal itself keeps its handler); ``restore()`` puts the old ones
     back."""
 
-    def __init__(self, *, enabled: bool = True):
-        self.hit, self._old = False, None
-        if (enabled and threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._old = signal.signal(signal.SIGINT, self._handler)
+    def __init__(self, *, enabled: bool = True, signals=(signal.SIGINT,)):
+        self.hit, self.signal, self._old = False, None, {}
+        if enabled and threading.current_thread() is threading.main_thread():
+            for sig in signals:
+                if signal.getsignal(sig) in (signal.default_int_handler, signal.SIG_DFL):
+                    self._old[sig] = signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame):
         if self.hit:
             raise KeyboardInterrupt
-        self.hit = True
+        self.hit, self.signal = True, signal.Signals(signum).name
 
     def check(self) -> None:
         if self.hit:
             raise KeyboardInterrupt
 
     def restore(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}

@@ -327,19 +327,23 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
     assert "nothing left to train" in caplog.text
 
 
-def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])     # SIGTERM: a scheduler's
+def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path, sig):
     whole, _ = _run(shard_set, str(tmp_path / "a"))
     calls = [0]
 
-    def ctrl_c_at_fifth_forward(module, args):      # mid-window: accumulation is 2
+    def signal_at_fifth_forward(module, args):      # mid-window: accumulation is 2
         calls[0] += 1
         if calls[0] == 5:
-            os.kill(os.getpid(), signal.SIGINT)
+            if signal.getsignal(sig) is signal.SIG_DFL:     # would kill pytest itself
+                pytest.fail(f"{sig.name} is not handled during fit")
+            os.kill(os.getpid(), sig)
     with pytest.raises(KeyboardInterrupt):
-        _run(shard_set, str(tmp_path / "b"), hook=ctrl_c_at_fifth_forward)
+        _run(shard_set, str(tmp_path / "b"), hook=signal_at_fifth_forward)
     assert calls[0] == 6            # finished the window, then stopped
     assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["step"]["steps"] == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     resumed, hist = _run(shard_set, str(tmp_path / "b"))
     assert hist[0]["epoch"] == 0 and hist[0]["samples"] == 12       # the rest of epoch 0
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import signal
 import time
 
 import torch
@@ -115,10 +116,12 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 _save(ckpt, _state(step, loader, epoch))
             barrier()
 
-    # one process with checkpoints: Ctrl-C stops where the accumulation window closes, after
-    # saving there (fastdata/interrupt.py); with DDP the ranks would have to agree on the step
+    # one process with checkpoints: Ctrl-C or SIGTERM stops where the accumulation window
+    # closes, after saving there (fastdata/interrupt.py); with DDP the ranks would have to
+    # agree on the step
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    latch = SigintLatch(enabled=bool(ckpt) and world == 1)
+    latch = SigintLatch(enabled=bool(ckpt) and world == 1,
+                        signals=(signal.SIGINT, signal.SIGTERM))
     try:
         for epoch in range(epoch0, epochs):
             loader.set_epoch(epoch)
@@ -143,8 +146,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                     save(epoch)
                 if latch.hit and step.at_window_end:
                     save(epoch)
-                    log.warning("interrupted: %s saved at epoch %d, step %d; run the same command "
-                                "again to resume", ckpt, epoch, step.steps)
+                    log.warning("interrupted (%s): %s saved at epoch %d, step %d; run the same "
+                                "command again to resume", latch.signal, ckpt, epoch, step.steps)
                     raise KeyboardInterrupt
                 if max_steps is not None and step.steps >= max_steps and step.at_window_end:
                     save(epoch)
