@@ -7,8 +7,8 @@ torch RNG state. They are taken only where an accumulation window closes, every
 ``checkpoint_every`` optimizer steps and at the end of each epoch (whose last batch closes
 its window, full or not: ``TrainStep(..., close_window=True)``), so a resumed run continues
 with exactly the batches and parameters an uninterrupted run would have had. In one process,
-Ctrl-C saves a checkpoint where the current window closes and then stops (a second Ctrl-C
-stops at once).
+Ctrl-C or SIGTERM saves a checkpoint where the current window closes and then stops (a second
+one stops at once).
 Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.jsonl``.
 """
 from __future__ import annotations
