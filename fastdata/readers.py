@@ -246,8 +246,14 @@ class ShardSet:
     @property
     def labels(self) -> np.ndarray:
         if self._labels is None:
-            self._labels = (np.concatenate([s.labels() for s in self.shards])
-                            if self.shards else np.zeros(0, np.int64))
+            parts = [s.labels() for s in self.shards]
+            for shard, part in zip(self.shards, parts):     # else a loss fails far from here
+                if len(part) != shard.count or (part.size and not (
+                        0 <= part.min() and part.max() < len(self.classes))):
+                    raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} "
+                                  f"labels in 0..{len(self.classes) - 1}); check the set with "
+                                  f"`fastdata verify {self.root}`")
+            self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._labels
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:

@@ -244,3 +244,18 @@ def test_truncated_shard_is_named_not_a_crash(folder, tmp_path, container):
         shard.write_bytes(damage)
         with pytest.raises(OSError, match=f"cannot open shard .*{shard.name}: "):
             fastdata.open(out).read_batch([7])     # was lmdb.Error, a traceback in the CLI
+
+
+def test_damaged_labels_are_named_not_a_loss_error(folder, tmp_path):
+    import h5py
+
+    out = tmp_path / "o"
+    convert(folder, str(out), sizes=[8], shard_size=5, progress=False)
+    shard = out / "shard-00001.h5"
+    with h5py.File(shard, "r+") as f:          # a label outside the classes, as damage makes
+        labels = f["labels"][()]
+        labels[0] = 99
+        f["labels"][...] = labels
+    with pytest.raises(OSError, match=f"{shard.name}: its labels are damaged"):
+        fastdata.open(out).labels               # was IndexError in the loss, or wrong counts
+    assert cli(["-q", "info", str(out)]) == 2   # (info counted only the known classes)
