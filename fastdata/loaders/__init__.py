@@ -80,10 +80,7 @@ class Loader:
             raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
         self.device = resolve_device(device)
         choice("workers", workers, ("thread", "process"))
-        contexts = ("fork", "spawn", "forkserver")
-        if mp_context is not None and mp_context not in contexts:
-            raise ValueError(f"mp_context={mp_context!r} is not valid; choose one of "
-                             f"{', '.join(contexts)} or None (the platform's default)")
+        choice("mp_context", mp_context, ("fork", "spawn", "forkserver", None))  # None: default
         num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
         num_workers = integer("num_workers", num_workers, 0)
         prefetch = integer("prefetch", prefetch, 1)
