@@ -327,25 +327,31 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
     assert "nothing left to train" in caplog.text
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])     # SIGTERM: a scheduler's
-def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path, sig):
+@pytest.mark.parametrize("sig,at", [(signal.SIGINT, 5), (signal.SIGTERM, 5),  # SIGTERM: a
+                                    (signal.SIGINT, 11)])   # scheduler's; 11: the last window
+def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path, sig, at):
+    """Mid-window (accumulation is 2) in epoch 0's 12 batches: the window closes and is saved.
+    In the epoch's last window: the epoch ends, saved without its evaluation (it used to save
+    at batch 12 of 12, and the resumed run logged an empty epoch 0)."""
     whole, _ = _run(shard_set, str(tmp_path / "a"))
     calls = [0]
 
-    def signal_at_fifth_forward(module, args):      # mid-window: accumulation is 2
+    def signal_at(module, args):
         calls[0] += 1
-        if calls[0] == 5:
+        if calls[0] == at:
             if signal.getsignal(sig) is signal.SIG_DFL:     # would kill pytest itself
                 pytest.fail(f"{sig.name} is not handled during fit")
             os.kill(os.getpid(), sig)
     with pytest.raises(KeyboardInterrupt):
-        _run(shard_set, str(tmp_path / "b"), hook=signal_at_fifth_forward)
-    assert calls[0] == 6            # finished the window, then stopped
-    assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["step"]["steps"] == 3
+        _run(shard_set, str(tmp_path / "b"), hook=signal_at)
+    assert calls[0] == at + 1       # finished the window (no evaluation), then stopped
+    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert (saved["epoch"], saved["step"]["steps"]) == ((0, 3) if at == 5 else (1, 6))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     resumed, hist = _run(shard_set, str(tmp_path / "b"))
-    assert hist[0]["epoch"] == 0 and hist[0]["samples"] == 12       # the rest of epoch 0
+    assert [(h["epoch"], h["samples"]) for h in hist] == \
+        ([(0, 12), (1, 24), (2, 24)] if at == 5 else [(1, 24), (2, 24)])
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
 
 
@@ -374,3 +380,49 @@ def test_fastdata_train_under_torchrun_two_ranks_see_disjoint_data(tmp_path):
         assert all(a + b == 1 for a, b in zip(c0, c1))       # disjoint, and together all 8
         assert logs[0][epoch]["val_acc"] == logs[1][epoch]["val_acc"]   # reduced over ranks
     assert (ck / "last.pt").exists()
+
+
+def test_ctrl_c_under_torchrun_saves_one_step_for_all_ranks_and_resumes_exactly(tmp_path):
+    """Ctrl-C reaches torchrun, which passes SIGINT on to each rank: the ranks agree on a step,
+    rank 0 saves there, all stop; the same command then ends where an uninterrupted run does
+    (before, neither rank saved: everything since the last epoch's end was lost)."""
+    import selectors
+
+    src = plain_folder(tmp_path / "src", classes=tuple("abcd"), per_class=4)
+    out = str(tmp_path / "shards")
+    convert(src, out, container="hdf5", sizes=[16], workers=1, progress=False)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def command(ck):
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--standalone", "-m", "fastdata.cli", "train", out, "--model", "tiny",
+                "--epochs", "100", "--batch-size", "2", "--accum", "2", "--device", "cpu",
+                "--workers", "0", "--checkpoint", str(ck), "--log-every", "1"]
+
+    def model(ck):
+        return torch.load(ck / "last.pt", weights_only=False)["model"]
+
+    whole = subprocess.run(command(tmp_path / "a"), capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    p = subprocess.Popen(command(tmp_path / "b"), stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        sel = selectors.DefaultSelector()
+        sel.register(p.stderr, selectors.EVENT_READ)
+        err = ""
+        while "epoch 2 batch 1/" not in err:        # training, mid-run
+            assert sel.select(timeout=120) and p.poll() is None, err[-3000:]
+            err += p.stderr.readline()
+        p.send_signal(signal.SIGINT)
+        err += p.communicate(timeout=120)[1]
+    finally:
+        p.kill()
+    assert p.returncode != 0
+    assert "interrupted (SIGINT): " in err and "on another rank" not in err, err[-3000:]
+    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert 2 <= saved["epoch"] < 100 and saved["step"]["steps"] < 100 * 2
+    resumed = subprocess.run(command(tmp_path / "b"), capture_output=True, text=True,
+                             timeout=300, env=env)
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
+    a, b = model(tmp_path / "a"), model(tmp_path / "b")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -6,9 +6,11 @@ hold the model, optimizer, scheduler, step (scaler + counters), loader position,
 torch RNG state. They are taken only where an accumulation window closes, every
 ``checkpoint_every`` optimizer steps and at the end of each epoch (whose last batch closes
 its window, full or not: ``TrainStep(..., close_window=True)``), so a resumed run continues
-with exactly the batches and parameters an uninterrupted run would have had. In one process,
-Ctrl-C or SIGTERM saves a checkpoint where the current window closes and then stops (a second
-one stops at once).
+with exactly the batches and parameters an uninterrupted run would have had. Ctrl-C or SIGTERM
+(torchrun passes either on to every rank; batch schedulers send SIGTERM before they kill)
+saves a checkpoint where the current window closes and then stops; a second one stops that
+process at once. With DDP the ranks agree where to stop: at each window's end one CPU
+all-reduce of a flag over gloo, which does not wait on the GPU.
 Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.jsonl``.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from fastdata.checks import choice, integer
 from fastdata.interrupt import SigintLatch
-from fastdata.train.distributed import all_reduce_sum, barrier
+from fastdata.train.distributed import all_reduce_sum, any_rank, barrier, cpu_group
 from fastdata.train.step import TrainStep
 
 log = logging.getLogger("fastdata.train")
@@ -116,12 +118,20 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 _save(ckpt, _state(step, loader, epoch))
             barrier()
 
-    # one process with checkpoints: Ctrl-C or SIGTERM stops where the accumulation window
-    # closes, after saving there (fastdata/interrupt.py); with DDP the ranks would have to
-    # agree on the step
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    latch = SigintLatch(enabled=bool(ckpt) and world == 1,
-                        signals=(signal.SIGINT, signal.SIGTERM))
+    # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
+    # saving there (fastdata/interrupt.py), at the same step on every rank
+    latch = SigintLatch(enabled=bool(ckpt), signals=(signal.SIGINT, signal.SIGTERM))
+    group = cpu_group() if ckpt else None
+
+    def interrupted() -> bool:
+        return bool(ckpt) and any_rank(latch.hit, group)
+
+    def stop(epoch: int):
+        if rank == 0:
+            log.warning("interrupted (%s): %s saved at epoch %d, step %d; run the same command "
+                        "again to resume", latch.signal or "on another rank", ckpt, epoch,
+                        step.steps)
+        raise KeyboardInterrupt
     try:
         for epoch in range(epoch0, epochs):
             loader.set_epoch(epoch)
@@ -144,11 +154,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 if (checkpoint_every and step.at_window_end and k < len(loader)   # the epoch's
                         and step.steps % checkpoint_every == 0):          # end saves anyway
                     save(epoch)
-                if latch.hit and step.at_window_end:
-                    save(epoch)
-                    log.warning("interrupted (%s): %s saved at epoch %d, step %d; run the same "
-                                "command again to resume", latch.signal, ckpt, epoch, step.steps)
-                    raise KeyboardInterrupt
+                if step.at_window_end and k < len(loader) and interrupted():  # (the epoch's
+                    save(epoch)                                 # end saves anyway, below)
+                    stop(epoch)
                 if max_steps is not None and step.steps >= max_steps and step.at_window_end:
                     save(epoch)
                     stopped = True
@@ -161,7 +169,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                    "images_per_s": n_sum / max(secs, 1e-9),
                    "lr": step.optimizer.param_groups[0]["lr"], "label_counts": seen.tolist(),
                    "complete": not stopped}
-            if eval_loader is not None and not stopped:
+            halt = interrupted()    # in the epoch's last window: stop without evaluating
+            if eval_loader is not None and not stopped and not halt:
                 rec["val_acc"] = evaluate(step, eval_loader)
             history.append(rec)
             if checkpoint_dir:
@@ -172,9 +181,12 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
             if stopped:
                 break
             save(epoch + 1)
-            latch.check()           # Ctrl-C during the evaluation: this epoch is saved
+            if halt or interrupted():       # (or during the evaluation)
+                stop(epoch + 1)
     finally:
         latch.restore()
+        if group is not None:
+            dist.destroy_process_group(group)
     return history
 
 
