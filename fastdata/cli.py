@@ -129,7 +129,8 @@ def cmd_verify(a) -> int:
     problems = verify(a.out, progress=not a.quiet)
     for p in problems:
         echo(f"DAMAGED {p}")
-    echo(f"{a.out}: " + ("OK" if not problems else f"{len(problems)} problems found"))
+    n = len(problems)
+    echo(f"{a.out}: " + (f"{n} problem{'s' * (n > 1)} found" if n else "OK"))
     if problems:
         echo("to redo them: delete the damaged shard files, then run `fastdata convert SRC OUT "
              "--resume` with the options of the conversion")

@@ -43,9 +43,10 @@ class Order:
                              f"{per_rank} or drop_last=False")
 
     def set_epoch(self, epoch: int) -> None:
+        epoch = integer("epoch", epoch, 0)     # -1 or "1" failed only at the next iteration
         if epoch != self.epoch:
             self.position = 0
-        self.epoch = int(epoch)
+        self.epoch = epoch
 
     def permutation(self) -> np.ndarray:
         if not self.shuffle:
@@ -79,6 +80,10 @@ class Order:
                 "rank": self.rank}
 
     def load_state_dict(self, state: dict) -> None:
+        keys = ("seed", "epoch", "position", "n", "batch_size", "world_size")
+        if not isinstance(state, dict) or not all(k in state for k in keys):
+            raise ValueError(f"not a loader state (a dict with {', '.join(keys)}): "
+                             f"{str(state)[:100]}")
         for k in ("n", "batch_size", "world_size"):
             if state[k] != getattr(self, k):
                 raise ValueError(f"cannot resume: saved {k}={state[k]} but this loader has "

@@ -261,6 +261,8 @@ class ShardSet:
         if idx.size and not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"sample indices must be integers, got {idx.dtype} "
                             f"(e.g. {idx.reshape(-1)[0]!r})")
+        if idx.ndim > 1:        # numpy would give (2, 3, S, S, 3) for (2, 3): not a batch
+            raise ValueError(f"sample indices must be one sequence, got shape {idx.shape}")
         idx = idx.astype(np.int64, copy=False).reshape(-1)
         lo, n = (idx.min() if idx.size else 0), self._n
         if idx.size and (lo < -n or idx.max() >= n):

@@ -332,3 +332,17 @@ def test_order_lengths():
 def test_bad_arguments(shards, kw, match):
     with pytest.raises((ValueError, RuntimeError), match=match):
         fastdata.Loader(shards["hdf5"], **{"batch_size": 4, **kw})
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda ld: ld.set_epoch(-1), "epoch=-1 is not valid; use an integer >= 0"),
+    (lambda ld: ld.set_epoch("1"), "epoch='1' is not valid"),    # both failed only later
+    (lambda ld: ld.load_state_dict({"epoch": 3}), "not a Loader.state_dict()"),  # KeyError
+    (lambda ld: ld.load_state_dict({"order": {"epoch": 3}, "size": 16}), "not a loader state"),
+])
+def test_bad_epoch_and_state_are_named(shards, call, match):
+    loader = fastdata.Loader(shards["hdf5"], batch_size=4, device="cpu")
+    with pytest.raises(ValueError, match=match):
+        call(loader)
+    loader.set_epoch(np.int64(2))                       # numpy ints are fine
+    assert loader.order.epoch == 2

@@ -110,6 +110,8 @@ def test_reader_errors(shard_sets, tmp_path):
     assert np.array_equal(ds.read_batch([-1, -21]), ends) and np.array_equal(ds[-1][0], ends[0])
     with pytest.raises(TypeError, match="indices must be integers, got float64"):
         ds.read_batch(np.array([0.5]))                  # was silently read as sample 0
+    with pytest.raises(ValueError, match=r"one sequence, got shape \(2, 2\)"):
+        ds.read_batch([[0, 1], [2, 3]])                 # was flattened into a batch of 4
     with pytest.raises(fastdata.format.ShardFormatError, match="no manifest.json"):
         fastdata.open(tmp_path)
 

@@ -147,6 +147,9 @@ class Loader:
         return {"order": self.order.state_dict(), "size": self._size, "crop": self.crop}
 
     def load_state_dict(self, state: dict) -> None:
+        if not isinstance(state, dict) or "order" not in state or "size" not in state:
+            raise ValueError(f"not a Loader.state_dict() (a dict with order, size, crop): "
+                             f"{str(state)[:100]}")
         self.order.load_state_dict(state["order"])
         self.size = state["size"]
         self.crop = state.get("crop", self.crop)
