@@ -328,12 +328,18 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
 
 
 @pytest.mark.parametrize("sig,at", [(signal.SIGINT, 5), (signal.SIGTERM, 5),  # SIGTERM: a
-                                    (signal.SIGINT, 11)])   # scheduler's; 11: the last window
-def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path, sig, at):
-    """Mid-window (accumulation is 2) in epoch 0's 12 batches: the window closes and is saved.
-    In the epoch's last window: the epoch ends, saved without its evaluation (it used to save
-    at batch 12 of 12, and the resumed run logged an empty epoch 0)."""
+                                    (signal.SIGINT, 3),     # scheduler's; 3: a checkpoint_every
+                                    (signal.SIGINT, 11)])   # step too; 11: the last window
+def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp_path, sig, at,
+                                                                  monkeypatch):
+    """Mid-window (accumulation is 2) in epoch 0's 12 batches: the window closes and is saved,
+    once. In the epoch's last window: the epoch ends, saved without its evaluation (it used to
+    save at batch 12 of 12, and the resumed run logged an empty epoch 0)."""
     whole, _ = _run(shard_set, str(tmp_path / "a"))
+    fit_module = sys.modules[fit.__module__]
+    saves, real = [], fit_module._save
+    monkeypatch.setattr(fit_module, "_save", lambda p, s: (
+        saves.append((s["epoch"], s["step"]["steps"])), real(p, s)))
     calls = [0]
 
     def signal_at(module, args):
@@ -345,13 +351,12 @@ def test_ctrl_c_saves_where_the_window_closes_and_resumes_exactly(shard_set, tmp
     with pytest.raises(KeyboardInterrupt):
         _run(shard_set, str(tmp_path / "b"), hook=signal_at)
     assert calls[0] == at + 1       # finished the window (no evaluation), then stopped
-    saved = torch.load(tmp_path / "b" / "last.pt", weights_only=False)
-    assert (saved["epoch"], saved["step"]["steps"]) == ((0, 3) if at == 5 else (1, 6))
+    assert saves == {5: [(0, 2), (0, 3)], 3: [(0, 2)], 11: [(0, 2), (0, 4), (1, 6)]}[at]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     resumed, hist = _run(shard_set, str(tmp_path / "b"))
     assert [(h["epoch"], h["samples"]) for h in hist] == \
-        ([(0, 12), (1, 24), (2, 24)] if at == 5 else [(1, 24), (2, 24)])
+        ([(0, 24 - 2 * (at + 1)), (1, 24), (2, 24)] if at < 11 else [(1, 24), (2, 24)])
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
 
 

@@ -151,15 +151,17 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                     log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
                              m["loss"], m["samples"] / max(now - t_log, 1e-9))
                     t_log = now
-                if (checkpoint_every and step.at_window_end and k < len(loader)   # the epoch's
-                        and step.steps % checkpoint_every == 0):          # end saves anyway
-                    save(epoch)
-                if step.at_window_end and k < len(loader) and interrupted():  # (the epoch's
-                    save(epoch)                                 # end saves anyway, below)
+                if not step.at_window_end:
+                    continue
+                inner = k < len(loader)         # the epoch's end saves anyway, below
+                halt = inner and interrupted()
+                stopped = max_steps is not None and step.steps >= max_steps
+                if halt or stopped or (inner and checkpoint_every
+                                       and step.steps % checkpoint_every == 0):
+                    save(epoch)                 # once, whichever of them asked
+                if halt:
                     stop(epoch)
-                if max_steps is not None and step.steps >= max_steps and step.at_window_end:
-                    save(epoch)
-                    stopped = True
+                if stopped:
                     break
             m = step.read_metrics()
             loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
