@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -174,7 +175,14 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
                         **kw)
     c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, **kw)
     n = 0
-    for (xg, yg), (xc, yc) in zip(g, c):
+    with warnings.catch_warnings(record=True) as caught:    # e.g. a deprecated DataLoader arg
+        warnings.simplefilter("always")
+        pairs = list(zip(g, c))
+    assert not caught, [str(w.message) for w in caught]
+    with pytest.raises(ValueError, match=f"device='cuda:{torch.cuda.device_count()}' is not "
+                                         f"valid; this machine has"):
+        fastdata.Loader(shards["hdf5"], device=f"cuda:{torch.cuda.device_count()}", **kw)
+    for (xg, yg), (xc, yc) in pairs:
         assert xg.is_cuda and yg.is_cuda and xg.dtype == dtype and yg.dtype == torch.int64
         assert xg.shape == xc.shape and xg.is_contiguous(memory_format=torch.channels_last)
         assert yg.cpu().tolist() == yc.tolist()

@@ -236,6 +236,5 @@ def _process_batches(reader, jobs, loader):
         _BatchDataset(reader, jobs), batch_size=None, shuffle=False,
         num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
         multiprocessing_context=loader.mp_context,
-        pin_memory=loader.device.type == "cuda",
-        pin_memory_device=str(loader.device) if loader.device.type == "cuda" else "")
+        pin_memory=loader.device.type == "cuda")     # pins for the current CUDA device
     yield from dl
