@@ -74,7 +74,7 @@ class HDF5Writer(Writer):
         import h5py
 
         n = len(buf)
-        with h5py.File(tmp, "w") as f:
+        with h5py.File(tmp, "w", locking=False) as f:    # a private name (see the reader)
             f.attrs["meta"] = meta.to_json()
             f.create_dataset("labels", data=np.asarray(buf.labels, np.int64), track_times=False)
             for s in buf.sizes:     # no chunks, no compression: contiguous, memory-mappable

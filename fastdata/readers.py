@@ -91,7 +91,9 @@ class HDF5ShardReader(ShardReader):
         import h5py
 
         maps = {}
-        with h5py.File(self.path, "r") as f:
+        # no HDF5 file lock: a finished shard never changes, and locking fails on many network
+        # file systems ("unable to lock file, errno = 37") and while any process holds one
+        with h5py.File(self.path, "r", locking=False) as f:
             meta = ShardMeta.from_json(f.attrs["meta"])
             labels = f["labels"][()]
             crcs = {s: f[f"crc32/{s}"][()] for s in self.sizes}

@@ -1,6 +1,7 @@
 """Both containers × both encodings × two sizes: conversion, reading, pickling, CLI."""
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -96,6 +97,18 @@ def test_pickle_fork_spawn(shard_sets, method, container):
     ds.close()                                          # handles dropped, reopened on demand
     assert all(sh._h is None for sh in ds.shards)
     assert ds.read_batch([1, 9, 17]).sum() == expected
+
+
+def test_a_locked_shard_still_reads(shard_sets):
+    """Shards are read without HDF5's file lock, which fails on many network file systems and
+    while any other process holds a lock on the file (here: a writer's exclusive flock)."""
+    path = shard_sets[1]["hdf5", "raw"]
+    fd = os.open(os.path.join(path, "shard-00000.h5"), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert fastdata.open(path)[0][0].shape == (32, 32, 3)
+    finally:
+        os.close(fd)
 
 
 def test_reader_errors(shard_sets, tmp_path):
