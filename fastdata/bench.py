@@ -426,6 +426,18 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def check_plot_path(path: str) -> None:
+    """Before the timing: matplotlib installed, and a file type it writes (no suffix: PNG)."""
+    require("matplotlib", "--plot")
+    from matplotlib.figure import Figure
+
+    kinds = Figure().canvas.get_supported_filetypes()
+    kind = os.path.splitext(path)[1].lstrip(".").lower()
+    if kind and kind not in kinds:
+        raise ValueError(f"--plot {path}: matplotlib cannot write {kind!r} files; use one of "
+                         f"{', '.join(sorted(kinds))} (e.g. bench.png)")
+
+
 def plot(report: dict, path: str) -> None:
     """Bar chart (PNG): loader-only img/s per backend, and model img/s vs the ceiling."""
     require("matplotlib", "--plot")

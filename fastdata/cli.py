@@ -185,9 +185,10 @@ def train_run(a) -> dict:
                    log_every=a.log_every)
         last = hist[-1] if hist else {}
         if info.is_main and last:
-            acc = f", held-out accuracy {last['val_acc']:.1%}" if "val_acc" in last else ""
-            echo(f"trained {a.model} for {a.epochs} epochs on {a.out}: loss {last['loss']:.3f}"
-                 f"{acc} (chance {1 / len(train.dataset.classes):.1%})")
+            acc = (f", held-out accuracy {last['val_acc']:.1%} (chance "
+                   f"{1 / len(train.dataset.classes):.1%})") if "val_acc" in last else ""
+            echo(f"trained {a.model} for {a.epochs} epoch{'' if a.epochs == 1 else 's'} on "
+                 f"{a.out}: loss {last['loss']:.3f}{acc}")
         train.close()
         if val is not None:
             val.close()
@@ -203,12 +204,14 @@ def cmd_train(a) -> int:
 
 
 def bench_run(a) -> dict:
-    from fastdata.bench import Bench, plot, table
+    from fastdata.bench import Bench, check_plot_path, plot, table
 
     for opt, path in (("--json", a.json), ("--plot", a.plot)):    # before minutes of timing
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):
             raise ValueError(f"{opt} {path}: folder {folder} does not exist")
+    if a.plot:
+        check_plot_path(a.plot)
     bench = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,

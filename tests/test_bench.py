@@ -104,6 +104,9 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     bad = tmp_path / "no" / "b.json"        # refused before the timing, not after it
     assert main(["-q", "bench", shards, "--backends", "torch", "--json", str(bad)]) == 2
     assert f"--json {bad}: folder {bad.parent} does not exist" in caplog.text
+    txt = tmp_path / "b.txt"                # was: every row timed, then matplotlib's error
+    assert main(["-q", "bench", shards, "--backends", "torch", "--plot", str(txt)]) == 2
+    assert f"--plot {txt}: matplotlib cannot write 'txt' files; use one of" in caplog.text
 
 
 def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
