@@ -184,7 +184,16 @@ def _prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
 
 
 def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> list[ShardMeta]:
-    """The longest run of complete, checksum-valid shards 0..k-1 of this very job."""
+    """The longest run of complete, checksum-valid shards 0..k-1 of this very job. Shards of
+    another job (other options or inputs) are refused, not deleted."""
+    other = [n for n in os.listdir(out) if n.startswith("shard-") and n.endswith(tuple(
+        x for c, x in SHARD_SUFFIX.items() if c != container))]
+    first = os.path.join(out, shard_file(container, 0))
+    if other or _job_of(first, container) not in (fp, None):
+        raise ValueError(f"{out}: {min(other) if other else os.path.basename(first)} is from a "
+                         f"conversion with other options or inputs (format, sizes, fit, "
+                         f"encoding, quality, shard size or the source's files); resume with "
+                         f"the ones it was started with, or use --overwrite to start again")
     kept: list[ShardMeta] = []
     while True:
         path = os.path.join(out, shard_file(container, len(kept)))
@@ -212,6 +221,20 @@ def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) ->
     return kept
 
 
+def _job_of(path: str, container: str) -> str | None:
+    """The fingerprint of the job that wrote shard ``path``; None if it is missing or cannot be
+    read (a damaged shard is redone)."""
+    if not os.path.isfile(path):
+        return None
+    reader = READERS[container](path, sizes=(), encoding="raw", count=0)
+    try:
+        return reader.meta().config
+    except Exception:       # noqa: BLE001
+        return None
+    finally:
+        reader.close()
+
+
 def _finished_manifest(out: str) -> dict | None:
     """The manifest of a finished conversion in ``out``; None if there is none or it is
     damaged (then the shards that verify are reused and the manifest is written anew)."""
@@ -227,6 +250,17 @@ def _finished_manifest(out: str) -> dict | None:
         pass
     log.warning("%s is damaged: rebuilding it from the shards that verify", path)
     return None
+
+
+def _what_differs(done: dict, container: str, opts: DecodeOptions, scan) -> str:
+    """The options (or inputs) a finished set's manifest has and this run does not, named."""
+    quality = opts.quality if opts.encoding == "jpeg" else None
+    pairs = {"format": container, "sizes": list(opts.sizes), "fit": opts.fit,
+             "encoding": opts.encoding, "quality": quality, "classes": scan.classes}
+    key = {"format": "container"}
+    diffs = [f"{k} {done.get(key.get(k, k))!r} there, {v!r} here" for k, v in pairs.items()
+             if done.get(key.get(k, k)) != v]
+    return "; ".join(diffs) or "the source's files or the shard size"
 
 
 def _changed_shards(out: str, manifest: dict) -> str:
@@ -271,8 +305,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     done = _finished_manifest(out) if resume else None
     if done is not None:
         if done.get("config") != fp:
-            raise ValueError(f"{out} holds a finished conversion with other options or inputs; "
-                             f"use --overwrite to replace it")
+            raise ValueError(f"{out} holds a finished conversion with other options or inputs "
+                             f"({_what_differs(done, container, opts, scan)}); use --overwrite "
+                             f"to replace it")
         gone = _changed_shards(out, done)
         if not gone:
             log.info("%s is already complete", out)

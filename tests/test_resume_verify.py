@@ -119,8 +119,21 @@ def test_ctrl_c_during_a_finalizer_is_not_lost():
 def test_resume_rejects_other_options(folder, tmp_path):
     out = str(tmp_path / "o")
     convert(folder, out, sizes=[8], shard_size=4, progress=False)
-    with pytest.raises(ValueError, match="other options"):
+    with pytest.raises(ValueError, match=r"other options or inputs \(sizes \[8\] there, \[16\] "
+                                         r"here\)"):
         convert(folder, out, sizes=[16], shard_size=4, resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"\(format 'hdf5' there, 'lmdb' here; encoding 'raw' "
+                                         r"there, 'jpeg' here; quality None there, 90 here\)"):
+        convert(folder, out, sizes=[8], container="lmdb", encoding="jpeg", shard_size=4,
+                resume=True, progress=False)
+    # unfinished (no manifest): another job's shards were deleted and the run started over
+    os.remove(os.path.join(out, "manifest.json"))
+    before = sorted(os.listdir(out))
+    for kw in (dict(sizes=[16]), dict(sizes=[8], container="lmdb")):
+        with pytest.raises(ValueError, match="shard-00000.h5 is from a conversion with other "
+                                             "options or inputs"):
+            convert(folder, out, **{"shard_size": 4, **kw}, resume=True, progress=False)
+        assert sorted(os.listdir(out)) == before
     again = convert(folder, out, sizes=[8], shard_size=4, resume=True, progress=False)
     assert again["num_samples"] == 21
 
