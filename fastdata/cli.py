@@ -181,8 +181,14 @@ def train_run(a) -> dict:
                  info.device, precision, train)
         if not info.is_main:        # one rank's progress is enough; warnings still show
             logging.getLogger("fastdata").setLevel(logging.WARNING)
-        hist = fit(step, train, epochs=a.epochs, eval_loader=val, checkpoint_dir=a.checkpoint,
-                   log_every=a.log_every)
+        try:
+            hist = fit(step, train, epochs=a.epochs, eval_loader=val,
+                       checkpoint_dir=a.checkpoint, log_every=a.log_every)
+        except KeyboardInterrupt:
+            if a.checkpoint is None and info.is_main:   # with one, fit says where it saved
+                log.warning("interrupted: nothing saved (with --checkpoint DIR a Ctrl-C "
+                            "saves, and the same command resumes from there)")
+            raise
         last = hist[-1] if hist else {}
         if info.is_main and last:
             acc = (f", held-out accuracy {last['val_acc']:.1%} (chance "

@@ -279,6 +279,29 @@ def test_bad_device_and_empty_epoch_are_named(shard_set, caplog, capsys):
         assert f"argument {option}: {value!r} is not valid" in capsys.readouterr().err
 
 
+class _CtrlCAtThirdBatch(nn.Module):
+    """A model whose 3rd forward raises what Python's SIGINT handler raises, where it would."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.fc, self.calls = nn.Linear(3, num_classes), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyboardInterrupt
+        return self.fc(x.mean((2, 3)))
+
+
+def test_ctrl_c_without_checkpoint_says_nothing_was_saved(shard_set, caplog):
+    from fastdata.cli import main as cli
+
+    run = ["-q", "train", shard_set, "--model", f"{__name__}:_CtrlCAtThirdBatch",
+           "--batch-size", "4", "--device", "cpu", "--workers", "0"]
+    assert cli(run) == 130      # was: exit 130 and not a word
+    assert "interrupted: nothing saved (with --checkpoint DIR a Ctrl-C saves" in caplog.text
+
+
 def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path, monkeypatch):
     fit_module = sys.modules[fit.__module__]        # the package exports the function `fit`
     saves, real = [], fit_module._save
