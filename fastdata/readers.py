@@ -7,7 +7,9 @@ the contiguous dataset (h5py is only used once to find the byte offsets).
 """
 from __future__ import annotations
 
+import errno
 import io
+import logging
 import os
 import threading
 from typing import Iterator, Sequence
@@ -18,6 +20,8 @@ import simplejpeg
 from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, check_size, lmdb_crc_key,
                              lmdb_key, read_manifest)
 
+
+log = logging.getLogger("fastdata")
 
 # Opening is serialised: reader threads (torch or DALI backend) may open the same shard at once,
 # and LMDB allows one environment per file per process. A child of fork gets a fresh lock.
@@ -51,7 +55,12 @@ class ShardReader:
                     try:
                         self._h, self._pid = self._open(), os.getpid()
                     except OSError as e:    # h5py's messages do not always name the file
-                        raise OSError(f"cannot open shard {self.path}: {e}") from e
+                        hint = ""
+                        if e.errno == errno.EMFILE or "Too many open files" in str(e):
+                            hint = (f" (each open shard keeps a file open: raise `ulimit -n`, "
+                                    f"now {_open_files_limit()}, or convert with a larger "
+                                    f"--shard-size)")
+                        raise OSError(f"cannot open shard {self.path}: {e}{hint}") from e
                 h = self._h
         return h
 
@@ -213,6 +222,37 @@ def decode_jpeg(buf, out: np.ndarray) -> None:
         out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
 
 
+def _open_files_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:         # not on Unix
+        return None
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _make_room_for_files(n: int) -> None:
+    """Raise this process's soft limit on open files (``ulimit -n``; workers inherit it) to the
+    hard limit when ``n`` more would not fit: a common default of 1024 is below the shard count
+    of a large set (ImageNet at 512 px raw: ~3800 shards of 256 MiB). To the hard limit, not
+    to what fits now: sets opened before any of them reads add up."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        need = len(os.listdir("/proc/self/fd")) + n + 64
+    except (ImportError, OSError):
+        return
+    inf = resource.RLIM_INFINITY
+    if soft == inf or soft >= need:
+        return
+    new = max(need, 1 << 16) if hard == inf else hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        return
+    log.info("raised this process's open-file limit from %d to %d for %d more shard files",
+             soft, new, n)
+
+
 class ShardSet:
     """A shard set on disk: ``len``, ``classes``, ``labels``, ``ds[i]``, ``read_batch``."""
 
@@ -227,6 +267,9 @@ class ShardSet:
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
+        # an open shard keeps a file descriptor per memory map (HDF5: one per size) or LMDB env
+        _make_room_for_files(len(self.shards) * (len(self.sizes) if self.container == "hdf5"
+                                                 else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
 

@@ -6,6 +6,8 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -109,6 +111,37 @@ def test_a_locked_shard_still_reads(shard_sets):
         assert fastdata.open(path)[0][0].shape == (32, 32, 3)
     finally:
         os.close(fd)
+
+
+_READ_ALL_UNDER_A_LIMIT = """
+import os, resource, sys
+import numpy as np, fastdata
+cap = len(os.listdir("/proc/self/fd")) + 10             # room for 10 more open files
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (cap, cap if sys.argv[2] == "hard" else hard))
+sets = [fastdata.open(sys.argv[1]) for _ in range(2)]   # opened before either reads
+for ds in sets:
+    assert len(ds.read_batch(np.arange(len(ds)))) == len(ds)
+print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] > cap)
+"""
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_more_shards_than_the_open_file_limit(shard_sets, tmp_path, container):
+    """Each open shard keeps a file (a map per size, an LMDB env): a set with more shards than
+    ``ulimit -n`` leaves room for raises the soft limit; past the hard limit the error says
+    what to do. (Was: "Too many open files" at ~1000 shards under a 1024 default.)"""
+    src, _ = shard_sets
+    out = str(tmp_path / "many")
+    convert(src, out, container=container, sizes=SIZES, shard_size=1, workers=1,
+            progress=False)                     # 21 shards
+    run = [sys.executable, "-c", _READ_ALL_UNDER_A_LIMIT, out]
+    soft = subprocess.run(run + ["soft"], capture_output=True, text=True, timeout=120)
+    assert soft.returncode == 0 and soft.stdout.strip() == "True", soft.stderr
+    hard = subprocess.run(run + ["hard"], capture_output=True, text=True, timeout=120)
+    assert hard.returncode == 1
+    assert "Too many open files (each open shard keeps a file open: raise `ulimit -n`" in \
+        hard.stderr
 
 
 def test_reader_errors(shard_sets, tmp_path):
