@@ -6,7 +6,9 @@ is always complete. Layouts are documented in ``fastdata.format``.
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 
 import numpy as np
 
@@ -59,7 +61,18 @@ class Writer:
     def write(self, path: str, buf: ShardBuffer, meta: ShardMeta) -> int:
         """Write the shard atomically to ``path``; return its size in bytes."""
         tmp = path + ".tmp"
-        self._write(tmp, buf, meta)
+        try:
+            self._write(tmp, buf, meta)
+        except BaseException as e:      # e.g. a full disk: no partial file left taking space
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                free = shutil.disk_usage(os.path.dirname(path)).free >> 20
+                raise OSError(e.errno, f"no space left on the device to write "
+                              f"{os.path.basename(path)} ({free} MiB free); the shards "
+                              f"before it are complete: make room, then run the same "
+                              f"command with --resume") from e
+            raise
         os.replace(tmp, path)
         return os.path.getsize(path)
 
@@ -100,9 +113,17 @@ class LMDBWriter(Writer):
         # writemap: values are copied once, straight into the file's pages, instead of into
         # LMDB's own dirty pages that commit then writes out. It grows the file to map_size, so
         # the file is cut back to the pages in use, the size it would have had without writemap.
-        env = lmdb.open(tmp, subdir=False, map_size=int(payload_bytes * 1.5) + (64 << 20),
-                        lock=False, sync=False, metasync=False, writemap=True)
+        map_size = int(payload_bytes * 1.5) + (64 << 20)
+        env = lmdb.open(tmp, subdir=False, map_size=map_size, lock=False, sync=False,
+                        metasync=False, writemap=True)
         try:
+            # the grown file is sparse: a page written through the map that the disk has no
+            # room for kills the process (SIGBUS). Allocated first, a full disk is an OSError.
+            fd = os.open(tmp, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, map_size)
+            finally:
+                os.close(fd)
             with env.begin(write=True) as txn:
                 for s in buf.sizes:
                     for i, p in enumerate(buf.payloads(s)):

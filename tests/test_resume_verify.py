@@ -272,3 +272,40 @@ def test_damaged_labels_are_named_not_a_loss_error(folder, tmp_path):
     with pytest.raises(OSError, match=f"{shard.name}: its labels are damaged"):
         fastdata.open(out).labels               # was IndexError in the loss, or wrong counts
     assert cli(["-q", "info", str(out)]) == 2   # (info counted only the known classes)
+
+
+_FULL_DISK = """
+mount -t tmpfs -o size=64k tmpfs "$DISK" || exit 99
+for fmt in lmdb hdf5; do
+    $CLI convert "$SRC" "$DISK/$fmt" --format $fmt --size 16,32 --shard-size 5
+    echo "rc $fmt $?"; ls "$DISK/$fmt"
+done
+mount -o remount,size=256m tmpfs "$DISK"
+for fmt in lmdb hdf5; do
+    $CLI convert "$SRC" "$DISK/$fmt" --format $fmt --size 16,32 --shard-size 5 --resume
+    echo "resumed $fmt $?"
+    $CLI verify "$DISK/$fmt"; echo "verify $fmt $?"
+done
+"""
+
+
+def test_a_full_disk_is_an_error_and_resume_finishes(folder, tmp_path):
+    """A shard that does not fit on the disk (a 64 KiB tmpfs, in a private mount namespace):
+    an error naming it, no partial file, and --resume finishes once there is room. (LMDB's
+    writer was killed by SIGBUS: it wrote through a map of a sparse file.)"""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env = {**os.environ, "DISK": str(disk), "SRC": folder,
+           "CLI": f"{sys.executable} -m fastdata.cli -q"}
+    try:
+        r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", _FULL_DISK],
+                           capture_output=True, text=True, timeout=300, env=env)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if r.returncode == 99 or r.stderr.startswith("unshare:"):
+        pytest.skip(f"no private tmpfs mount here: {r.stderr.strip()}")
+    out = r.stdout + r.stderr
+    for fmt in ("lmdb", "hdf5"):
+        assert f"rc {fmt} 2" in out and f"resumed {fmt} 0" in out and f"verify {fmt} 0" in out
+    assert out.count("no space left on the device to write shard-") == 2, out
+    assert ".tmp" not in out and "Bus error" not in out
