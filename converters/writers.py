@@ -122,6 +122,9 @@ class LMDBWriter(Writer):
             fd = os.open(tmp, os.O_RDWR)
             try:
                 os.posix_fallocate(fd, 0, map_size)
+            except OSError as e:        # a file system that cannot: sparse, as before
+                if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                    raise
             finally:
                 os.close(fd)
             with env.begin(write=True) as txn:
