@@ -255,11 +255,11 @@ def _finished_manifest(out: str) -> dict | None:
 def _what_differs(done: dict, container: str, opts: DecodeOptions, scan) -> str:
     """The options (or inputs) a finished set's manifest has and this run does not, named."""
     quality = opts.quality if opts.encoding == "jpeg" else None
-    pairs = {"format": container, "sizes": list(opts.sizes), "fit": opts.fit,
-             "encoding": opts.encoding, "quality": quality, "classes": scan.classes}
-    key = {"format": "container"}
-    diffs = [f"{k} {done.get(key.get(k, k))!r} there, {v!r} here" for k, v in pairs.items()
-             if done.get(key.get(k, k)) != v]
+    asked = (("format", "container", container), ("sizes", "sizes", list(opts.sizes)),
+             ("fit", "fit", opts.fit), ("encoding", "encoding", opts.encoding),
+             ("quality", "quality", quality), ("classes", "classes", scan.classes))
+    diffs = [f"{name} {done.get(key)!r} there, {value!r} here" for name, key, value in asked
+             if done.get(key) != value]
     return "; ".join(diffs) or "the source's files or the shard size"
 
 
