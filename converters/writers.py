@@ -121,7 +121,8 @@ class LMDBWriter(Writer):
             # room for kills the process (SIGBUS). Allocated first, a full disk is an OSError.
             fd = os.open(tmp, os.O_RDWR)
             try:
-                os.posix_fallocate(fd, 0, map_size)
+                if hasattr(os, "posix_fallocate"):      # not on macOS: sparse, as before
+                    os.posix_fallocate(fd, 0, map_size)
             except OSError as e:        # a file system that cannot: sparse, as before
                 if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                     raise

@@ -237,10 +237,11 @@ def _make_room_for_files(n: int) -> None:
     to what fits now: sets opened before any of them reads add up."""
     try:
         import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        need = len(os.listdir("/proc/self/fd")) + n + 64
-    except (ImportError, OSError):
+    except ImportError:         # not on Unix
         return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fds = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"     # Linux, macOS
+    need = (len(os.listdir(fds)) if os.path.isdir(fds) else 0) + n + 64
     inf = resource.RLIM_INFINITY
     if soft == inf or soft >= need:
         return
