@@ -26,7 +26,7 @@ from converters.decode import DecodeOptions, Ring, prepare_batch
 from converters.scan import scan_folder
 from converters.writers import WRITERS, ShardBuffer
 from fastdata.checks import choice, integer
-from fastdata.env import warn_if_not_simd
+from fastdata.env import usable_cpus, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
                              write_json_atomic)
@@ -290,7 +290,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     if not sizes:
         raise ValueError("give at least one size (a power of two >= 8)")
     quality = integer("quality", quality, 1, 100)
-    workers = integer("workers", workers, 1, optional=True) or os.cpu_count() or 1
+    workers = integer("workers", workers, 1, optional=True) or usable_cpus()
     shard_size = (integer("shard_size", shard_size, 1, optional=True)
                   or default_shard_size(sizes, encoding))
     if overwrite and resume:

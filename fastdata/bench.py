@@ -28,7 +28,7 @@ import torch
 
 from fastdata._optional import available, require
 from fastdata.checks import integer
-from fastdata.env import resolve_device
+from fastdata.env import resolve_device, usable_cpus
 from fastdata.interrupt import SigintLatch
 
 log = logging.getLogger("fastdata.bench")
@@ -144,7 +144,7 @@ class Bench:
         self.backends, self.model_name = backends, model
         self.batch_size, self.warmup, self.batches, self.repeat = batch_size, warmup, batches, \
             repeat
-        self.num_workers = num_workers if num_workers is not None else min(8, os.cpu_count() or 1)
+        self.num_workers = num_workers if num_workers is not None else min(8, usable_cpus())
         self.seed = seed
         self.channels_last = True if channels_last is None and model != "none" \
             else channels_last

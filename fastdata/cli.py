@@ -325,7 +325,7 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--clip-grad-norm", type=float, default=None,
                    help="clip the gradient norm to this (default: no clipping)")
     t.add_argument("--workers", type=int, default=None,
-                   help="loader threads per process (default: min(8, cores))")
+                   help="loader threads per process (default: min(8, usable cores))")
     t.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
     t.add_argument("--seed", type=int, default=0, help="seed of the sample order and the model")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -360,7 +360,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--fit", choices=FITS, default="crop",
                    help="non-square images: crop (shorter side, centre crop), pad, stretch")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
-                   "all cores)")
+                   "the cores this process may use)")
     c.add_argument("--shard-size", type=int, default=None,
                    help="samples per shard (default: ~256 MiB of raw data per shard)")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
@@ -419,7 +419,7 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
     b.add_argument("--workers", type=int, default=None,
                    help="each backend's workers: threads, DALI threads, baseline "
-                   "processes (default: min(8, cores))")
+                   "processes (default: min(8, usable cores))")
     b.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")

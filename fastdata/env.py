@@ -1,6 +1,6 @@
 """Facts about the running environment: which PIL is live (pillow-simd or not), versions, the
-device to use (``resolve_device``); and one process-wide setting for the CLI's CPU runs
-(``keep_freed_memory``)."""
+device to use (``resolve_device``), the CPUs to use (``usable_cpus``); and one process-wide
+setting for the CLI's CPU runs (``keep_freed_memory``)."""
 from __future__ import annotations
 
 import ctypes
@@ -48,6 +48,48 @@ def resolve_device(device=None):
                          f"{torch.cuda.device_count()} CUDA device(s): "
                          f"'cuda:0'..'cuda:{torch.cuda.device_count() - 1}'")
     return dev
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may use: its affinity mask (``taskset``, Slurm's and containers'
+    cpusets), capped by a cgroup CPU quota (``docker --cpus``, Kubernetes CPU limits), the
+    default for worker counts. ``os.cpu_count()`` counts the whole machine: with it, a job given
+    8 of a node's 128 cores started 128 decode processes.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(cgroup_root)
+    return max(1, min(n, quota) if quota else n)
+
+
+def _cgroup_cpu_quota(root: str) -> int | None:
+    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for _, controllers, path in (line for line in lines if len(line) == 3):
+        if controllers == "":
+            files = [os.path.join(root, path.lstrip("/"), "cpu.max")]
+        elif "cpu" in controllers.split(","):
+            d = os.path.join(root, controllers, path.lstrip("/"))
+            files = [os.path.join(d, "cpu.cfs_quota_us"), os.path.join(d, "cpu.cfs_period_us")]
+        else:
+            continue
+        try:
+            words = []
+            for name in files:
+                with open(name) as f:
+                    words += f.read().split()
+            quota, period = int(words[0]), int(words[1])
+        except (OSError, ValueError, IndexError):   # v2 writes "max" for no quota
+            continue
+        if quota > 0 and period > 0:        # v1 writes -1 for no quota
+            return -(-quota // period)
+    return None
 
 
 def keep_freed_memory(limit: int = 1 << 30) -> bool:
@@ -98,6 +140,7 @@ def env_info() -> dict:
         "dali": _version("nvidia-dali-cuda120"),
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus(),
         "cuda": torch.cuda.is_available(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -354,3 +356,37 @@ def test_bad_epoch_and_state_are_named(shards, call, match):
         call(loader)
     loader.set_epoch(np.int64(2))                       # numpy ints are fine
     assert loader.order.epoch == 2
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
+def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
+    """A job pinned to 1 CPU (taskset, a Slurm cpuset) defaults to 1 worker, not one per core
+    of the machine; a cgroup CPU quota (docker --cpus) caps it the same way."""
+    from fastdata.env import usable_cpus
+
+    code = ("import os, fastdata; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            f"print(fastdata.Loader({shards['hdf5']!r}, batch_size=4, device='cpu').num_workers)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+
+    mine = len(os.sched_getaffinity(0))
+    with open("/proc/self/cgroup") as f:    # this process's cgroups, under a stand-in root
+        groups = [line.rstrip("\n").split(":", 2) for line in f]
+    for v1, (quota, period) in [(False, ("50000", "100000")), (True, ("50000", "100000")),
+                                (False, ("max", "100000")), (True, ("-1", "100000"))]:
+        root = tmp_path / f"{v1}-{quota}"
+        for _, controllers, path in groups:
+            if v1 and "cpu" in controllers.split(","):
+                d = root / controllers / path.lstrip("/")
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "cpu.cfs_quota_us").write_text(quota + "\n")
+                (d / "cpu.cfs_period_us").write_text(period + "\n")
+            elif not v1 and controllers == "":
+                d = root / path.lstrip("/")
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "cpu.max").write_text(f"{quota} {period}\n")
+        if not root.exists():
+            continue                        # no such cgroup hierarchy on this machine
+        assert usable_cpus(str(root)) == (1 if quota == "50000" else mine), (v1, quota)

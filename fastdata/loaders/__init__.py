@@ -7,7 +7,6 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
-import os
 from collections import deque
 
 import numpy as np
@@ -15,7 +14,7 @@ import torch
 
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from fastdata.checks import choice, flag, integer
-from fastdata.env import resolve_device
+from fastdata.env import resolve_device, usable_cpus
 from fastdata.order import Order
 from fastdata.readers import ShardSet
 
@@ -81,7 +80,7 @@ class Loader:
         self.device = resolve_device(device)
         choice("workers", workers, ("thread", "process"))
         choice("mp_context", mp_context, ("fork", "spawn", "forkserver", None))  # None: default
-        num_workers = min(8, os.cpu_count() or 1) if num_workers is None else num_workers
+        num_workers = min(8, usable_cpus()) if num_workers is None else num_workers
         num_workers = integer("num_workers", num_workers, 0)
         prefetch = integer("prefetch", prefetch, 1)
         if rank is None or world_size is None:
