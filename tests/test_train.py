@@ -350,6 +350,29 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
     assert "nothing left to train" in caplog.text
 
 
+def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_set, tmp_path,
+                                                                           caplog):
+    """Each used to end in a traceback: torch's page of mismatched keys, Adam's KeyError on
+    SGD's state, or an unpickling error (a truncated file: "[Errno 22] Invalid argument")."""
+    from fastdata.cli import main as cli
+
+    ck = str(tmp_path / "ck")
+    run = ["-q", "train", shard_set, "--batch-size", "8", "--device", "cpu", "--workers", "0",
+           "--schedule", "none", "--checkpoint", ck, "--model"]
+    assert cli(run + ["tiny", "--epochs", "1"]) == 0
+    assert cli(run + ["resnet8", "--epochs", "2"]) == 2
+    assert "last.pt holds another model's weights: " in caplog.text
+    assert "[8, 3, 3, 3] there, [16, 3, 3, 3] here" in caplog.text
+    assert cli(run + ["tiny", "--epochs", "2", "--optimizer", "adamw"]) == 2
+    assert "saved with the optimizer SGD, and this run uses AdamW" in caplog.text
+    with open(os.path.join(ck, "last.pt"), "rb+") as f:
+        f.truncate(2000)
+    assert cli(run + ["tiny", "--epochs", "2"]) == 2
+    assert "last.pt cannot be read as a checkpoint (" in caplog.text
+    os.remove(os.path.join(ck, "last.pt"))
+    assert cli(run + ["tiny", "--epochs", "2"]) == 0
+
+
 @pytest.mark.parametrize("sig,at", [(signal.SIGINT, 5), (signal.SIGTERM, 5),  # SIGTERM: a
                                     (signal.SIGINT, 3),     # scheduler's; 3: a checkpoint_every
                                     (signal.SIGINT, 11)])   # step too; 11: the last window

@@ -194,14 +194,40 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
 
 def _state(step: TrainStep, loader, epoch: int) -> dict:
     return {"model": step.module.state_dict(), "optimizer": step.optimizer.state_dict(),
+            "optimizer_class": type(step.optimizer).__name__,
             "scheduler": step.scheduler.state_dict() if step.scheduler else None,
             "step": step.state_dict(), "loader": loader.state_dict(), "epoch": epoch,
             "rng": torch.get_rng_state()}
 
 
+def _check_same_model(path: str, saved: dict, step: TrainStep) -> None:
+    """One line instead of torch's page of mismatched keys (or Adam's KeyError on SGD state)."""
+    again = "resume with the same settings, or start anew in another checkpoint folder"
+    theirs, mine = saved["model"], step.module.state_dict()
+    differ = sorted(k for k in theirs.keys() | mine.keys()
+                    if k not in theirs or k not in mine or theirs[k].shape != mine[k].shape)
+    if differ:
+        k = differ[0]
+        shape = {name: list(d[k].shape) if k in d else "absent" for name, d in
+                 (("there", theirs), ("here", mine))}
+        raise ValueError(f"{path} holds another model's weights: {len(differ)} of its tensors "
+                         f"differ from this model's (e.g. {k}: {shape['there']} there, "
+                         f"{shape['here']} here); {again}")
+    cls = saved.get("optimizer_class")      # absent from checkpoints saved before it was kept
+    if cls is not None and cls != type(step.optimizer).__name__:
+        raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
+                         f"{type(step.optimizer).__name__}; {again}")
+
+
 def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     """Restore ``path``; returns (epoch, batches of it already done)."""
-    s = torch.load(path, map_location=step.device, weights_only=False)
+    try:
+        s = torch.load(path, map_location=step.device, weights_only=False)
+        if not isinstance(s, dict) or not {"model", "optimizer", "step", "epoch"} <= s.keys():
+            raise ValueError("not a checkpoint of fastdata.train.fit")
+    except Exception as e:      # noqa: BLE001 - torch.load raises anything on a damaged file
+        raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e}); "
+                         f"restore it, or delete it to start anew") from e
     if step.scheduler is not None and s["scheduler"] is not None:
         have = s["scheduler"].get("total_steps")
         want = getattr(step.scheduler, "total_steps", None)
@@ -210,6 +236,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
                              f"{have} optimizer steps, and this run's lasts {want} (other "
                              f"epochs, batch size, accumulation or world size): resume with "
                              f"the same settings, or start anew in another checkpoint folder")
+    _check_same_model(path, s, step)
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
     if step.scheduler is not None and s["scheduler"] is not None:
