@@ -228,6 +228,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     except Exception as e:      # noqa: BLE001 - torch.load raises anything on a damaged file
         raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e}); "
                          f"restore it, or delete it to start anew") from e
+    _check_same_model(path, s, step)
     if step.scheduler is not None and s["scheduler"] is not None:
         have = s["scheduler"].get("total_steps")
         want = getattr(step.scheduler, "total_steps", None)
@@ -236,7 +237,6 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
                              f"{have} optimizer steps, and this run's lasts {want} (other "
                              f"epochs, batch size, accumulation or world size): resume with "
                              f"the same settings, or start anew in another checkpoint folder")
-    _check_same_model(path, s, step)
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
     if step.scheduler is not None and s["scheduler"] is not None:
