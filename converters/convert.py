@@ -298,7 +298,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
-    scan = scan_folder(src)
+    scan = scan_folder(src, progress=progress)
     opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
     fp = _fingerprint(scan, opts, container, shard_size)
     _prepare_out(out, src, overwrite=overwrite, resume=resume)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tqdm import tqdm
+
 from fastdata.format import IMAGE_EXTENSIONS
 
 
@@ -23,7 +25,7 @@ class Scan:
     empty_classes: list[str] = field(default_factory=list)
 
 
-def scan_folder(root: str) -> Scan:
+def scan_folder(root: str, *, progress: bool = False) -> Scan:
     root = os.path.abspath(root)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
@@ -34,6 +36,9 @@ def scan_folder(root: str) -> Scan:
                          f"(the ImageFolder layout)")
     ignored: dict[str, int] = {}
     files: list[tuple[str, int]] = []
+    # 100,000 files took 1.1 s here; ImageNet has 1.28M, and a network file system is slower
+    bar = tqdm(total=len(classes), unit="class", desc="scan", disable=not progress,
+               dynamic_ncols=True)
     for label, name in enumerate(classes):
         found = []
         seen = set()
@@ -58,6 +63,8 @@ def scan_folder(root: str) -> Scan:
                     continue
                 ignored[reason] = ignored.get(reason, 0) + 1
         files.extend((p, label) for p in sorted(found))
+        bar.update(1)
+    bar.close()
     counts = {label for _, label in files}
     empty = [c for i, c in enumerate(classes) if i not in counts]
     return Scan(root, classes, files, ignored, empty)
