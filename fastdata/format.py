@@ -111,8 +111,11 @@ def shard_checksum(labels, crcs_by_size) -> str:
 def read_manifest(root: str | os.PathLike) -> dict:
     path = os.path.join(os.fspath(root), MANIFEST)
     if not os.path.isfile(path):
-        raise ShardFormatError(f"{os.fspath(root)!r} is not a shard set: no {MANIFEST} "
-                               f"(convert an image folder with `fastdata convert SRC OUT`)")
+        shards = os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root))
+        hint = ("it holds shards of a conversion that did not finish: finish it with "
+                "`fastdata convert SRC OUT --resume`" if shards else
+                "convert an image folder with `fastdata convert SRC OUT`")
+        raise ShardFormatError(f"{os.fspath(root)!r} is not a shard set: no {MANIFEST} ({hint})")
     try:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)

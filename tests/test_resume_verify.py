@@ -83,6 +83,8 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
         assert "interrupted" in text and "--resume" in text, text
     done_before = sorted(n for n in os.listdir(out) if not n.endswith(".tmp"))
     assert 2 <= len(done_before) < 6
+    with pytest.raises(fastdata.format.ShardFormatError, match="did not finish: finish it with"):
+        fastdata.open(out)
 
     resumed = convert(src, str(out), container=container, encoding=encoding, sizes=[8, 16],
                       shard_size=4, workers=1, resume=True, progress=False)
