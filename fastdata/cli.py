@@ -9,13 +9,17 @@ import os
 import sys
 
 from fastdata.env import keep_freed_memory
-from fastdata.format import CONTAINERS, ENCODINGS, FITS, check_size
+from fastdata.format import CONTAINERS, ENCODINGS, FITS, check_size, json_text
 
 log = logging.getLogger("fastdata")
 
 
 def echo(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    try:
+        sys.stdout.write(text + "\n")
+    except UnicodeEncodeError:  # a file name that is not UTF-8, or a terminal's narrower code
+        enc = sys.stdout.encoding or "utf-8"
+        sys.stdout.write((text + "\n").encode(enc, "backslashreplace").decode(enc))
 
 
 def _size(text: str) -> int:
@@ -85,7 +89,8 @@ def info_dict(path: str) -> dict:
 def print_info(d: dict) -> None:
     enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
     echo(f"{d['path']}  (from {d['source']})")
-    echo(f"  {d['samples']} samples in {d['shards']} {d['container']} shards, {enc}, "
+    plural = "" if d["shards"] == 1 else "s"
+    echo(f"  {d['samples']} samples in {d['shards']} {d['container']} shard{plural}, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{_human(d['bytes'])} on disk")
     echo(f"  {len(d['classes'])} classes:")
@@ -119,7 +124,7 @@ def cmd_info(a) -> int:
     if not a.out:
         raise SystemExit("fastdata info: give a shard set directory (or --env)")
     d = info_dict(a.out)
-    echo(json.dumps(d, indent=1, ensure_ascii=False)) if a.json else print_info(d)
+    echo(json_text(d)) if a.json else print_info(d)
     return 0
 
 

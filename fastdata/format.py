@@ -132,11 +132,18 @@ def read_manifest(root: str | os.PathLike) -> dict:
     return m
 
 
+def json_text(obj: Any, *, sort_keys: bool = False) -> str:
+    """JSON that keeps non-ASCII names readable, and escapes (``\\udcfe``) the lone surrogates
+    by which Python's ``os`` functions carry file names that are not UTF-8: UTF-8 cannot
+    encode those, and the escape reads back as the same name."""
+    text = json.dumps(obj, indent=1, sort_keys=sort_keys, ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, ensure_ascii=False)
-        f.write("\n")
+        f.write(json_text(obj, sort_keys=True) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -59,6 +60,9 @@ def odd_folder(root, outside) -> dict:
     noise(30, 20, 4).save(j("good", "çà_日本 ✓.png"))
     noise(30, 20, 5).save(j("good", "b.bmp"))
     noise(30, 20, 6).save(j("good", "t.TIF"))
+    latin1 = sys.platform.startswith("linux")   # names that are not UTF-8 (Linux takes any bytes)
+    if latin1:
+        noise(30, 20, 14).save(j("good", os.fsdecode(b"latin1_\xe9.png")))
     if features.check("webp"):
         noise(30, 20, 7).save(j("good", "w.webp"))
     os.makedirs(outside, exist_ok=True)
@@ -100,9 +104,13 @@ def odd_folder(root, outside) -> dict:
     with open(j("broken", "broken.png"), "wb") as f:
         f.write(png.getvalue()[:60] + b"\x00" * 200)
     noise(30, 20, 13).save(j("broken", "ok.png"))
+    corrupt = {"broken/zero.jpg", "broken/truncated.jpg", "broken/text.jpg", "broken/broken.png"}
+    if latin1:
+        with open(j("broken", os.fsdecode(b"text_\xff.jpg")), "w") as f:
+            f.write("not a jpeg either")
+        corrupt.add("broken/" + os.fsdecode(b"text_\xff.jpg"))
     return {
-        "corrupt": {"broken/zero.jpg", "broken/truncated.jpg", "broken/text.jpg",
-                    "broken/broken.png"},
+        "corrupt": corrupt,
         "expect_pixel": {   # name -> RGB at (0, 0) and, for exif, the bottom-left too
             "modes/gray.png": (77, 77, 77), "modes/gray.jpg": (77, 77, 77),
             "modes/rgba_clear.png": (255, 255, 255),
@@ -112,7 +120,7 @@ def odd_folder(root, outside) -> dict:
             "modes/exif_rot.jpg": RED,
         },
         "ignored": {"hidden": 2, "not an image extension": 3},
-        "good": 7 + features.check("webp"),
+        "good": 7 + features.check("webp") + latin1,
     }
 
 
