@@ -7,6 +7,7 @@ varied sizes and aspect ratios, some grayscale, some RGBA with transparent backg
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -42,7 +43,19 @@ def _draw(shape: str, w: int, h: int, rng: np.random.Generator) -> Image.Image:
 
 
 def make_sample_folder(root: str, *, per_class: int = 80, seed: int = 0) -> str:
-    """Write the sample image folder under ``root`` (ImageFolder layout) and return ``root``."""
+    """Write the sample image folder ``root`` (ImageFolder layout) and return ``root``.
+
+    Drawn beside it and renamed when complete: ``root`` exists only whole (a demo stopped
+    while drawing used to go on next time with the classes drawn so far).
+    """
+    partial = root.rstrip(os.sep) + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    _draw_folder(partial, per_class, seed)
+    os.replace(partial, root)
+    return root
+
+
+def _draw_folder(root: str, per_class: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     for shape in CLASSES:
         os.makedirs(os.path.join(root, shape), exist_ok=True)
@@ -61,4 +74,3 @@ def make_sample_folder(root: str, *, per_class: int = 80, seed: int = 0) -> str:
                 a = img.convert("RGBA")
                 a.putalpha(Image.fromarray((rng.random((h, w)) > 0.1).astype(np.uint8) * 255))
                 a.save(base + ".png")
-    return root
