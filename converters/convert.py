@@ -385,8 +385,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     }
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     ignored = sum(scan.ignored.values())
-    log.info("converted %d images into %d %s shard%s in %s (%d skipped as unreadable, %d "
-             "non-image files ignored)", n_done, len(shards), container,
+    log.info("converted %d image%s into %d %s shard%s in %s (%d skipped as unreadable, %d "
+             "other files ignored)", n_done, "" if n_done == 1 else "s", len(shards), container,
              "" if len(shards) == 1 else "s", out, len(skipped), ignored)
     for s in skipped[:20]:
         log.warning("skipped %s: %s", s["path"], s["reason"])

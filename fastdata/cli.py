@@ -104,7 +104,7 @@ def print_info(d: dict) -> None:
     for s in d["skipped"]:
         echo(f"    {s['path']}: {s['reason']}")
     if d["ignored"]:
-        echo("  ignored (not images): " + ", ".join(f"{k}: {v}" for k, v in d["ignored"].items()))
+        echo("  ignored: " + ", ".join(f"{k}: {v}" for k, v in d["ignored"].items()))
 
 
 def cmd_info(a) -> int:

@@ -60,6 +60,7 @@ def odd_folder(root, outside) -> dict:
     noise(30, 20, 4).save(j("good", "çà_日本 ✓.png"))
     noise(30, 20, 5).save(j("good", "b.bmp"))
     noise(30, 20, 6).save(j("good", "t.TIF"))
+    noise(30, 20, 15).save(j("loose.png"))      # in no class, as ImageFolder: ignored, counted
     latin1 = sys.platform.startswith("linux")   # names that are not UTF-8 (Linux takes any bytes)
     if latin1:
         noise(30, 20, 14).save(j("good", os.fsdecode(b"latin1_\xe9.png")))
@@ -119,7 +120,8 @@ def odd_folder(root, outside) -> dict:
             "modes/gray16.png": (156, 156, 156), "modes/anim.gif": RED,
             "modes/exif_rot.jpg": RED,
         },
-        "ignored": {"hidden": 2, "not an image extension": 3},
+        "ignored": {"hidden": 2, "not an image extension": 3,
+                    "image outside the class directories": 1},
         "good": 7 + features.check("webp") + latin1,
     }
 
