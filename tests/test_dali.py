@@ -122,6 +122,21 @@ def test_resume_mid_epoch_and_progressive_size(shards):  # noqa: F811
     assert x.shape[-1] == 24 and torch.equal(x, u)
 
 
+def test_a_new_crop_every_epoch_keeps_one_pipeline(shards):  # noqa: F811
+    """Progressive resizing (FFCV's schedules change the resolution every epoch): each crop's
+    pipeline, with its threads and buffers, used to be kept for good (6 threads more each)."""
+    loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, device="cpu",
+                             num_workers=2)
+    threads = []
+    for epoch in range(6):
+        loader.set_epoch(epoch)
+        loader.crop = 8 + 2 * epoch
+        assert {x.shape[-1] for x, _ in loader} == {loader.crop}
+        threads.append(len(os.listdir("/proc/self/task")) if os.path.isdir("/proc") else 0)
+    assert len(loader._backend._pipes) == 1
+    assert threads[-1] <= threads[1], threads
+
+
 def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F811
     code = (
         "import sys; import fastdata\n"

@@ -157,7 +157,9 @@ class DaliBackend(Backend):
         finally:
             if finished:        # else batches are still queued inside: dropped, built anew
                 pipe.reset()
-                self._pipes.setdefault(key, (pipe, source))
+                # the only one kept: progressive resizing may change the crop every epoch, and
+                # each pipeline holds its threads and buffers (6 threads more per crop, kept)
+                self._pipes = {key: (pipe, source)}
 
     def _to_torch(self, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy, on this stream)."""
