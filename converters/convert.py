@@ -49,9 +49,29 @@ class _WorkerDied(Exception):
     pass
 
 
+def _sample_bytes(sizes, encoding: str) -> int:
+    """Bytes of one sample in a shard buffer (JPEG: a rough 1/8 of raw)."""
+    return sum(3 * s * s for s in sizes) // (1 if encoding == "raw" else 8)
+
+
 def default_shard_size(sizes, encoding: str) -> int:
-    per_sample = sum(3 * s * s for s in sizes) // (1 if encoding == "raw" else 8)
-    return max(64, min(100_000, SHARD_BUFFER_BYTES // per_sample))
+    return max(64, min(100_000, SHARD_BUFFER_BYTES // _sample_bytes(sizes, encoding)))
+
+
+def _check_shard_fits(shard_size: int, files: int, sizes, encoding: str) -> None:
+    """A shard is held in memory while it is written: refuse one larger than half of it
+    (a too large --shard-size was a MemoryError traceback, or the OOM killer)."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    per_sample = _sample_bytes(sizes, encoding)
+    need = min(shard_size, files) * per_sample
+    if need > memory // 2:
+        raise ValueError(f"shard_size={shard_size} makes shards of {need / 2**30:.1f} GiB, each "
+                         f"held in memory while it is written, and this machine has "
+                         f"{memory / 2**30:.1f} GiB: use --shard-size "
+                         f"{max(1, memory // 2 // per_sample)} or less")
 
 
 _worker_ring: Ring | None = None     # set in each worker process by _worker_init
@@ -299,6 +319,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     warn_if_not_simd()
 
     scan = scan_folder(src, progress=progress)
+    _check_shard_fits(shard_size, len(scan.files), sizes, encoding)
     opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
     fp = _fingerprint(scan, opts, container, shard_size)
     _prepare_out(out, src, overwrite=overwrite, resume=resume)
@@ -327,7 +348,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
-    buf, shard_skipped, shard_first = ShardBuffer(sizes, encoding, shard_size), [], first
+    buf = ShardBuffer(sizes, encoding, min(shard_size, len(scan.files) - first))
+    shard_skipped, shard_first = [], first
 
     def flush(end: int) -> None:
         nonlocal shard_skipped, shard_first, n_done

@@ -173,6 +173,7 @@ def test_reader_errors(shard_sets, tmp_path):
     ({"workers": 0}, "workers=0 is not valid; use an integer >= 1 or None"),
     ({"workers": 1.5}, "workers=1.5"),                  # was 1 worker
     ({"shard_size": "10"}, "shard_size='10'"),
+    ({"sizes": [65536]}, r"shard_size=64 makes shards of \d+\.\d GiB, each held in memory"),
 ])
 def test_bad_arguments_are_named(folder, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -189,6 +190,9 @@ def test_refuses_nonempty_out_and_out_inside_src(folder, tmp_path):
         convert(folder, os.path.join(folder, "a", "out"), sizes=[8], progress=False)
     m = convert(folder, str(out), sizes=[8], overwrite=True, progress=False)
     assert (out / "keep.txt").exists() and m["num_samples"] == 21
+    # a shard size beyond the set's is held as large as the set (was: 183 GiB, a MemoryError)
+    m = convert(folder, str(out), sizes=[256], shard_size=10**6, overwrite=True, progress=False)
+    assert m["num_samples"] == 21 and len(m["shards"]) == 1
 
 
 @pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
