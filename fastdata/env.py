@@ -65,7 +65,8 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
 
 
 def _cgroup_cpu_quota(root: str) -> int | None:
-    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``)."""
+    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``), read
+    where /proc/self/cgroup says, or at the hierarchy's root (a container's own view)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -73,22 +74,22 @@ def _cgroup_cpu_quota(root: str) -> int | None:
         return None
     for _, controllers, path in (line for line in lines if len(line) == 3):
         if controllers == "":
-            files = [os.path.join(root, path.lstrip("/"), "cpu.max")]
+            base, names = root, ("cpu.max",)
         elif "cpu" in controllers.split(","):
-            d = os.path.join(root, controllers, path.lstrip("/"))
-            files = [os.path.join(d, "cpu.cfs_quota_us"), os.path.join(d, "cpu.cfs_period_us")]
+            base, names = os.path.join(root, controllers), ("cpu.cfs_quota_us", "cpu.cfs_period_us")
         else:
             continue
-        try:
-            words = []
-            for name in files:
-                with open(name) as f:
-                    words += f.read().split()
-            quota, period = int(words[0]), int(words[1])
-        except (OSError, ValueError, IndexError):   # v2 writes "max" for no quota
-            continue
-        if quota > 0 and period > 0:        # v1 writes -1 for no quota
-            return -(-quota // period)
+        for d in (os.path.join(base, path.lstrip("/")), base):
+            try:
+                words = []
+                for name in names:
+                    with open(os.path.join(d, name)) as f:
+                        words += f.read().split()
+                quota, period = int(words[0]), int(words[1])
+            except (OSError, ValueError, IndexError):   # v2 writes "max" for no quota
+                continue
+            if quota > 0 and period > 0:        # v1 writes -1 for no quota
+                return -(-quota // period)
     return None
 
 

@@ -390,3 +390,8 @@ def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
         if not root.exists():
             continue                        # no such cgroup hierarchy on this machine
         assert usable_cpus(str(root)) == (1 if quota == "50000" else mine), (v1, quota)
+    # a container's view: its own cgroup at the root, where /proc/self/cgroup names a host path
+    (tmp_path / "container").mkdir()
+    (tmp_path / "container" / "cpu.max").write_text("50000 100000\n")
+    if any(controllers == "" for _, controllers, _ in groups):
+        assert usable_cpus(str(tmp_path / "container")) == 1
