@@ -204,15 +204,14 @@ def _check_same_model(path: str, saved: dict, step: TrainStep) -> None:
     """One line instead of torch's page of mismatched keys (or Adam's KeyError on SGD state)."""
     again = "resume with the same settings, or start anew in another checkpoint folder"
     theirs, mine = saved["model"], step.module.state_dict()
+    shape = lambda d, k: list(getattr(d[k], "shape", ())) if k in d else "absent"  # noqa: E731
     differ = sorted(k for k in theirs.keys() | mine.keys()
-                    if k not in theirs or k not in mine or theirs[k].shape != mine[k].shape)
+                    if shape(theirs, k) != shape(mine, k))
     if differ:
         k = differ[0]
-        shape = {name: list(d[k].shape) if k in d else "absent" for name, d in
-                 (("there", theirs), ("here", mine))}
         raise ValueError(f"{path} holds another model's weights: {len(differ)} of its tensors "
-                         f"differ from this model's (e.g. {k}: {shape['there']} there, "
-                         f"{shape['here']} here); {again}")
+                         f"differ from this model's (e.g. {k}: {shape(theirs, k)} there, "
+                         f"{shape(mine, k)} here); {again}")
     cls = saved.get("optimizer_class")      # absent from checkpoints saved before it was kept
     if cls is not None and cls != type(step.optimizer).__name__:
         raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
