@@ -54,7 +54,7 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may use: its affinity mask (``taskset``, Slurm's and containers'
     cpusets), capped by a cgroup CPU quota (``docker --cpus``, Kubernetes CPU limits), the
     default for worker counts. ``os.cpu_count()`` counts the whole machine: with it, a job given
-    8 of a node's 128 cores started 128 decode processes.
+    8 of a node's 128 cores would start 128 decode processes.
     """
     try:
         n = len(os.sched_getaffinity(0))
