@@ -55,12 +55,12 @@ class ShardReader:
                     try:
                         self._h, self._pid = self._open(), os.getpid()
                     except OSError as e:    # h5py's messages do not always name the file
-                        hint = ""
                         if not os.path.exists(self.path):
                             raise FileNotFoundError(
                                 f"shard {self.path} is missing (the manifest lists it): restore "
                                 f"it, or run `fastdata convert SRC OUT --resume` with the "
                                 f"conversion's options, which redoes it") from None
+                        hint = ""
                         if e.errno == errno.EMFILE or "Too many open files" in str(e):
                             hint = (f" (each open shard keeps a file open: raise `ulimit -n`, "
                                     f"now {_open_files_limit()}, or convert with a larger "

@@ -200,8 +200,10 @@ def _state(step: TrainStep, loader, epoch: int) -> dict:
             "rng": torch.get_rng_state()}
 
 
-def _check_same_model(path: str, saved: dict, step: TrainStep) -> None:
-    """One line instead of torch's page of mismatched keys (or Adam's KeyError on SGD state)."""
+def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
+    """A checkpoint of another model, optimizer or schedule length, named in one line (instead
+    of torch's page of mismatched keys, Adam's KeyError on SGD's state, or OneCycleLR's "Tried
+    to step N times")."""
     again = "resume with the same settings, or start anew in another checkpoint folder"
     theirs, mine = saved["model"], step.module.state_dict()
     shape = lambda d, k: list(getattr(d[k], "shape", ())) if k in d else "absent"  # noqa: E731
@@ -216,6 +218,13 @@ def _check_same_model(path: str, saved: dict, step: TrainStep) -> None:
     if cls is not None and cls != type(step.optimizer).__name__:
         raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
                          f"{type(step.optimizer).__name__}; {again}")
+    if step.scheduler is not None and saved["scheduler"] is not None:
+        have = saved["scheduler"].get("total_steps")
+        want = getattr(step.scheduler, "total_steps", None)
+        if have is not None and have != want:   # None: a cosine saved before lengths were
+            raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
+                             f"{have} optimizer steps, and this run's lasts {want} (other "
+                             f"epochs, batch size, accumulation or world size): {again}")
 
 
 def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
@@ -227,15 +236,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     except Exception as e:      # noqa: BLE001 - torch.load raises anything on a damaged file
         raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e}); "
                          f"restore it, or delete it to start anew") from e
-    _check_same_model(path, s, step)
-    if step.scheduler is not None and s["scheduler"] is not None:
-        have = s["scheduler"].get("total_steps")
-        want = getattr(step.scheduler, "total_steps", None)
-        if have is not None and have != want:   # None: a cosine saved before lengths were
-            raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
-                             f"{have} optimizer steps, and this run's lasts {want} (other "
-                             f"epochs, batch size, accumulation or world size): resume with "
-                             f"the same settings, or start anew in another checkpoint folder")
+    _check_same_run(path, s, step)
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
     if step.scheduler is not None and s["scheduler"] is not None:
