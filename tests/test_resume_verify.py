@@ -60,7 +60,9 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(tmp_path / "stderr", "w") as err:     # a file: no pipe for the workers to hold
         proc = subprocess.Popen([sys.executable, "-c", CHILD, src, str(out), container,
-                                 encoding], cwd=repo, env={**os.environ, "PYTHONPATH": repo},
+                                 encoding], cwd=repo,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    filter(None, [repo, os.environ.get("PYTHONPATH")]))},
                                 stderr=err)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
@@ -68,7 +70,8 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
         if len([n for n in names if n.startswith("shard-") and not n.endswith(".tmp")]) >= 2:
             break
         time.sleep(0.02)
-    assert proc.poll() is None, "the child finished before it could be killed"
+    assert proc.poll() is None, ("the child finished before it could be killed:\n"
+                                 + (tmp_path / "stderr").read_text())
     workers = _children(proc.pid)
     assert workers, "the converter has no worker process"
     proc.send_signal(sig)

@@ -173,7 +173,9 @@ def _ddp_worker(rank, world, init, out, micro, accum):
 
 def test_ddp_two_processes_equal_single_process_and_sync_once_per_window(tmp_path):
     micro, accum, world = 3, 2, 2
-    ctx = mp.get_context("fork")
+    # spawned: a fork inherits autograd's device threads once this process has run a backward
+    # on CUDA (bench tests do, on a GPU machine), and autograd refuses to run in such a child
+    ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_ddp_worker, args=(r, world, f"file://{tmp_path}/store",
                                                    str(tmp_path), micro, accum),
                          daemon=True)       # a hung child must not hold pytest at exit

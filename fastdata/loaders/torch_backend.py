@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import functools
+import gc
 import os
 import threading
 from collections import deque
@@ -237,4 +238,13 @@ def _process_batches(reader, jobs, loader):
         num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
         multiprocessing_context=loader.mp_context,
         pin_memory=loader.device.type == "cuda")     # pins for the current CUDA device
-    yield from dl
+    # Forked workers inherit this process's uncollected garbage. A collection there that frees
+    # a CUDA tensor (left in a reference cycle by earlier work) aborts the worker with "CUDA
+    # error: initialization error" (seen on an H100 after in-process training). Objects frozen
+    # at the fork are never collected in the children (gc.freeze's documented use).
+    gc.freeze()
+    try:
+        batches = iter(dl)                          # the workers start here
+    finally:
+        gc.unfreeze()
+    yield from batches
