@@ -1,0 +1,137 @@
+"""Where a GPU training step fed by the torch backend loses time against its ceiling.
+
+On the H100 (benchmarks/RESULTS.md, "GPU"), the torch backend fed ResNet-18 at 47% of its
+ceiling although, alone, it delivered as many images per second as the model takes (DALI fed
+ResNet-50 at 98%, the torch backend at 89%). Each variant below adds one part of the loader's
+work to the same ``TrainStep`` on one fixed on-device batch, so the part that costs shows:
+
+  ceiling        the step alone
+  gpu-augment    + the loader's GPU crop/resize/normalise of a stored uint8 batch, each step
+  h2d            + a pinned uint8 batch copied to the GPU on a side stream, each step
+  reads-N        + N threads reading random batches (``read_batch``) into pinned memory, all
+                   the time (the CPU and GIL share of the loader's threads)
+  loader-N       fed by ``fastdata.Loader`` with N threads (what ``fastdata bench`` measures)
+
+    python benchmarks/gpu_fed.py /tmp/raw --model resnet18      # a raw shard set stored at 256
+
+Needs a CUDA device; ``--device cpu --model resnet8 --batch 16 --crop 24 --steps 3`` checks the
+logic on a CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+
+import numpy as np
+import torch
+
+import fastdata
+from fastdata.augment import Augment
+from fastdata.train.models import build_model
+from fastdata.train.step import TrainStep, input_dtype
+
+
+def rate(dev, fn, steps: int, batch: int, rounds: int = 3) -> float:
+    """Median img/s of ``rounds`` timings of ``steps`` calls (CUDA events on a GPU)."""
+    fn()
+    out = []
+    for _ in range(rounds):
+        if dev.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(steps):
+                fn()
+            b.record()
+            b.synchronize()
+            out.append(steps * batch / (a.elapsed_time(b) / 1000))
+        else:
+            import time
+            t = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            out.append(steps * batch / (time.perf_counter() - t))
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shards")
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--crop", type=int, default=224)
+    ap.add_argument("--threads", default="4,16")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    torch.backends.cudnn.benchmark = dev.type == "cuda"
+    ds = fastdata.open(a.shards)
+    s, b = ds.size, a.batch
+    dtype = input_dtype("bf16" if dev.type == "cuda" else "fp32", dev)
+    torch.manual_seed(0)
+    model = build_model(a.model, len(ds.classes)).to(dev, memory_format=torch.channels_last)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                     precision="bf16" if dev.type == "cuda" else "fp32", channels_last=True)
+    aug = Augment(train=True, crop=a.crop, dtype=dtype, channels_last=True)
+    idx = np.arange(b) % len(ds)
+    raw = torch.from_numpy(ds.read_batch(idx))
+    y = torch.from_numpy(ds.labels[idx]).long().to(dev)
+    x = aug(raw, torch.Generator().manual_seed(0)).to(dev)
+    raw_dev = raw.to(dev)
+    pinned = raw.pin_memory() if dev.type == "cuda" else raw
+    side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+    g = torch.Generator().manual_seed(1)
+    rows = {}
+
+    def h2d():
+        if side is None:
+            step(x, y)
+            return
+        with torch.cuda.stream(side):
+            moved = pinned.to(dev, non_blocking=True)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        moved.record_stream(torch.cuda.current_stream(dev))
+        step(x, y)
+
+    rows["ceiling"] = rate(dev, lambda: step(x, y), a.steps, b)
+    rows["gpu-augment"] = rate(dev, lambda: step(aug(raw_dev, g), y), a.steps, b)
+    rows["h2d"] = rate(dev, h2d, a.steps, b)
+    for n in (int(t) for t in a.threads.split(",")):
+        stop, read = threading.Event(), [0]
+
+        def reader(seed):
+            r = np.random.default_rng(seed)
+            buf = torch.empty((b, s, s, 3), dtype=torch.uint8,
+                              pin_memory=dev.type == "cuda").numpy()
+            while not stop.is_set():
+                ds.read_batch(r.integers(0, len(ds), b), out=buf)
+                read[0] += b
+        threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(n)]
+        for t in threads:
+            t.start()
+        rows[f"reads-{n}"] = rate(dev, lambda: step(x, y), a.steps, b)
+        stop.set()
+        for t in threads:
+            t.join()
+        loader = fastdata.Loader(ds, batch_size=b, crop=a.crop, device=dev, dtype=dtype,
+                                 num_workers=n, drop_last=True)
+        it = iter(_forever(loader))
+        rows[f"loader-{n}"] = rate(dev, lambda: step(*next(it)), a.steps, b)
+    top = rows["ceiling"]
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"{a.model} batch {b}, {s}px stored → {a.crop}, {dtype} channels_last on {name}:")
+    for k, v in rows.items():
+        print(f"  {k:<12} {v:8.0f} img/s  {v / top:6.1%} of the ceiling")
+
+
+def _forever(loader):
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+if __name__ == "__main__":
+    main()
