@@ -30,28 +30,13 @@ import fastdata
 from fastdata.augment import Augment
 from fastdata.train.models import build_model
 from fastdata.train.step import TrainStep, input_dtype
+from gpu_step import timed
 
 
 def rate(dev, fn, steps: int, batch: int, rounds: int = 3) -> float:
-    """Median img/s of ``rounds`` timings of ``steps`` calls (CUDA events on a GPU)."""
+    """Median img/s of ``rounds`` timings of ``steps`` calls, after one untimed call."""
     fn()
-    out = []
-    for _ in range(rounds):
-        if dev.type == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(steps):
-                fn()
-            b.record()
-            b.synchronize()
-            out.append(steps * batch / (a.elapsed_time(b) / 1000))
-        else:
-            import time
-            t = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            out.append(steps * batch / (time.perf_counter() - t))
-    return statistics.median(out)
+    return statistics.median(steps * batch / timed(dev, fn, steps) for _ in range(rounds))
 
 
 def main() -> None:
