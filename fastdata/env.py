@@ -120,6 +120,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _dali_version() -> str | None:
+    """DALI's version and build, whichever is installed: the ``[dali]`` extra's
+    nvidia-dali-cuda120, or the builds for other CUDA versions (cuda110, cuda130)."""
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-dali"):
+            return f"{dist.version} ({name})"
+    return None
+
+
 def env_info() -> dict:
     import PIL
     import PIL.features
@@ -138,7 +148,7 @@ def env_info() -> dict:
         "libjpeg_turbo": bool(PIL.features.check_feature("libjpeg_turbo")),
         "webp": bool(PIL.features.check("webp")),
         "simplejpeg": _version("simplejpeg"),
-        "dali": _version("nvidia-dali-cuda120"),
+        "dali": _dali_version(),
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),

@@ -82,6 +82,20 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
         assert im.format == "PNG" and im.size[0] >= 400
 
 
+def test_env_names_whichever_dali_build_is_installed(tmp_path):
+    """On the H100 the JSON said dali: None while DALI's CUDA 13 build ran every DALI row."""
+    meta = tmp_path / "nvidia_dali_cuda130-9.9.9.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-dali-cuda130\n"
+                                   "Version: 9.9.9\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-c", "from fastdata.env import env_info; "
+                          "print(env_info()['dali'])"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "9.9.9 (nvidia-dali-cuda130)"
+
+
 def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path, caplog):
     src, shards = bench_set
     gone = str(tmp_path / "gone")
