@@ -26,7 +26,7 @@ from converters.decode import DecodeOptions, Ring, prepare_batch
 from converters.scan import scan_folder
 from converters.writers import WRITERS, ShardBuffer
 from fastdata.checks import choice, integer
-from fastdata.env import usable_cpus, warn_if_not_simd
+from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
                              write_json_atomic)
@@ -61,15 +61,14 @@ def default_shard_size(sizes, encoding: str) -> int:
 def _check_shard_fits(shard_size: int, files: int, sizes, encoding: str) -> None:
     """A shard is held in memory while it is written: refuse one larger than half of it
     (a too large --shard-size was a MemoryError traceback, or the OOM killer)."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+    memory = usable_memory()
+    if memory is None:
         return
     per_sample = _sample_bytes(sizes, encoding)
     need = min(shard_size, files) * per_sample
     if need > memory // 2:
         raise ValueError(f"shard_size={shard_size} makes shards of {need / 2**30:.1f} GiB, each "
-                         f"held in memory while it is written, and this machine has "
+                         f"held in memory while it is written, and this process may use "
                          f"{memory / 2**30:.1f} GiB: use --shard-size "
                          f"{max(1, memory // 2 // per_sample)} or less")
 

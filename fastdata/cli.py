@@ -115,8 +115,9 @@ def cmd_info(a) -> int:
         if a.json:
             echo(json.dumps(env, indent=1))
         else:
+            width = max(map(len, env))
             for k, v in env.items():
-                echo(f"{k:>14}: {v}")
+                echo(f"{k:>{width}}: {v}")
             if not env["pil_simd"]:
                 echo(f"  warning: PIL is not pillow-simd; fix: {SIMD_FIX}")
         if not a.out:

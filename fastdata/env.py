@@ -64,19 +64,48 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, min(n, quota) if quota else n)
 
 
+def usable_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes of memory this process may use: the machine's, capped by a cgroup memory limit
+    (``docker --memory``, Kubernetes memory limits), where going over is the OOM killer.
+    None where the machine's size is unknown."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    for words in _cgroup_files(cgroup_root, "memory", ("memory.max",),
+                               ("memory.limit_in_bytes",)):
+        if words[0].isdigit():              # v2 writes "max" for no limit
+            return min(memory, int(words[0]))
+    return memory
+
+
 def _cgroup_cpu_quota(root: str) -> int | None:
-    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``), read
-    where /proc/self/cgroup says, or at the hierarchy's root (a container's own view)."""
+    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``)."""
+    for words in _cgroup_files(root, "cpu", ("cpu.max",),
+                               ("cpu.cfs_quota_us", "cpu.cfs_period_us")):
+        try:
+            quota, period = int(words[0]), int(words[1])
+        except (ValueError, IndexError):   # v2 writes "max" for no quota
+            continue
+        if quota > 0 and period > 0:        # v1 writes -1 for no quota
+            return -(-quota // period)
+    return None
+
+
+def _cgroup_files(root: str, controller: str, v2: tuple, v1: tuple):
+    """The words of this process's cgroup files of ``controller`` (v2 names ``v2``, v1 names
+    ``v1``, joined), read where /proc/self/cgroup says, then at the hierarchy's root (a
+    container's own view)."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
-        return None
+        return
     for _, controllers, path in (line for line in lines if len(line) == 3):
         if controllers == "":
-            base, names = root, ("cpu.max",)
-        elif "cpu" in controllers.split(","):
-            base, names = os.path.join(root, controllers), ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            base, names = root, v2
+        elif controller in controllers.split(","):
+            base, names = os.path.join(root, controllers), v1
         else:
             continue
         for d in (os.path.join(base, path.lstrip("/")), base):
@@ -85,12 +114,10 @@ def _cgroup_cpu_quota(root: str) -> int | None:
                 for name in names:
                     with open(os.path.join(d, name)) as f:
                         words += f.read().split()
-                quota, period = int(words[0]), int(words[1])
-            except (OSError, ValueError, IndexError):   # v2 writes "max" for no quota
+            except OSError:
                 continue
-            if quota > 0 and period > 0:        # v1 writes -1 for no quota
-                return -(-quota // period)
-    return None
+            if words:
+                yield words
 
 
 def keep_freed_memory(limit: int = 1 << 30) -> bool:
@@ -152,6 +179,7 @@ def env_info() -> dict:
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
+        "usable_memory_gib": round(usable_memory() / 2**30, 1) if usable_memory() else None,
         "cuda": torch.cuda.is_available(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

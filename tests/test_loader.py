@@ -407,26 +407,46 @@ def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
     assert out.stdout.strip() == "1"
 
     mine = len(os.sched_getaffinity(0))
-    with open("/proc/self/cgroup") as f:    # this process's cgroups, under a stand-in root
-        groups = [line.rstrip("\n").split(":", 2) for line in f]
     for v1, (quota, period) in [(False, ("50000", "100000")), (True, ("50000", "100000")),
                                 (False, ("max", "100000")), (True, ("-1", "100000"))]:
         root = tmp_path / f"{v1}-{quota}"
-        for _, controllers, path in groups:
-            if v1 and "cpu" in controllers.split(","):
-                d = root / controllers / path.lstrip("/")
-                d.mkdir(parents=True, exist_ok=True)
-                (d / "cpu.cfs_quota_us").write_text(quota + "\n")
-                (d / "cpu.cfs_period_us").write_text(period + "\n")
-            elif not v1 and controllers == "":
-                d = root / path.lstrip("/")
-                d.mkdir(parents=True, exist_ok=True)
-                (d / "cpu.max").write_text(f"{quota} {period}\n")
-        if not root.exists():
-            continue                        # no such cgroup hierarchy on this machine
-        assert usable_cpus(str(root)) == (1 if quota == "50000" else mine), (v1, quota)
+        files = {"cpu.cfs_quota_us": quota, "cpu.cfs_period_us": period} if v1 else \
+            {"cpu.max": f"{quota} {period}"}
+        if _stand_in_cgroups(root, "cpu" if v1 else "", files):
+            assert usable_cpus(str(root)) == (1 if quota == "50000" else mine), (v1, quota)
     # a container's view: its own cgroup at the root, where /proc/self/cgroup names a host path
     (tmp_path / "container").mkdir()
     (tmp_path / "container" / "cpu.max").write_text("50000 100000\n")
-    if any(controllers == "" for _, controllers, _ in groups):
+    if _stand_in_cgroups(tmp_path / "unused", "", {}):
         assert usable_cpus(str(tmp_path / "container")) == 1
+
+
+def _stand_in_cgroups(root, controller: str, files: dict) -> bool:
+    """Writes ``files`` into this process's cgroup of ``controller`` ("" for v2's unified
+    hierarchy) under a stand-in root; False where this machine has no such hierarchy."""
+    with open("/proc/self/cgroup") as f:
+        groups = [line.rstrip("\n").split(":", 2) for line in f]
+    for _, controllers, path in groups:
+        if controllers == controller or (controller and controller in controllers.split(",")):
+            d = root / (controllers if controller else "") / path.lstrip("/")
+            d.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (d / name).write_text(text + "\n")
+            return True
+    return False
+
+
+def test_the_memory_check_follows_a_cgroup_memory_limit(tmp_path):
+    """In a container limited to 2 GiB (docker --memory, a Kubernetes limit) a shard of a few
+    GiB is the OOM killer, although the machine has far more: the limit counts."""
+    from fastdata.env import usable_memory
+
+    machine = usable_memory(str(tmp_path / "none"))
+    assert machine == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for v1, limit in [(False, "2147483648"), (True, "2147483648"), (False, "max"),
+                      (True, str(2**63 - 4096))]:                 # v1's "no limit"
+        root = tmp_path / f"{v1}-{limit}"
+        name = "memory.limit_in_bytes" if v1 else "memory.max"
+        if _stand_in_cgroups(root, "memory" if v1 else "", {name: limit}):
+            assert usable_memory(str(root)) == min(machine, 2**31 if limit == "2147483648"
+                                                   else machine), (v1, limit)
