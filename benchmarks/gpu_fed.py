@@ -5,6 +5,7 @@ ceiling although, alone, it delivered as many images per second as the model tak
 ResNet-50 at 98%, the torch backend at 89%). Each variant below adds one part of the loader's
 work to the same ``TrainStep`` on one fixed on-device batch, so the part that costs shows:
 
+  augment alone  the loader's GPU crop/resize/normalise of a stored uint8 batch, no step
   ceiling        the step alone
   gpu-augment    + the loader's GPU crop/resize/normalise of a stored uint8 batch, each step
   h2d            + a pinned uint8 batch copied to the GPU on a side stream, each step
@@ -13,6 +14,7 @@ work to the same ``TrainStep`` on one fixed on-device batch, so the part that co
   loader-N       fed by ``fastdata.Loader`` with N threads (what ``fastdata bench`` measures)
 
     python benchmarks/gpu_fed.py /tmp/raw --model resnet18      # a raw shard set stored at 256
+    python benchmarks/gpu_fed.py /tmp/raw --profile $OUT/fed.json   # + where 10 fed steps go
 
 Needs a CUDA device; ``--device cpu --model resnet8 --batch 16 --crop 24 --steps 3`` checks the
 logic on a CPU.
@@ -48,6 +50,8 @@ def main() -> None:
     ap.add_argument("--threads", default="4,16")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile", help="also profile 10 steps fed by the last loader: the top "
+                    "kernels/ops here, the timeline (chrome trace) to this file")
     a = ap.parse_args()
     dev = torch.device(a.device)
     torch.backends.cudnn.benchmark = dev.type == "cuda"
@@ -79,6 +83,7 @@ def main() -> None:
         moved.record_stream(torch.cuda.current_stream(dev))
         step(x, y)
 
+    rows["augment alone"] = rate(dev, lambda: aug(raw_dev, g), a.steps, b)
     rows["ceiling"] = rate(dev, lambda: step(x, y), a.steps, b)
     rows["gpu-augment"] = rate(dev, lambda: step(aug(raw_dev, g), y), a.steps, b)
     rows["h2d"] = rate(dev, h2d, a.steps, b)
@@ -103,11 +108,27 @@ def main() -> None:
                                  num_workers=n, drop_last=True)
         it = iter(_forever(loader))
         rows[f"loader-{n}"] = rate(dev, lambda: step(*next(it)), a.steps, b)
+    if a.profile:
+        _profile(dev, lambda: step(*next(it)), a.profile)
     top = rows["ceiling"]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} batch {b}, {s}px stored → {a.crop}, {dtype} channels_last on {name}:")
     for k, v in rows.items():
         print(f"  {k:<12} {v:8.0f} img/s  {v / top:6.1%} of the ceiling")
+
+
+def _profile(dev, fn, path: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = dev.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+        for _ in range(10):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25))
+    prof.export_chrome_trace(path)
 
 
 def _forever(loader):

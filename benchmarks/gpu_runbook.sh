@@ -70,7 +70,7 @@ prepare)
   T convert512; $FD -q convert /tmp/photos /tmp/raw512 --size 512
   T bench512; bench /tmp/raw512 --backends torch --model resnet50 --crop 224 \
     --json "$OUT/r50_512.json" | tee "$OUT/r50_512.txt"
-  T fed; python3 benchmarks/gpu_fed.py /tmp/raw --model resnet18 2>&1 | tee "$OUT/fed18.txt"
+  T fed; python3 benchmarks/gpu_fed.py /tmp/raw --model resnet18 --profile "$OUT/fed18.json" 2>&1 | tee "$OUT/fed18.txt"
   T demo; timeout 280 $FD demo --dir /tmp/demo 2>&1 | grep -v '%|' | tail -12 ;;
 4)
   T step18; python3 benchmarks/gpu_step.py --model resnet18 2>&1 | tee "$OUT/step18.txt"
