@@ -397,12 +397,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
         raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "
                               f"read ({len(skipped)} skipped, e.g. {examples})")
+    # a class whose images were all unreadable is as empty as an empty folder
+    dropped = {s["path"] for s in skipped}
+    have = {label for path, label in scan.files if path not in dropped}
+    empty = [c for i, c in enumerate(scan.classes) if i not in have]
     manifest = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": container,
         "encoding": encoding, "quality": int(quality) if encoding == "jpeg" else None,
         "sizes": list(sizes), "fit": fit, "classes": scan.classes, "num_samples": n_done,
         "shards": shards, "skipped": skipped, "ignored": scan.ignored,
-        "empty_classes": scan.empty_classes, "source": src, "config": fp,
+        "empty_classes": empty, "source": src, "config": fp,
     }
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     ignored = sum(scan.ignored.values())
@@ -413,4 +417,10 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         log.warning("skipped %s: %s", s["path"], s["reason"])
     if len(skipped) > 20:
         log.warning("... and %d more skipped (see %s)", len(skipped) - 20, MANIFEST)
+    if empty:       # a model built from len(classes) gets an output per folder
+        log.warning("%d class%s without a readable image, kept so that labels match the folder "
+                    "names: %s (remove %s from %s and convert again to drop %s)", len(empty),
+                    "" if len(empty) == 1 else "es", ", ".join(empty[:10]) +
+                    (", ..." if len(empty) > 10 else ""), "it" if len(empty) == 1 else "them",
+                    src, "it" if len(empty) == 1 else "them")
     return manifest

@@ -90,10 +90,11 @@ def print_info(d: dict) -> None:
     enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
     echo(f"{d['path']}  (from {d['source']})")
     plural = "" if d["shards"] == 1 else "s"
-    echo(f"  {d['samples']} samples in {d['shards']} {d['container']} shard{plural}, {enc}, "
+    echo(f"  {d['samples']} sample{'' if d['samples'] == 1 else 's'} in {d['shards']} "
+         f"{d['container']} shard{plural}, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{_human(d['bytes'])} on disk")
-    echo(f"  {len(d['classes'])} classes:")
+    echo(f"  {len(d['classes'])} class{'' if len(d['classes']) == 1 else 'es'}:")
     width = max(map(len, d["classes"]), default=0)
     for name, n in d["classes"].items():
         echo(f"    {name:<{width}}  {n}")

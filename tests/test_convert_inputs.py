@@ -104,6 +104,22 @@ def test_nothing_readable_is_one_clear_error(tmp_path, caplog):
         assert re.search(match, caplog.text), caplog.text
 
 
+def test_a_class_left_without_images_is_named_empty(tmp_path, caplog):
+    """All of a class's images unreadable, or a class of AppleDouble files (``__MACOSX`` from a
+    zip made on a Mac): the class keeps its index, and the manifest, `info` and a warning say
+    that it has no image (a model built from len(classes) gets an output for it)."""
+    src = tmp_path / "src"
+    for d in ("a", "b", "__MACOSX/a"):
+        (src / d).mkdir(parents=True)
+    Image.new("RGB", (20, 20)).save(src / "a" / "x.png")
+    (src / "b" / "y.jpg").write_text("not a jpeg")
+    (src / "__MACOSX" / "a" / "._x.png").write_bytes(b"\0\5\26\7")
+    m = convert(str(src), str(tmp_path / "out"), sizes=[8], workers=1, progress=False)
+    assert m["classes"] == ["__MACOSX", "a", "b"] and m["empty_classes"] == ["__MACOSX", "b"]
+    assert "2 classes without a readable image, kept so that labels match the folder names: " \
+        "__MACOSX, b" in caplog.text
+
+
 def _die_on(name, real=decode.prepare):
     def prepare(path, opts):
         if os.path.basename(path) == name:
