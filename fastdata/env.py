@@ -75,12 +75,14 @@ def usable_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
     for words in _cgroup_files(cgroup_root, "memory", ("memory.max",),
                                ("memory.limit_in_bytes",)):
         if words[0].isdigit():              # v2 writes "max" for no limit
-            return min(memory, int(words[0]))
+            memory = min(memory, int(words[0]))
     return memory
 
 
 def _cgroup_cpu_quota(root: str) -> int | None:
-    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``)."""
+    """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``): the
+    smallest on its way to the root."""
+    quotas = []
     for words in _cgroup_files(root, "cpu", ("cpu.max",),
                                ("cpu.cfs_quota_us", "cpu.cfs_period_us")):
         try:
@@ -88,14 +90,14 @@ def _cgroup_cpu_quota(root: str) -> int | None:
         except (ValueError, IndexError):   # v2 writes "max" for no quota
             continue
         if quota > 0 and period > 0:        # v1 writes -1 for no quota
-            return -(-quota // period)
-    return None
+            quotas.append(-(-quota // period))
+    return min(quotas, default=None)
 
 
 def _cgroup_files(root: str, controller: str, v2: tuple, v1: tuple):
     """The words of this process's cgroup files of ``controller`` (v2 names ``v2``, v1 names
-    ``v1``, joined), read where /proc/self/cgroup says, then at the hierarchy's root (a
-    container's own view)."""
+    ``v1``, joined): in the cgroup /proc/self/cgroup names and each one above it (a limit on a
+    parent applies too), up to the hierarchy's root, which is a container's own cgroup."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -108,7 +110,8 @@ def _cgroup_files(root: str, controller: str, v2: tuple, v1: tuple):
             base, names = os.path.join(root, controllers), v1
         else:
             continue
-        for d in (os.path.join(base, path.lstrip("/")), base):
+        parts = [p for p in path.split("/") if p]
+        for d in (os.path.join(base, *parts[:k]) for k in range(len(parts), -1, -1)):
             try:
                 words = []
                 for name in names:
@@ -163,6 +166,7 @@ def env_info() -> dict:
 
     import torch
 
+    memory = usable_memory()
     info = {
         "python": platform.python_version(),
         "fastdata": _version("fastdata"),
@@ -179,7 +183,7 @@ def env_info() -> dict:
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
-        "usable_memory_gib": round(usable_memory() / 2**30, 1) if usable_memory() else None,
+        "usable_memory_gib": round(memory / 2**30, 1) if memory else None,
         "cuda": torch.cuda.is_available(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }

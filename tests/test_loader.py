@@ -417,13 +417,15 @@ def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
     # a container's view: its own cgroup at the root, where /proc/self/cgroup names a host path
     (tmp_path / "container").mkdir()
     (tmp_path / "container" / "cpu.max").write_text("50000 100000\n")
-    if _stand_in_cgroups(tmp_path / "unused", "", {}):
-        assert usable_cpus(str(tmp_path / "container")) == 1
+    with open("/proc/self/cgroup") as f:
+        if any(line.startswith("0::") for line in f):               # a v2 hierarchy
+            assert usable_cpus(str(tmp_path / "container")) == 1
 
 
-def _stand_in_cgroups(root, controller: str, files: dict) -> bool:
+def _stand_in_cgroups(root, controller: str, files: dict):
     """Writes ``files`` into this process's cgroup of ``controller`` ("" for v2's unified
-    hierarchy) under a stand-in root; False where this machine has no such hierarchy."""
+    hierarchy) under a stand-in root: that folder, or None where this machine has no such
+    hierarchy."""
     with open("/proc/self/cgroup") as f:
         groups = [line.rstrip("\n").split(":", 2) for line in f]
     for _, controllers, path in groups:
@@ -432,13 +434,13 @@ def _stand_in_cgroups(root, controller: str, files: dict) -> bool:
             d.mkdir(parents=True, exist_ok=True)
             for name, text in files.items():
                 (d / name).write_text(text + "\n")
-            return True
-    return False
+            return d
+    return None
 
 
-def test_the_memory_check_follows_a_cgroup_memory_limit(tmp_path):
-    """In a container limited to 2 GiB (docker --memory, a Kubernetes limit) a shard of a few
-    GiB is the OOM killer, although the machine has far more: the limit counts."""
+def test_usable_memory_follows_a_cgroup_memory_limit(tmp_path):
+    """In a container limited to 2 GiB (docker --memory, a Kubernetes limit) the convert's
+    memory check must count 2 GiB, not the machine: beyond the limit is the OOM killer."""
     from fastdata.env import usable_memory
 
     machine = usable_memory(str(tmp_path / "none"))
@@ -448,5 +450,13 @@ def test_the_memory_check_follows_a_cgroup_memory_limit(tmp_path):
         root = tmp_path / f"{v1}-{limit}"
         name = "memory.limit_in_bytes" if v1 else "memory.max"
         if _stand_in_cgroups(root, "memory" if v1 else "", {name: limit}):
-            assert usable_memory(str(root)) == min(machine, 2**31 if limit == "2147483648"
-                                                   else machine), (v1, limit)
+            expect = min(machine, 2**31) if limit == "2147483648" else machine
+            assert usable_memory(str(root)) == expect, (v1, limit)
+    # a limit on a parent cgroup (a systemd slice, a pod) applies below it too
+    for v1, name in [(False, "memory.max"), (True, "memory.limit_in_bytes")]:
+        root = tmp_path / f"parent-{v1}"
+        leaf = _stand_in_cgroups(root, "memory" if v1 else "", {name: "max" if not v1 else
+                                                                str(2**63 - 4096)})
+        if leaf is not None and leaf != root / ("memory" if v1 else ""):
+            (leaf.parent / name).write_text("1073741824\n")
+            assert usable_memory(str(root)) == min(machine, 2**30), v1
