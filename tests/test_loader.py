@@ -148,16 +148,24 @@ class _Garbage:
             f.write(f"{os.getpid()}\n")
 
 
-def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path):
+@pytest.mark.parametrize("frozen_by_the_program", [False, True])
+def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
+                                                          frozen_by_the_program):
     log = tmp_path / "freed"
     gc.disable()                    # the garbage lives on in the parent until the fork...
     try:
+        if frozen_by_the_program:           # a program's own pre-fork freeze stays as it was
+            keep = [object()]
+            gc.freeze()
         _Garbage(log)
         _COLLECT_IN_CHILD.append(1)                     # ...and each child collects at once
         loader = make(shards["hdf5"], num_workers=2, workers="process", mp_context="fork")
         assert len(list(loader)) == len(loader)
+        if frozen_by_the_program:
+            assert gc.get_freeze_count() > 0 and keep
     finally:
         _COLLECT_IN_CHILD.clear()
+        gc.unfreeze()
         gc.enable()
     gc.collect()
     assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
