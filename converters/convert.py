@@ -9,6 +9,7 @@ last. ``resume=True`` keeps every complete shard whose checksum verifies and con
 from __future__ import annotations
 
 import concurrent.futures as cf
+import gc
 import hashlib
 import json
 import logging
@@ -115,6 +116,10 @@ class _Decoder:
 
     def _new_pool(self):
         self.close()
+        # the workers fork from here on: a collection in one that frees a CUDA tensor (garbage
+        # of earlier work in this process, a notebook's training) kills it, as it killed a
+        # loader worker on an H100 (fastdata/loaders/torch_backend.py)
+        gc.collect()
         self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
                                             initializer=_worker_init,
                                             initargs=(self.ring, os.getpid()))
