@@ -88,7 +88,7 @@ def main() -> None:
     rows["gpu-augment"] = rate(dev, lambda: step(aug(raw_dev, g), y), a.steps, b)
     rows["h2d"] = rate(dev, h2d, a.steps, b)
     for n in (int(t) for t in a.threads.split(",")):
-        stop, read = threading.Event(), [0]
+        stop = threading.Event()
 
         def reader(seed):
             r = np.random.default_rng(seed)
@@ -96,7 +96,6 @@ def main() -> None:
                               pin_memory=dev.type == "cuda").numpy()
             while not stop.is_set():
                 ds.read_batch(r.integers(0, len(ds), b), out=buf)
-                read[0] += b
         threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(n)]
         for t in threads:
             t.start()
