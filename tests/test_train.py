@@ -355,7 +355,8 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
 def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_set, tmp_path,
                                                                            caplog):
     """Each used to end in a traceback: torch's page of mismatched keys, Adam's KeyError on
-    SGD's state, or an unpickling error (a truncated file: "[Errno 22] Invalid argument")."""
+    SGD's state, LambdaLR's KeyError on OneCycleLR's state, or an unpickling error (a truncated
+    file: "[Errno 22] Invalid argument"); a schedule added on resume restarted mid-run."""
     from fastdata.cli import main as cli
 
     ck = str(tmp_path / "ck")
@@ -367,6 +368,16 @@ def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_
     assert "[8, 3, 3, 3] there, [16, 3, 3, 3] here" in caplog.text
     assert cli(run + ["tiny", "--epochs", "2", "--optimizer", "adamw"]) == 2
     assert "saved with the optimizer SGD, and this run uses AdamW" in caplog.text
+    one = run[:-5] + ["--model", "tiny", "--epochs", "1", "--checkpoint"]
+    for schedule in ("onecycle", "cosine"):     # was: restarted mid-run, or LambdaLR's KeyError
+        assert cli(one + [ck, "--schedule", schedule]) == 2
+        assert f"saved with the learning-rate schedule none, and this run uses {schedule} " \
+               f"(--schedule)" in caplog.text
+    ck2 = str(tmp_path / "ck2")
+    assert cli(one + [ck2, "--schedule", "onecycle"]) == 0
+    assert cli(one + [ck2, "--schedule", "cosine"]) == 2
+    assert "saved with the learning-rate schedule onecycle, and this run uses cosine" in \
+        caplog.text
     with open(os.path.join(ck, "last.pt"), "rb+") as f:
         f.truncate(2000)
     assert cli(run + ["tiny", "--epochs", "2"]) == 2

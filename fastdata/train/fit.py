@@ -194,16 +194,25 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
 
 def _state(step: TrainStep, loader, epoch: int) -> dict:
     return {"model": step.module.state_dict(), "optimizer": step.optimizer.state_dict(),
-            "optimizer_class": type(step.optimizer).__name__,
+            "optimizer_class": _class(step.optimizer),
             "scheduler": step.scheduler.state_dict() if step.scheduler else None,
+            "scheduler_class": _class(step.scheduler),
             "step": step.state_dict(), "loader": loader.state_dict(), "epoch": epoch,
             "rng": torch.get_rng_state()}
 
 
+_SCHEDULE_NAMES = {None: "none", "OneCycleLR": "onecycle", "LambdaLR": "cosine"}
+
+
+def _class(obj) -> str | None:
+    return None if obj is None else type(obj).__name__
+
+
 def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
-    """A checkpoint of another model, optimizer or schedule length, named in one line (instead
-    of torch's page of mismatched keys, Adam's KeyError on SGD's state, or OneCycleLR's "Tried
-    to step N times")."""
+    """A checkpoint of another model, optimizer, schedule or schedule length, named in one line
+    (instead of torch's page of mismatched keys, Adam's KeyError on SGD's state, LambdaLR's
+    KeyError on OneCycleLR's state, a schedule silently restarted or dropped, or OneCycleLR's
+    "Tried to step N times")."""
     again = "resume with the same settings, or start anew in another checkpoint folder"
     theirs, mine = saved["model"], step.module.state_dict()
     shape = lambda d, k: list(getattr(d[k], "shape", ())) if k in d else "absent"  # noqa: E731
@@ -215,9 +224,15 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
                          f"differ from this model's (e.g. {k}: {shape(theirs, k)} there, "
                          f"{shape(mine, k)} here); {again}")
     cls = saved.get("optimizer_class")      # absent from checkpoints saved before it was kept
-    if cls is not None and cls != type(step.optimizer).__name__:
+    if cls is not None and cls != _class(step.optimizer):
         raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
-                         f"{type(step.optimizer).__name__}; {again}")
+                         f"{_class(step.optimizer)}; {again}")
+    mine = _class(step.scheduler)
+    theirs = None if saved["scheduler"] is None else saved.get("scheduler_class", mine)
+    if theirs != mine:                      # (a class not kept: saved before it was)
+        name = lambda c: _SCHEDULE_NAMES.get(c, c)  # noqa: E731
+        raise ValueError(f"{path} was saved with the learning-rate schedule {name(theirs)}, "
+                         f"and this run uses {name(mine)} (--schedule); {again}")
     if step.scheduler is not None and saved["scheduler"] is not None:
         have = saved["scheduler"].get("total_steps")
         want = getattr(step.scheduler, "total_steps", None)
