@@ -356,7 +356,8 @@ def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_
                                                                            caplog):
     """Each used to end in a traceback: torch's page of mismatched keys, Adam's KeyError on
     SGD's state, LambdaLR's KeyError on OneCycleLR's state, or an unpickling error (a truncated
-    file: "[Errno 22] Invalid argument"); a schedule added on resume restarted mid-run."""
+    file: "[Errno 22] Invalid argument"), or GradScaler's on an fp32 run resumed in fp16; a
+    schedule added on resume restarted mid-run, and a new --lr was dropped silently."""
     from fastdata.cli import main as cli
 
     ck = str(tmp_path / "ck")
@@ -378,12 +379,17 @@ def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_
     assert cli(one + [ck2, "--schedule", "cosine"]) == 2
     assert "saved with the learning-rate schedule onecycle, and this run uses cosine" in \
         caplog.text
+    assert cli(one + [ck2, "--schedule", "onecycle", "--lr", "0.3"]) == 2   # was: ignored
+    assert "saved with lr 0.1, and this run has 0.3 (--lr)" in caplog.text
     with open(os.path.join(ck, "last.pt"), "rb+") as f:
         f.truncate(2000)
     assert cli(run + ["tiny", "--epochs", "2"]) == 2
     assert "last.pt cannot be read as a checkpoint (" in caplog.text
     os.remove(os.path.join(ck, "last.pt"))
     assert cli(run + ["tiny", "--epochs", "2"]) == 0
+    # on to fp16 (a CPU run resumed on a GPU without bf16): its scaler starts afresh (it was
+    # GradScaler's "The source state dict is empty" traceback)
+    assert cli(run + ["tiny", "--epochs", "3", "--precision", "fp16"]) == 0
 
 
 @pytest.mark.parametrize("sig,at", [(signal.SIGINT, 5), (signal.SIGTERM, 5),  # SIGTERM: a

@@ -208,11 +208,24 @@ def _class(obj) -> str | None:
     return None if obj is None else type(obj).__name__
 
 
+def _base(group: dict, key: str):
+    """A param group's setting as given, not as a schedule has moved it (OneCycleLR keeps the
+    given lr as ``max_lr``, LambdaLR as ``initial_lr``)."""
+    if key == "lr":
+        return group.get("max_lr", group.get("initial_lr", group["lr"]))
+    return group.get(key)
+
+
+def _listed(values: list) -> str:
+    return f"{values[0]:g}" if len(set(values)) == 1 else ", ".join(f"{v:g}" for v in values)
+
+
 def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
-    """A checkpoint of another model, optimizer, schedule or schedule length, named in one line
-    (instead of torch's page of mismatched keys, Adam's KeyError on SGD's state, LambdaLR's
-    KeyError on OneCycleLR's state, a schedule silently restarted or dropped, or OneCycleLR's
-    "Tried to step N times")."""
+    """A checkpoint of another model, optimizer, learning rate or weight decay, schedule or
+    schedule length, named in one line (instead of torch's page of mismatched keys, Adam's
+    KeyError on SGD's state, a new --lr silently replaced by the saved one, LambdaLR's KeyError
+    on OneCycleLR's state, a schedule silently restarted or dropped, or OneCycleLR's "Tried to
+    step N times")."""
     again = "resume with the same settings, or start anew in another checkpoint folder"
     theirs, mine = saved["model"], step.module.state_dict()
     shape = lambda d, k: list(getattr(d[k], "shape", ())) if k in d else "absent"  # noqa: E731
@@ -227,6 +240,12 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
     if cls is not None and cls != _class(step.optimizer):
         raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
                          f"{_class(step.optimizer)}; {again}")
+    for key, flag in (("lr", "--lr"), ("weight_decay", "--weight-decay")):
+        have = [_base(g, key) for g in saved["optimizer"]["param_groups"]]
+        want = [_base(g, key) for g in step.optimizer.param_groups]
+        if have != want:                    # else loading the optimizer drops this run's
+            raise ValueError(f"{path} was saved with {key} {_listed(have)}, and this run has "
+                             f"{_listed(want)} ({flag}); {again}")
     mine = _class(step.scheduler)
     theirs = None if saved["scheduler"] is None else saved.get("scheduler_class", mine)
     if theirs != mine:                      # (a class not kept: saved before it was)

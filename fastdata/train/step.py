@@ -163,4 +163,5 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         # "micro" counted every micro-batch before close_window: saved at a window's end
         self.micro, self.steps = state["micro"] % self.accum_steps, state["steps"]
-        self.scaler.load_state_dict(state["scaler"])
+        if state["scaler"]:     # empty: saved without fp16 (a bf16 or fp32 run); a fresh scale
+            self.scaler.load_state_dict(state["scaler"])
