@@ -171,6 +171,25 @@ def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
     assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
 
 
+@pytest.mark.gpu
+def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
+    """The crash itself, on a GPU: a CUDA tensor in a garbage cycle, collected in a forked
+    worker, killed it ("CUDA error: initialization error")."""
+    gc.disable()
+    try:
+        cycle = _Garbage(tmp_path / "freed")
+        cycle.tensor = torch.ones(4, device="cuda")
+        del cycle
+        _COLLECT_IN_CHILD.append(1)
+        loader = make(shards["hdf5"], num_workers=2, workers="process", mp_context="fork",
+                      device="cuda")
+        assert len(list(loader)) == len(loader)
+    finally:
+        _COLLECT_IN_CHILD.clear()
+        gc.enable()
+    gc.collect()
+
+
 def test_float_output_contract_and_determinism(shards):
     def run(workers, kind):
         loader = fastdata.Loader(shards["hdf5"], batch_size=5, size=32, crop=24, device="cpu",
