@@ -211,13 +211,14 @@ def _class(obj) -> str | None:
 def _base(group: dict, key: str):
     """A param group's setting as given, not as a schedule has moved it (OneCycleLR keeps the
     given lr as ``max_lr``, LambdaLR as ``initial_lr``)."""
-    if key == "lr":
-        return group.get("max_lr", group.get("initial_lr", group["lr"]))
-    return group.get(key)
+    value = group.get("max_lr", group.get("initial_lr", group["lr"])) if key == "lr" else \
+        group.get(key)
+    return None if value is None else float(value)      # (a tensor lr: capturable optimizers)
 
 
 def _listed(values: list) -> str:
-    return f"{values[0]:g}" if len(set(values)) == 1 else ", ".join(f"{v:g}" for v in values)
+    shown = [f"{v:g}" if v is not None else "none" for v in values]
+    return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
 
 
 def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
