@@ -270,7 +270,8 @@ def test_bad_device_and_empty_epoch_are_named(shard_set, caplog, capsys):
     loader = fastdata.Loader(shard_set, batch_size=8, device="cpu")
     for kw, msg in (({"epochs": 0}, "epochs=0 is not valid; use an integer >= 1"),
                     ({"epochs": 1, "log_every": -1}, "log_every=-1 .* >= 0"),
-                    ({"epochs": 1, "max_steps": 0}, "max_steps=0 .* >= 1 or None")):
+                    ({"epochs": 1, "max_steps": 0}, "max_steps=0 .* >= 1 or None"),
+                    ({"epochs": 1, "checkpoint_dir": __file__}, "is a file: give a folder")):
         with pytest.raises(ValueError, match=msg):      # epochs=0 used to train nothing, rc 0
             fit(TrainStep(model, sgd(model)), loader, **kw)
     assert cli(["-q", "train", shard_set, "--batch-size", "8", "--accum", "0"]) == 2  # was a

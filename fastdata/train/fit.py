@@ -101,6 +101,9 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
         torch.backends.cudnn.benchmark = True
     ckpt = os.path.join(checkpoint_dir, "last.pt") if checkpoint_dir else None
     if ckpt:
+        if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+            raise ValueError(f"checkpoint_dir={checkpoint_dir!r} is a file: give a folder (its "
+                             f"last.pt is written there)")
         os.makedirs(checkpoint_dir, exist_ok=True)
     epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
