@@ -149,6 +149,7 @@ def train_run(a) -> dict:
     import torch
 
     from fastdata.loaders import Loader
+    from fastdata.readers import ShardSet
     from fastdata.train import TrainStep, build_model, fit, make_scheduler
     from fastdata.train import distributed as dist
     from fastdata.train.step import default_precision, input_dtype
@@ -163,7 +164,16 @@ def train_run(a) -> dict:
                       device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers,
                       channels_last=True)   # the model's layout below: no per-step copy
         train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
-        val = Loader(a.val, train=False, **common) if a.val else None
+        val = None
+        if a.val:       # evaluated at the size trained on (by default each set's largest)
+            held = ShardSet(a.val)
+            if train.size not in held.sizes:
+                both = set(held.sizes) & set(train.dataset.sizes)
+                raise ValueError(f"--val {a.val} stores sizes {', '.join(map(str, held.sizes))}, "
+                                 f"not {train.size}, the size trained on: convert it with "
+                                 f"--size {train.size} too" +
+                                 (f", or train with --size {max(both)}" if both else ""))
+            val = Loader(held, train=False, **{**common, "size": train.size})
         if val is not None and val.dataset.classes != train.dataset.classes:
             raise ValueError(f"--val {a.val} has classes {val.dataset.classes}, "
                              f"not the training set's {train.dataset.classes}")

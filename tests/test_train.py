@@ -353,6 +353,23 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
     assert "nothing left to train" in caplog.text
 
 
+def test_val_is_evaluated_at_the_size_trained_on(tmp_path, caplog):
+    """Each set's default size is its largest: a val set stored smaller was evaluated at its
+    own size, not the one trained on, without a word."""
+    from fastdata.cli import main as cli
+
+    src = plain_folder(tmp_path / "src", per_class=4)
+    t, v = str(tmp_path / "t"), str(tmp_path / "v")
+    convert(src, t, sizes=[8, 16], workers=1, progress=False)
+    convert(src, v, sizes=[8], workers=1, progress=False)
+    run = ["-q", "train", t, "--val", v, "--epochs", "1", "--batch-size", "4", "--device",
+           "cpu", "--workers", "0", "--model", "tiny"]
+    assert cli(run) == 2
+    assert f"--val {v} stores sizes 8, not 16, the size trained on: convert it with --size 16 " \
+           f"too, or train with --size 8" in caplog.text
+    assert cli(run + ["--size", "8"]) == 0
+
+
 def test_resume_names_another_model_or_optimizer_and_a_damaged_checkpoint(shard_set, tmp_path,
                                                                            caplog):
     """Each used to end in a traceback: torch's page of mismatched keys, Adam's KeyError on
