@@ -116,9 +116,8 @@ class _Decoder:
 
     def _new_pool(self):
         self.close()
-        # the workers fork from here on: a collection in one that frees a CUDA tensor (garbage
-        # of earlier work in this process, a notebook's training) kills it, as it killed a
-        # loader worker on an H100 (fastdata/loaders/torch_backend.py)
+        # the workers fork from here on: no garbage for them to collect (a CUDA tensor of a
+        # notebook's training, freed in a child, kills it: fastdata/loaders/torch_backend.py)
         gc.collect()
         self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
                                             initializer=_worker_init,

@@ -5,7 +5,7 @@ are matched by extension case-insensitively, nested sub-directories and symlinks
 directories, loops broken) are followed, dotfiles/dot-directories, non-image files and images
 directly in ``root`` (in no class) are ignored and counted. A class directory without images
 keeps its index (so indices always match sorted folder names, like
-``ImageFolder(allow_empty=True)``) and is reported in ``empty_classes``.
+``ImageFolder(allow_empty=True)``); the converter reports it as empty.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ class Scan:
     classes: list[str]
     files: list[tuple[str, int]]            # (path relative to root, label), sorted
     ignored: dict[str, int] = field(default_factory=dict)   # reason -> count
-    empty_classes: list[str] = field(default_factory=list)
 
 
 def scan_folder(root: str, *, progress: bool = False) -> Scan:
@@ -71,6 +70,4 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
         files.extend((p, label) for p in sorted(found))
         bar.update(1)
     bar.close()
-    counts = {label for _, label in files}
-    empty = [c for i, c in enumerate(classes) if i not in counts]
-    return Scan(root, classes, files, ignored, empty)
+    return Scan(root, classes, files, ignored)

@@ -250,12 +250,12 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
         if have != want:                    # else loading the optimizer drops this run's
             raise ValueError(f"{path} was saved with {key} {_listed(have)}, and this run has "
                              f"{_listed(want)} ({flag}); {again}")
-    mine = _class(step.scheduler)
-    theirs = None if saved["scheduler"] is None else saved.get("scheduler_class", mine)
-    if theirs != mine:                      # (a class not kept: saved before it was)
+    ours = _class(step.scheduler)
+    saved_as = None if saved["scheduler"] is None else saved.get("scheduler_class", ours)
+    if saved_as != ours:                    # (a class not kept: saved before it was)
         name = lambda c: _SCHEDULE_NAMES.get(c, c)  # noqa: E731
-        raise ValueError(f"{path} was saved with the learning-rate schedule {name(theirs)}, "
-                         f"and this run uses {name(mine)} (--schedule); {again}")
+        raise ValueError(f"{path} was saved with the learning-rate schedule {name(saved_as)}, "
+                         f"and this run uses {name(ours)} (--schedule); {again}")
     if step.scheduler is not None and saved["scheduler"] is not None:
         have = saved["scheduler"].get("total_steps")
         want = getattr(step.scheduler, "total_steps", None)
