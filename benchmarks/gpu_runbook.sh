@@ -33,7 +33,7 @@ prepare)
   pip=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12
        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-  mkdir -p .p1 .p2 .p3 .p4 .p5 /tmp/fd-gpu
+  mkdir -p .p1 .p2 .p3 .p4 .p5 /tmp/fd-gpu .git/info
   for p in .p1 .p2 .p3 .p4 .p5; do grep -qx "/$p/" .git/info/exclude 2>/dev/null || echo "/$p/" >> .git/info/exclude; done
   "${pip[@]}" -d .p1 lmdb simplejpeg pytest-timeout astunparse==1.6.3 gast==0.6.0 optree nvtx \
     makefun 'libcst~=1.8' 'nvidia-nvjpeg>=13.0,<13.1' 'nvidia-nvimgcodec-cu13>=0.9,<0.10'

@@ -109,8 +109,12 @@ def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor
     whole stored image (a crop's weights are zero outside it), so a launch per image and
     aliasing on downscaled crops are both avoided."""
     b, height, width, _ = x.shape
-    boxes = boxes.to(x.device, non_blocking=True)
-    flips = torch.as_tensor(flips, dtype=torch.bool).to(x.device, non_blocking=True)
+    if boxes.device != x.device:    # one copy, pinned: CUDA makes a copy from pageable memory
+        flips = torch.as_tensor(flips, dtype=torch.long)    # wait for its stream's earlier work
+        p = torch.cat([boxes, flips[:, None]], 1)
+        p = (p.pin_memory() if x.is_cuda else p).to(x.device, non_blocking=True)
+        boxes, flips = p[:, :4], p[:, 4]
+    flips = torch.as_tensor(flips, dtype=torch.bool, device=x.device)
     wy = resample_weights(boxes[:, 0], boxes[:, 2], height, out)
     wx = resample_weights(boxes[:, 1], boxes[:, 3], width, out, flips)
     t = torch.bmm(wy, x.float().reshape(b, height, width * 3))          # rows: (B, out, W*3)
@@ -162,11 +166,12 @@ class Augment:
             boxes, flips = center_boxes(n, height, width, self.eval_ratio), [False] * n
         return boxes, flips
 
-    def __call__(self, x: torch.Tensor, generator=None, out: torch.Tensor | None = None
-                 ) -> torch.Tensor:
-        """``out``: an optional preallocated result (right shape, dtype and memory format)."""
+    def __call__(self, x: torch.Tensor, generator=None, out: torch.Tensor | None = None,
+                 params=None) -> torch.Tensor:
+        """``out``: an optional preallocated result (right shape, dtype and memory format);
+        ``params``: ``(boxes, flips)`` drawn beforehand by ``params()`` instead of here."""
         n, height, width, _ = x.shape
-        boxes, flips = self.params(n, height, width, generator)
+        boxes, flips = params if params is not None else self.params(n, height, width, generator)
         kernel = self.kernel
         if kernel == "auto":
             kernel = "batched" if x.device.type == "cuda" else "per_sample"

@@ -6,6 +6,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -188,6 +189,36 @@ def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
         _COLLECT_IN_CHILD.clear()
         gc.enable()
     gc.collect()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_cuda_batches_never_make_the_host_wait_for_the_gpu(shards, backend):
+    """A copy from pageable memory first waits for its stream's earlier work (CUDA's rule):
+    labels and crop parameters copied that way made the training loop wait for the GPU at
+    every batch. With the GPU kept busy for about a second on the training stream (and on
+    the torch backend's side stream), the next batches must still come at once."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    loader = fastdata.Loader(shards["hdf5"], backend=backend, batch_size=4, size=32, crop=24,
+                             device="cuda", num_workers=2, prefetch=1)
+    it = iter(loader)
+    next(it)
+    streams = [torch.cuda.current_stream()]
+    if backend == "torch":
+        streams.append(loader._backend._stream)
+    time.sleep(0.5)                         # the readers fill the read-ahead meanwhile
+    t0 = time.perf_counter()
+    for s in streams:
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(2_000_000_000)   # GPU clock cycles: ~1 s
+    x, y = next(it)
+    x, y = next(it)
+    waited = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    busy = time.perf_counter() - t0
+    assert busy > 0.3 and waited < busy / 3, (waited, busy)
+    assert x.shape == (4, 3, 24, 24) and y.is_cuda
 
 
 def test_float_output_contract_and_determinism(shards):

@@ -108,6 +108,8 @@ class DaliBackend(Backend):
                                            output_type=types.RGB)
             elif self.gpu:
                 images = images.gpu()
+            if self.gpu:    # a host batch would reach torch as pageable memory, and copying
+                labels = labels.gpu()   # that makes the host wait for the training step
             out = l.crop or size
             if t.train:
                 images = fn.random_resized_crop(

@@ -117,7 +117,7 @@ class _BatchReader:
         self.ds.read_batch(indices, size=s, out=raw.numpy())
         labels = torch.from_numpy(self.ds.labels[indices])
         if not self.on_host:
-            return raw, labels, self.seed_of(epoch, position)
+            return self._for_device(raw, labels, epoch, position)
         if not self.needs_transform:         # the stored uint8 as is, as (B,3,S,S)
             nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
             if self.transform.channels_last:
@@ -135,6 +135,23 @@ class _BatchReader:
             out = self._pool(("out", b, o), (b, 3, o, o), t.dtype).get()
         return t(raw, g, out=out), labels, None
 
+    def _for_device(self, raw, labels, epoch, position):
+        """``(raw, labels, params)``, all pinned (in a worker process the DataLoader pins
+        them): a copy from pageable memory makes the host wait for the copying stream's earlier
+        work (CUDA's rule for such copies), which made the training loop wait for the previous
+        batch's augmentation. ``params``: this batch's crop boxes and flips, (B, 5) int64, drawn
+        here rather than in the training loop's thread; None without augmentation."""
+        b = len(labels)
+        pinned = self._pool(("labels", b), (b,), labels.dtype).get().copy_(labels)
+        if not self.needs_transform:
+            return raw, pinned, None
+        g = torch.Generator().manual_seed(self.seed_of(epoch, position))
+        boxes, flips = self.transform.params(b, self.size, self.size, g)
+        params = self._pool(("params", b), (b, 5), torch.int64).get()
+        params[:, :4] = boxes
+        params[:, 4] = torch.tensor(flips)
+        return raw, pinned, params
+
 
 class TorchBackend(Backend):
     name = "torch"
@@ -143,6 +160,7 @@ class TorchBackend(Backend):
         super().__init__(loader)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._reader: _BatchReader | None = None
+        self._stream = None         # the side stream that copies and augments on CUDA
 
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
     def _host(self, reader, batches, epoch, start):
@@ -176,26 +194,28 @@ class TorchBackend(Backend):
     def _cuda(self, host, reader):
         l = self.loader
         dev = l.device
-        stream = torch.cuda.Stream(dev)
+        if self._stream is None or self._stream.device != dev:
+            self._stream = torch.cuda.Stream(dev)
+        stream = self._stream
         pending: deque = deque()
         copying: deque = deque()    # (event, pinned buffer): kept alive until the copy is done
 
         def stage(item):
             while copying and copying[0][0].query():
                 copying.popleft()
-            raw, labels, seed = item
+            raw, labels, params = item
             with torch.cuda.stream(stream):
                 x = raw.to(dev, non_blocking=True)
                 y = labels.to(dev, non_blocking=True)
-                if reader.needs_transform:
-                    g = torch.Generator().manual_seed(seed)
-                    x = reader.transform(x, g)
+                if params is not None:
+                    p = params.to(dev, non_blocking=True)
+                    x = reader.transform(x, params=(p[:, :4], p[:, 4]))
                 else:
                     x = x.permute(0, 3, 1, 2)
                     x = x.contiguous(memory_format=reader.transform.memory_format)
                 done = torch.cuda.Event()
                 done.record(stream)
-            copying.append((done, raw))
+            copying.append((done, item))    # pooled host buffers: reused once copied
             return x, y, done
 
         for item in host:
