@@ -95,7 +95,7 @@ def _decode_jpeg(data: bytes, img: Image.Image, opts: DecodeOptions) -> Image.Im
 
     Identical pixels to PIL's decoder (same library, same IDCT, the same power-of-two DCT
     scaling as ``Image.draft``); ``prepare()`` at 256 px took 0.98 instead of 1.22 ms of CPU
-    per image (``benchmarks/ab_convert.py``): PIL decodes into its own buffer and repacks.
+    per image (``benchmarks/ab_trees.py``): PIL decodes into its own buffer and repacks.
     ``None`` for what it does not take (CMYK, or anything libjpeg-turbo warns about), so PIL
     decides those.
     """

@@ -1,0 +1,119 @@
+"""This tree vs another checkout of fastdata (e.g. an older commit), the runs interleaved round
+by round so machine noise hits both alike; figures in RESULTS.md.
+
+    git worktree add /tmp/fd-ref 1d069fc
+    .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref
+    .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref --job loader
+
+Each run is a fresh interpreter with its tree first on ``sys.path``.
+``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` does), HDF5
+and LMDB; first, in this tree, the worker's per-image CPU time with the simplejpeg decode path
+vs PIL's decoder.
+``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
+RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
+channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CONVERT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from converters.convert import convert
+t = time.perf_counter()
+m = convert(sys.argv[2], sys.argv[3], container=sys.argv[4], sizes=[int(sys.argv[5])],
+            overwrite=True, progress=False)
+print(m["num_samples"] / (time.perf_counter() - t))
+"""
+LOADER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, fastdata
+torch.set_num_threads(1)
+loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
+                         channels_last=sys.argv[3] == "channels_last")
+n = 0
+for k, (x, _) in enumerate(loader):
+    if k == 5:
+        t = time.perf_counter()
+    n += len(x) if k >= 5 else 0
+print(n / (time.perf_counter() - t))
+"""
+
+
+def decode_ab(photos: str, size: int, rounds: int, n: int = 300) -> None:
+    """Worker CPU time of ``prepare`` per image: simplejpeg into RGBX vs PIL's decoder (the
+    fast path switched off, as in tests/test_convert_inputs.py), interleaved rounds."""
+    from converters import decode
+    from converters.scan import scan_folder
+
+    files = [os.path.join(photos, p) for p, _ in scan_folder(photos).files[:n]]
+    opts = decode.DecodeOptions(sizes=(size,))
+    fast = decode._decode_jpeg
+    ms: dict[str, list[float]] = {"PIL": [], "simplejpeg": []}
+    for _ in range(rounds):
+        for side, fn in (("PIL", lambda *a: None), ("simplejpeg", fast)):
+            decode._decode_jpeg = fn
+            t = time.process_time()
+            for f in files:
+                decode.prepare(f, opts)
+            ms[side].append((time.process_time() - t) / len(files) * 1e3)
+    decode._decode_jpeg = fast
+    print(f"prepare() {size}px, {len(files)} images: " + ", ".join(
+        f"{k} {statistics.median(v):.2f} ms CPU/img" for k, v in ms.items()))
+
+
+def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -> None:
+    """``script`` run per tree, alternating, ``rounds`` times; prints medians and the ratio."""
+    rates: dict[str, list[float]] = {k: [] for k in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            out = subprocess.run([sys.executable, "-c", script, tree,
+                                  *(a.replace("{name}", name) for a in args)],
+                                 check=True, capture_output=True, text=True)
+            rates[name].append(float(out.stdout.split()[-1]))
+    ratio = [t / r for t, r in zip(rates["this"], rates["ref"])]
+    print(f"{label}: ref {statistics.median(rates['ref']):.0f} img/s, "
+          f"this {statistics.median(rates['this']):.0f} img/s, this/ref "
+          f"{statistics.median(ratio):.2f}x (rounds {min(ratio):.2f}-{max(ratio):.2f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("photos")
+    ap.add_argument("--ref", required=True, help="the other checkout")
+    ap.add_argument("--job", choices=("convert", "loader"), default="convert")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    trees = {"ref": os.path.abspath(a.ref),
+             "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    tmp = tempfile.mkdtemp(prefix="fd-ab-")
+    try:
+        if a.job == "convert":
+            decode_ab(a.photos, a.size, a.rounds)
+            for container in ("hdf5", "lmdb"):
+                interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
+                            os.path.join(tmp, "{name}"), container, str(a.size))
+            return
+        from converters.convert import convert
+
+        shards = os.path.join(tmp, "raw")
+        convert(a.photos, shards, sizes=[a.size], progress=False)
+        for layout in ("NCHW", "channels_last"):
+            interleaved(trees, a.rounds, f"loader RRC224 float32 {layout}", LOADER, shards,
+                        layout)
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
