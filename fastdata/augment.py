@@ -60,16 +60,16 @@ def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
     return box.expand(n, 4).clone()
 
 
-def resized_patches(x: torch.Tensor, boxes, flips, out: int):
-    """x: (B, H, W, 3) uint8 → each image's box resized to (3, out, out) uint8 (channels_last
-    strides), flipped where asked: one image at a time, so what follows works in cache."""
-    x = x.contiguous()
-    n, height, width, c = x.shape
-    strides = (height * width * c, 1, width * c, c)     # NHWC memory as a channels_last NCHW
-    for k, (t, l, h, w) in enumerate(boxes.tolist()):
-        # one call per view (slicing four dimensions costs three times the Python time)
-        patch = x.as_strided((1, c, h, w), strides,
-                             x.storage_offset() + k * strides[0] + t * strides[2] + l * c)
+def resized_patches(images, boxes, flips, out: int):
+    """images: a (B, H, W, 3) uint8 tensor or B (H, W, 3) ones → each image's box resized to
+    (3, out, out) uint8 (channels_last strides), flipped where asked: one image at a time, so
+    what follows works in cache."""
+    for k, (img, (t, l, h, w)) in enumerate(zip(images, boxes.tolist())):
+        sh, sw, sc = img.stride()
+        # one call for the crop's view (slicing four dimensions costs three times the Python
+        # time); NHWC memory as a channels_last NCHW
+        patch = img.as_strided((1, 3, h, w), (img.shape[0] * sh, sc, sh, sw),
+                               img.storage_offset() + t * sh + l * sw)
         resize = (h, w) != (out, out)
         if flips[k]:    # mirror the source crop, usually smaller than the output: the resize
             patch = patch.flip(-1)      # commutes with it, bit for bit (ab_cpu.py, "flip")
@@ -81,12 +81,13 @@ def resized_patches(x: torch.Tensor, boxes, flips, out: int):
         yield patch[0]
 
 
-def crop_resize_per_sample(x: torch.Tensor, boxes, flips, out: int,
+def crop_resize_per_sample(images, boxes, flips, out: int,
                            memory_format=torch.channels_last) -> torch.Tensor:
-    """x: (B, H, W, 3) uint8 → (B, 3, out, out) uint8 in ``memory_format``."""
-    y = torch.empty((x.shape[0], 3, out, out), dtype=x.dtype, device=x.device,
+    """images: (B, H, W, 3) uint8, or B such images → (B, 3, out, out) uint8 in
+    ``memory_format``."""
+    y = torch.empty((len(images), 3, out, out), dtype=torch.uint8, device=images[0].device,
                     memory_format=memory_format)
-    for k, patch in enumerate(resized_patches(x, boxes, flips, out)):
+    for k, patch in enumerate(resized_patches(images, boxes, flips, out)):
         y[k] = patch
     return y
 
@@ -172,15 +173,18 @@ class Augment:
             boxes, flips = center_boxes(n, height, width, self.eval_ratio), [False] * n
         return boxes, flips
 
-    def __call__(self, x: torch.Tensor, generator=None, out: torch.Tensor | None = None,
+    def __call__(self, x, generator=None, out: torch.Tensor | None = None,
                  params=None) -> torch.Tensor:
-        """``out``: an optional preallocated result (right shape, dtype and memory format);
-        ``params``: ``(boxes, flips)`` drawn beforehand by ``params()`` instead of here."""
-        n, height, width, _ = x.shape
+        """``x``: a (B, H, W, 3) uint8 tensor, or a sequence of B (H, W, 3) ones (e.g. views of
+        memory-mapped shards); ``out``: an optional preallocated result (right shape, dtype and
+        memory format); ``params``: ``(boxes, flips)`` drawn beforehand by ``params()``."""
+        n, (height, width) = len(x), x[0].shape[:2]
         boxes, flips = params if params is not None else self.params(n, height, width, generator)
         kernel = self.kernel
         if kernel == "auto":
-            kernel = "batched" if x.device.type == "cuda" else "per_sample"
+            kernel = "batched" if x[0].device.type == "cuda" else "per_sample"
+        if kernel == "batched" and not torch.is_tensor(x):
+            x = torch.stack(list(x))
         side = self.crop or height          # no crop: output at the stored size
         if self.dtype == torch.uint8:
             if kernel == "per_sample":
@@ -188,7 +192,7 @@ class Augment:
             y = crop_resize_batched(x, boxes, flips, side).round_().clamp_(0, 255)
             return y.to(torch.uint8).contiguous(memory_format=self.memory_format)
         if out is None:
-            out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x.device,
+            out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x[0].device,
                               memory_format=self.memory_format)
         if kernel == "batched":
             return self.normalize(crop_resize_batched(x, boxes, flips, side), out)

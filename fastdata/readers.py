@@ -40,6 +40,7 @@ class ShardReader:
     """One shard file. Subclasses implement ``_open`` → a dict of per-process handles."""
 
     container = ""
+    zero_copy = False       # ``payload`` of a raw sample is an (S, S, 3) view of a memory map
 
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
@@ -100,6 +101,7 @@ class ShardReader:
 
 class HDF5ShardReader(ShardReader):
     container = "hdf5"
+    zero_copy = True
 
     def _open(self):
         import h5py
@@ -120,8 +122,9 @@ class HDF5ShardReader(ShardReader):
                     raise ValueError(f"{self.path}: dataset {name} is not contiguous and "
                                      f"uncompressed; re-convert with fastdata")
                 # a plain ndarray view: np.memmap's Python-level __getitem__ ran per row
-                # (benchmarks/ab_cpu.py, "map")
-                maps[s] = np.memmap(self.path, np.uint8, "r", offset=off,
+                # (benchmarks/ab_cpu.py, "map"). Copy-on-write, so that its views can become
+                # torch tensors (torch warns on read-only arrays); nothing writes through them.
+                maps[s] = np.memmap(self.path, np.uint8, "c", offset=off,
                                     shape=ds.shape).view(np.ndarray)
                 if self.encoding == "jpeg":
                     offsets[s] = f[f"offsets/{s}"][()]
@@ -352,6 +355,16 @@ class ShardSet:
                                       f"at size {s} is not a readable JPEG ({e}); check the "
                                       f"set with `fastdata verify {self.root}`") from e
         return out
+
+    def raw_views(self, indices, size: int | None = None) -> list[np.ndarray] | None:
+        """Samples ``indices`` as (S, S, 3) uint8 views of the shards' memory maps, with no
+        copy (a transform that crops reads only its crop), or None where this set cannot give
+        them (JPEG; LMDB's values live only as long as their transaction)."""
+        if self.encoding != "raw" or not READERS[self.container].zero_copy:
+            return None
+        s = self.size if size is None else self.stored_size(size)
+        shard, local = self.locate(indices)
+        return [self.shards[a].payload(s, b) for a, b in zip(shard.tolist(), local.tolist())]
 
     def read_encoded(self, indices, size: int | None = None) -> list:
         """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import glob
 import hashlib
 import os
 import subprocess
@@ -232,6 +233,24 @@ def test_float_output_contract_and_determinism(shards):
     assert x.shape == (5, 3, 24, 24) and x.dtype == torch.bfloat16
     assert x.is_contiguous(memory_format=torch.channels_last)
     assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_hdf5_views_and_lmdb_copies_give_the_same_batches(shards, dtype):
+    """On the CPU, raw HDF5 samples are cropped straight from views of the memory map, LMDB's
+    are copied into a batch first: the same batches, and the shard files stay as they were."""
+    files = sorted(glob.glob(os.path.join(shards["hdf5"], "*.h5")))
+    before = [hashlib.md5(open(f, "rb").read()).hexdigest() for f in files]
+    ds = fastdata.open(shards["hdf5"])
+    views = ds.raw_views([22, 0, 7], size=16)
+    assert np.array_equal(np.stack(views), ds.read_batch([22, 0, 7], size=16))
+    assert fastdata.open(shards["lmdb"]).raw_views([0]) is None
+    kw = dict(batch_size=5, size=32, crop=24, seed=4, device="cpu", num_workers=2,
+              dtype=dtype, channels_last=True)
+    pairs = list(zip(fastdata.Loader(shards["hdf5"], **kw), fastdata.Loader(shards["lmdb"], **kw)))
+    assert len(pairs) == 4
+    assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in pairs)
+    assert [hashlib.md5(open(f, "rb").read()).hexdigest() for f in files] == before
 
 
 @pytest.mark.parametrize("train", [True, False])

@@ -113,9 +113,13 @@ class _BatchReader:
 
     def __call__(self, indices: np.ndarray, epoch: int, position: int):
         b, s = len(indices), self.size
-        raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
-        self.ds.read_batch(indices, size=s, out=raw.numpy())
         labels = torch.from_numpy(self.ds.labels[indices])
+        views = self.ds.raw_views(indices, s) if self.on_host and self.needs_transform else None
+        if views is not None:   # each image's crop is read from the map: no batch copy first
+            raw = [torch.from_numpy(v) for v in views]      # (1.07x: ab_trees.py)
+        else:
+            raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
+            self.ds.read_batch(indices, size=s, out=raw.numpy())
         if not self.on_host:
             return self._for_device(raw, labels, epoch, position)
         if not self.needs_transform:         # the stored uint8 as is, as (B,3,S,S)
