@@ -337,14 +337,19 @@ def test_flip_really_flips():
 
 
 def test_a_mirrored_crop_is_the_mirror_of_the_crop():
-    """The per-sample kernel mirrors the source crop before resizing it (less to copy): the
-    same pixels as mirroring the resized crop, upscaled or antialiased-downscaled."""
+    """The per-sample kernel gives ``interpolate(antialias=True)`` of each crop exactly, and
+    it mirrors the source crop before resizing it (less to copy): the same pixels as mirroring
+    the resized crop, upscaled or antialiased-downscaled."""
     x = _images(64, 48)
     boxes = random_resized_crop_boxes(64, 48, 48, generator=torch.Generator().manual_seed(2))
     for out in (24, 40):                    # most crops shrink to 24, grow to 40
         plain = list(resized_patches(x, boxes, [False] * 64, out))
         mirrored = list(resized_patches(x, boxes, [True] * 64, out))
         assert all(torch.equal(m, p.flip(-1)) for m, p in zip(mirrored, plain))
+        for k, (t, l, h, w) in enumerate(boxes.tolist()):
+            crop = x[k:k + 1, t:t + h, l:l + w].permute(0, 3, 1, 2)
+            ref = F.interpolate(crop, size=(out, out), mode="bilinear", antialias=True)
+            assert torch.equal(plain[k], ref[0])
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
