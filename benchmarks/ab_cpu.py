@@ -47,8 +47,17 @@ def pil_decode(buf, out):
         out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
 
 
+def as_batch(x) -> torch.Tensor:
+    """The "before" sides took a (B, H, W, 3) batch, which raw HDF5 shards no longer copy into
+    (the loader hands over views of the map): stacked here, the copy they were given then.
+    Their "now" sides have every later change too (stop 23's: ``ab_trees.py --job loader``),
+    so "fused" and "flip" no longer isolate their own change."""
+    return x if torch.is_tensor(x) else torch.stack(list(x))
+
+
 def unfused_call(self, x, generator=None, out=None):
     """``Augment.__call__`` before, for float32 on CPU, into ``out``."""
+    x = as_batch(x)
     boxes, flips = self.params(*x.shape[:3], generator)
     y = aug.crop_resize_per_sample(x, boxes, flips, self.crop, self.memory_format)
     o = out
@@ -64,7 +73,7 @@ def unfused_call(self, x, generator=None, out=None):
 
 def flip_after_resize(x, boxes, flips, out):
     """``augment.resized_patches`` before "flip": the resized output mirrored."""
-    xs = x.permute(0, 3, 1, 2)
+    xs = as_batch(x).permute(0, 3, 1, 2)
     for k, (t, l, h, w) in enumerate(boxes.tolist()):
         patch = xs[k:k + 1, :, t:t + h, l:l + w]
         if (h, w) != (out, out):
