@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,18 +240,21 @@ def test_float_output_contract_and_determinism(shards):
 def test_hdf5_views_and_lmdb_copies_give_the_same_batches(shards, dtype):
     """On the CPU, raw HDF5 samples are cropped straight from views of the memory map, LMDB's
     are copied into a batch first: the same batches, and the shard files stay as they were."""
-    files = sorted(glob.glob(os.path.join(shards["hdf5"], "*.h5")))
-    before = [hashlib.md5(open(f, "rb").read()).hexdigest() for f in files]
+    def digests():
+        files = sorted(glob.glob(os.path.join(shards["hdf5"], "*.h5")))
+        return [hashlib.md5(Path(f).read_bytes()).hexdigest() for f in files]
+    before = digests()
     ds = fastdata.open(shards["hdf5"])
-    views = ds.raw_views([22, 0, 7], size=16)
-    assert np.array_equal(np.stack(views), ds.read_batch([22, 0, 7], size=16))
+    mapped = ds.raw_views([22, 0, 7], size=16)
+    assert np.array_equal(np.stack(mapped), ds.read_batch([22, 0, 7], size=16))
     assert fastdata.open(shards["lmdb"]).raw_views([0]) is None
     kw = dict(batch_size=5, size=32, crop=24, seed=4, device="cpu", num_workers=2,
               dtype=dtype, channels_last=True)
-    pairs = list(zip(fastdata.Loader(shards["hdf5"], **kw), fastdata.Loader(shards["lmdb"], **kw)))
+    views, copies = (fastdata.Loader(shards[c], **kw) for c in ("hdf5", "lmdb"))
+    pairs = list(zip(views, copies))
     assert len(pairs) == 4
     assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in pairs)
-    assert [hashlib.md5(open(f, "rb").read()).hexdigest() for f in files] == before
+    assert digests() == before
 
 
 @pytest.mark.parametrize("train", [True, False])
