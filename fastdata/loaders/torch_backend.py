@@ -3,8 +3,10 @@ buffers, uint8 until the device, prefetch on a side CUDA stream, augmentation on
 
 Host stage: each task reads one batch with ``ShardSet.read_batch`` (indices sorted for locality
 inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform runs in the same
-task, so it is spread over the workers. On CUDA the buffer is pinned, copied ``non_blocking`` on
-a side stream and transformed there, ``prefetch`` batches ahead of the consumer.
+task, so it is spread over the workers (raw HDF5: it crops views of the memory map, with no
+batch copy). On CUDA the buffer, the labels and the crop parameters are pinned, copied
+``non_blocking`` on a side stream and transformed there, ``prefetch`` batches ahead of the
+consumer.
 """
 from __future__ import annotations
 
