@@ -15,34 +15,34 @@ import os
 import shutil
 import statistics
 import time
-import zlib
 from unittest import mock
 
 import numpy as np
 
-from converters.writers import LMDBWriter, ShardBuffer
-from fastdata.format import ShardMeta
+from converters.writers import LMDBWriter
+from fastdata.format import ShardMeta, crc32, shard_checksum
 
 
-def make_buffer(n: int, size: int) -> ShardBuffer:
+def make_samples(n: int, size: int) -> list[tuple[int, bytes, int]]:
     rng = np.random.default_rng(0)
-    buf = ShardBuffer((size,), "raw", n)
-    for i in range(n):
-        p = rng.integers(0, 256, 3 * size * size, np.uint8).tobytes()
-        buf.add(i % 10, [p], [zlib.crc32(p)])
-    return buf
+    ps = [rng.integers(0, 256, 3 * size * size, np.uint8).tobytes() for _ in range(n)]
+    return [(i % 10, p, crc32(p)) for i, p in enumerate(ps)]
 
 
-def write_once(folder: str, buf: ShardBuffer, sparse: bool) -> float:
-    meta = ShardMeta(index=0, start=0, count=len(buf), sha256=buf.checksum(), config="ab",
-                     sources=(0, len(buf)))
+def write_once(folder: str, samples, size: int, sparse: bool) -> float:
+    n = len(samples)
+    meta = ShardMeta(index=0, start=0, count=n, config="ab", sources=(0, n),
+                     sha256=shard_checksum([s[0] for s in samples], [[s[2] for s in samples]]))
     path = os.path.join(folder, "shard-00000.lmdb")
     # sparse: the writer as it was, without the allocation (posix_fallocate made a no-op)
     patch = mock.patch.object(os, "posix_fallocate", lambda *a: None) if sparse else \
         contextlib.nullcontext()
     with patch:
         t0 = time.perf_counter()
-        LMDBWriter().write(path, buf, meta)
+        shard = LMDBWriter(path, sizes=(size,), encoding="raw", capacity=n)
+        for label, p, crc in samples:
+            shard.add(label, [p], [crc])
+        shard.finish(meta)
         secs = time.perf_counter() - t0
     os.remove(path)
     return secs
@@ -56,13 +56,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    buf = make_buffer(a.samples, a.size)
+    samples = make_samples(a.samples, a.size)
     times: dict[str, list[float]] = {"sparse": [], "allocated": []}
     try:
-        write_once(a.dir, buf, sparse=False)                # warm-up, not timed
+        write_once(a.dir, samples, a.size, sparse=False)                # warm-up, not timed
         for _ in range(a.rounds):
             for side in times:
-                times[side].append(write_once(a.dir, buf, sparse=side == "sparse"))
+                times[side].append(write_once(a.dir, samples, a.size, sparse=side == "sparse"))
     finally:
         shutil.rmtree(a.dir, ignore_errors=True)
     for side, t in times.items():

@@ -28,6 +28,26 @@ def wallpapers(workdir: str, deb: str | None = None) -> list[str]:
     return sorted(p for p in found if p.lower().endswith((".jpg", ".jpeg", ".png")))
 
 
+def sources(deb: str | None = None) -> list[Image.Image]:
+    """The wallpapers, decoded to RGB."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return [Image.open(p).convert("RGB") for p in wallpapers(tmp, deb)]
+
+
+def crops(images: list[Image.Image], count: int, seed: int):
+    """``count`` random ImageNet-sized crops of ``images`` (PIL images, before JPEG coding)."""
+    rng = random.Random(seed)
+    for i in range(count):
+        src = images[i % len(images)]
+        short = rng.randint(333, 500)
+        long = int(short * rng.uniform(1.0, 4 / 3) + 0.5)
+        w, h = (long, short) if rng.random() < 0.75 else (short, long)
+        zoom = rng.uniform(1.0, min(src.width / w, src.height / h))  # crop zoom-out, then resize
+        cw, ch = int(w * zoom), int(h * zoom)
+        x, y = rng.randint(0, src.width - cw), rng.randint(0, src.height - ch)
+        yield src.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
@@ -37,20 +57,9 @@ def main() -> None:
     ap.add_argument("--deb", help="a downloaded ukui-wallpapers .deb (on a machine with no "
                     "package registry, e.g. the GPU machine)")
     args = ap.parse_args()
-    rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory() as tmp:
-        sources = [Image.open(p).convert("RGB") for p in wallpapers(tmp, args.deb)]
     for c in range(args.classes):
         os.makedirs(os.path.join(args.out, f"class_{c:02d}"), exist_ok=True)
-    for i in range(args.count):
-        src = sources[i % len(sources)]
-        short = rng.randint(333, 500)
-        long = int(short * rng.uniform(1.0, 4 / 3) + 0.5)
-        w, h = (long, short) if rng.random() < 0.75 else (short, long)
-        zoom = rng.uniform(1.0, min(src.width / w, src.height / h))  # crop zoom-out, then resize
-        cw, ch = int(w * zoom), int(h * zoom)
-        x, y = rng.randint(0, src.width - cw), rng.randint(0, src.height - ch)
-        img = src.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+    for i, img in enumerate(crops(sources(args.deb), args.count, args.seed)):
         img.save(os.path.join(args.out, f"class_{i % args.classes:02d}", f"{i:05d}.jpg"),
                  quality=90)
 

@@ -1,7 +1,8 @@
 """The conversion pipeline: scan → decode/resize in worker processes → one writer → manifest.
 
 Workers return payloads in input order through a bounded window of in-flight batches, so memory
-stays flat (one shard buffer, reused, plus the window) whatever the dataset size. A worker that
+stays flat (the window, plus a shard's JPEG payloads until it is written; raw pixels go
+straight into the shard file) whatever the dataset size. A worker that
 dies or hangs is detected: its batch is retried one image at a time in a fresh pool and the image
 that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from converters.decode import DecodeOptions, Ring, prepare_batch
 from converters.scan import scan_folder
-from converters.writers import WRITERS, ShardBuffer
+from converters.writers import WRITERS
 from fastdata.checks import choice, integer
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
@@ -37,7 +38,7 @@ from fastdata.verify import verify_shard
 
 log = logging.getLogger("fastdata.convert")
 
-SHARD_BUFFER_BYTES = 256 << 20      # default --shard-size keeps one shard buffer near this
+SHARD_BYTES = 256 << 20             # default --shard-size keeps a shard near this
 BATCH = 8                           # images per worker task
 ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
 
@@ -51,27 +52,38 @@ class _WorkerDied(Exception):
 
 
 def _sample_bytes(sizes, encoding: str) -> int:
-    """Bytes of one sample in a shard buffer (JPEG: a rough 1/8 of raw)."""
+    """Bytes of one sample in a shard (JPEG: a rough 1/8 of raw)."""
     return sum(3 * s * s for s in sizes) // (1 if encoding == "raw" else 8)
 
 
 def default_shard_size(sizes, encoding: str) -> int:
-    return max(64, min(100_000, SHARD_BUFFER_BYTES // _sample_bytes(sizes, encoding)))
+    return max(64, min(100_000, SHARD_BYTES // _sample_bytes(sizes, encoding)))
 
 
-def _check_shard_fits(shard_size: int, files: int, sizes, encoding: str) -> None:
-    """A shard is held in memory while it is written: refuse one larger than half of it
-    (a too large --shard-size was a MemoryError traceback, or the OOM killer)."""
+def _in_flight(workers: int) -> int:
+    """Images between the decode workers and the writer at most (4 batches per worker)."""
+    return 4 * workers * BATCH
+
+
+def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: int) -> None:
+    """Refuse a job whose samples in memory would take more than half of it (it was a
+    MemoryError traceback, or the OOM killer): a JPEG shard's payloads until it is written,
+    the raw images in flight."""
     memory = usable_memory()
     if memory is None:
         return
     per_sample = _sample_bytes(sizes, encoding)
-    need = min(shard_size, files) * per_sample
-    if need > memory // 2:
-        raise ValueError(f"shard_size={shard_size} makes shards of {need / 2**30:.1f} GiB, each "
-                         f"held in memory while it is written, and this process may use "
+    if encoding == "jpeg" and min(shard_size, files) * per_sample > memory // 2:
+        raise ValueError(f"shard_size={shard_size} makes shards of "
+                         f"{min(shard_size, files) * per_sample / 2**30:.1f} GiB, each held in "
+                         f"memory while it is written, and this process may use "
                          f"{memory / 2**30:.1f} GiB: use --shard-size "
                          f"{max(1, memory // 2 // per_sample)} or less")
+    if encoding == "raw" and _in_flight(workers) * per_sample > memory // 2:
+        raise ValueError(f"sizes {list(sizes)} make raw images of {per_sample / 2**30:.1f} GiB, "
+                         f"{_in_flight(workers)} of them in flight between {workers} decode "
+                         f"workers and the writer, and this process may use "
+                         f"{memory / 2**30:.1f} GiB: use smaller sizes or fewer --workers")
 
 
 _worker_ring: Ring | None = None     # set in each worker process by _worker_init
@@ -112,7 +124,7 @@ class _Decoder:
 
     @property
     def window(self) -> int:
-        return 4 * self.workers     # batches in flight
+        return _in_flight(self.workers) // BATCH     # batches in flight
 
     def _new_pool(self):
         self.close()
@@ -322,7 +334,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     warn_if_not_simd()
 
     scan = scan_folder(src, progress=progress)
-    _check_shard_fits(shard_size, len(scan.files), sizes, encoding)
+    _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
     opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
     fp = _fingerprint(scan, opts, container, shard_size)
     _prepare_out(out, src, overwrite=overwrite, resume=resume)
@@ -344,28 +356,25 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
                  kept[-1].start + kept[-1].count)
 
-    writer = WRITERS[container]()
     shards = [{"file": shard_file(container, m.index), "start": m.start, "count": m.count,
                "sha256": m.sha256, "bytes": os.path.getsize(os.path.join(out, shard_file(
                    container, m.index)))} for m in kept]
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
-    buf = ShardBuffer(sizes, encoding, min(shard_size, len(scan.files) - first))
-    shard_skipped, shard_first = [], first
+    shard, shard_skipped, shard_first = None, [], first
 
     def flush(end: int) -> None:
-        nonlocal shard_skipped, shard_first, n_done
-        meta = ShardMeta(index=len(shards), start=n_done, count=len(buf), sha256=buf.checksum(),
-                         config=fp, sources=(shard_first, end), skipped=shard_skipped)
-        name = shard_file(container, meta.index)
-        nbytes = writer.write(os.path.join(out, name), buf, meta)
-        shards.append({"file": name, "start": meta.start, "count": meta.count,
-                       "sha256": meta.sha256, "bytes": nbytes})
+        nonlocal shard, shard_skipped, shard_first, n_done
+        meta = ShardMeta(index=len(shards), start=n_done, count=len(shard),
+                         sha256=shard.checksum(), config=fp, sources=(shard_first, end),
+                         skipped=shard_skipped)
+        nbytes = shard.finish(meta)
+        shards.append({"file": os.path.basename(shard.path), "start": meta.start,
+                       "count": meta.count, "sha256": meta.sha256, "bytes": nbytes})
         skipped.extend(shard_skipped)
-        n_done += len(buf)
-        buf.clear()
-        shard_skipped, shard_first = [], end
+        n_done += len(shard)
+        shard, shard_skipped, shard_first = None, [], end
 
     latch = SigintLatch()
     decoder = _Decoder(workers, opts)
@@ -381,11 +390,15 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
                     raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
                 shard_skipped.append({"path": scan.files[pos][0], "reason": error})
                 continue
-            buf.add(scan.files[pos][1], payloads, crcs)
-            if len(buf) == shard_size:
+            if shard is None:   # sized for the files left: only the last shard can end short
+                shard = WRITERS[container](
+                    os.path.join(out, shard_file(container, len(shards))), sizes=sizes,
+                    encoding=encoding, capacity=min(shard_size, len(scan.files) - shard_first))
+            shard.add(scan.files[pos][1], payloads, crcs)
+            if len(shard) == shard_size:
                 flush(pos + 1)
         decoder.close()
-        if len(buf):
+        if shard is not None:
             flush(len(scan.files))
         latch.check()
     except KeyboardInterrupt:
@@ -393,6 +406,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
                   len(shards), out)
         raise
     finally:
+        if shard is not None:
+            shard.abort()
         latch.restore()
         decoder.close()
         bar.close()

@@ -8,17 +8,17 @@ import io
 import math
 import mmap
 import warnings
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from fastdata.format import BACKGROUND
+from fastdata.format import BACKGROUND, crc32
 
 _RESAMPLE = Image.Resampling.BICUBIC
 _EXIF_ORIENTATION = 0x0112
+FAST_UPSAMPLE_SHRINK = 1.4      # see _decode_jpeg
 _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,   # as in
               4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,     # ImageOps.
               6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,         # exif_
@@ -93,11 +93,14 @@ def encode(img: Image.Image, opts: DecodeOptions) -> bytes:
 def _decode_jpeg(data: bytes, img: Image.Image, opts: DecodeOptions) -> Image.Image | None:
     """libjpeg-turbo through simplejpeg, into RGBX that PIL then uses without a copy.
 
-    Identical pixels to PIL's decoder (same library, same IDCT, the same power-of-two DCT
-    scaling as ``Image.draft``); ``prepare()`` at 256 px took 0.98 instead of 1.22 ms of CPU
-    per image (``benchmarks/ab_trees.py``): PIL decodes into its own buffer and repacks.
-    ``None`` for what it does not take (CMYK, or anything libjpeg-turbo warns about), so PIL
-    decides those.
+    The same library, IDCT and power-of-two DCT scaling as PIL's ``Image.draft``, so the same
+    pixels, except that an image shrunk by ``FAST_UPSAMPLE_SHRINK`` or more after decoding gets
+    libjpeg-turbo's fast chroma upsampling: there it is as close to the pixels before JPEG
+    coding as the default's, and the decode takes a tenth less time
+    (``benchmarks/upsampling.py``). ``prepare()`` at 256 px took 0.98 instead of 1.22 ms of
+    CPU per image before that (``benchmarks/ab_trees.py``): PIL decodes into its own buffer and
+    repacks. ``None`` for what it does not take (CMYK, or anything libjpeg-turbo warns about),
+    so PIL decides those.
     """
     if img.mode not in ("RGB", "L"):
         return None
@@ -105,9 +108,10 @@ def _decode_jpeg(data: bytes, img: Image.Image, opts: DecodeOptions) -> Image.Im
     need_w, need_h = _draft_request(w, h, opts.sizes[-1], opts.fit)
     most = min(w // need_w, h // need_h)    # Image.draft's rule, so both paths agree
     k = next((s for s in (8, 4, 2) if most >= s), 1)
+    fast = min(w / need_w, h / need_h) / k >= FAST_UPSAMPLE_SHRINK
     try:
         a = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=-(-w // k),
-                                   min_height=-(-h // k))
+                                   min_height=-(-h // k), fastupsample=fast)
     except ValueError:
         return None
     out = Image.frombuffer("RGBX", (a.shape[1], a.shape[0]), a, "raw", "RGBX", 0, 1)
@@ -178,7 +182,7 @@ def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions,
     for pos, path in jobs:
         try:
             payloads = prepare(path, opts)
-            crcs = [zlib.crc32(p) for p in payloads]
+            crcs = [crc32(p) for p in payloads]
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported
             out.append((pos, None, None, f"{type(e).__name__}: {e}"))
             continue

@@ -1,11 +1,15 @@
-"""Shard writers: one ``Writer`` per container, registered by container name.
+"""Shard writers: one ``ShardWriter`` per container, registered by container name.
 
-The converter fills a ``ShardBuffer`` (bounded by ``--shard-size``) and hands it to
-``Writer.write``, which writes ``<file>.tmp`` and renames it into place, so a shard file on disk
-is always complete. Layouts are documented in ``fastdata.format``.
+The converter opens a writer per shard, ``add``s each sample as its worker returns it and
+``finish``es it, which writes labels, checksums and metadata into ``<file>.tmp`` and renames it
+into place, so a shard file on disk is always complete. Raw pixels go into the file as they
+come, straight from the worker's ring slot (no shard held in memory, no long serial write at the
+end of each shard while the workers wait); JPEG payloads, whose total size is known only at the
+end, are kept until then. Layouts are documented in ``fastdata.format``.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -16,129 +20,211 @@ from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, lmdb_crc_key, lm
                              shard_checksum)
 
 
-class ShardBuffer:
-    """Samples of one shard, in order. Raw payloads go into preallocated arrays (no copies later)."""
+class ShardWriter:
+    """One shard, written to ``<path>.tmp``: ``add`` at most ``capacity`` samples, then
+    ``finish`` (or ``abort``)."""
+    container: str = ""
 
-    def __init__(self, sizes: tuple[int, ...], encoding: str, capacity: int):
+    def __init__(self, path: str, *, sizes: tuple[int, ...], encoding: str, capacity: int):
+        self.path, self.tmp = path, path + ".tmp"
         self.sizes, self.encoding, self.capacity = sizes, encoding, capacity
-        self.crcs = {s: np.zeros(capacity, np.uint32) for s in sizes}
-        self.raw = ({s: np.empty((capacity, s, s, 3), np.uint8) for s in sizes}
-                    if encoding == "raw" else {})
-        self.clear()
-
-    def clear(self) -> "ShardBuffer":
-        """Empty it for the next shard, keeping the arrays (their pages are already mapped)."""
         self.labels: list[int] = []
-        self.encoded: dict[int, list[bytes]] = {s: [] for s in self.sizes}
-        return self
+        self.crcs = {s: np.zeros(capacity, np.uint32) for s in sizes}
+        self.encoded: dict[int, list[bytes]] = {s: [] for s in sizes}    # JPEG, until finish
+        with self._cleanup():
+            self._begin()
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def add(self, label: int, payloads: list[bytes], crcs: list[int]) -> None:
+    def add(self, label: int, payloads, crcs) -> None:
+        """One sample: a payload per size (bytes, or uint8 arrays read before this returns)."""
         i = len(self.labels)
-        for s, p, c in zip(self.sizes, payloads, crcs):
-            self.crcs[s][i] = c
+        if i == self.capacity:
+            raise ValueError(f"{self.tmp}: shard is full ({self.capacity} samples)")
+        with self._cleanup():
             if self.encoding == "raw":
-                self.raw[s][i] = np.frombuffer(p, np.uint8).reshape(s, s, 3)
+                self._put(i, payloads)
             else:
-                self.encoded[s].append(p)
+                for s, p in zip(self.sizes, payloads):
+                    self.encoded[s].append(p)
+        for s, c in zip(self.sizes, crcs):
+            self.crcs[s][i] = c
         self.labels.append(label)
-
-    def payloads(self, size: int):
-        n = len(self)
-        if self.encoding == "raw":
-            return (self.raw[size][i] for i in range(n))
-        return iter(self.encoded[size])
 
     def checksum(self) -> str:
         return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes])
 
+    def finish(self, meta: ShardMeta) -> int:
+        """Complete the shard and rename it into place; return its size in bytes."""
+        with self._cleanup():
+            self._finish(meta)
+        os.replace(self.tmp, self.path)
+        return os.path.getsize(self.path)
 
-class Writer:
-    container: str = ""
+    def abort(self) -> None:
+        """Drop the partial file (an interrupted or failed run)."""
+        self._close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.tmp)
 
-    def write(self, path: str, buf: ShardBuffer, meta: ShardMeta) -> int:
-        """Write the shard atomically to ``path``; return its size in bytes."""
-        tmp = path + ".tmp"
+    @contextlib.contextmanager
+    def _cleanup(self):
         try:
-            self._write(tmp, buf, meta)
+            yield
         except BaseException as e:      # e.g. a full disk: no partial file left taking space
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            self.abort()
             if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                free = shutil.disk_usage(os.path.dirname(path)).free >> 20
+                free = shutil.disk_usage(os.path.dirname(self.path)).free >> 20
                 raise OSError(e.errno, f"no space left on the device to write "
-                              f"{os.path.basename(path)} ({free} MiB free); the shards "
+                              f"{os.path.basename(self.path)} ({free} MiB free); the shards "
                               f"before it are complete: make room, then run the same "
                               f"command with --resume") from e
             raise
-        os.replace(tmp, path)
-        return os.path.getsize(path)
 
-    def _write(self, tmp: str, buf: ShardBuffer, meta: ShardMeta) -> None:
+    def _begin(self) -> None:
         raise NotImplementedError
 
+    def _put(self, i: int, payloads) -> None:
+        """Raw payloads of sample ``i`` into the file."""
+        raise NotImplementedError
 
-class HDF5Writer(Writer):
+    def _finish(self, meta: ShardMeta) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class HDF5Writer(ShardWriter):
     container = "hdf5"
+    _fd: int | None = None
 
-    def _write(self, tmp, buf, meta):
+    def _begin(self):
+        if self.encoding != "raw":
+            return
         import h5py
 
-        n = len(buf)
-        with h5py.File(tmp, "w", locking=False) as f:    # a private name (see the reader)
+        # datasets allocated now and never filled: raw pixels are written at their offsets
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        with h5py.File(self.tmp, "w", locking=False) as f:     # a private name (see the reader)
+            self._offsets = {s: f.create_dataset(f"images/{s}", (self.capacity, s, s, 3), np.uint8,
+                                                 dcpl=dcpl, track_times=False).id.get_offset()
+                             for s in self.sizes}
+        self._fd = os.open(self.tmp, os.O_WRONLY)
+
+    def _put(self, i, payloads):
+        for s, p in zip(self.sizes, payloads):
+            _pwrite_all(self._fd, p, self._offsets[s] + i * 3 * s * s)
+
+    def _close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _finish(self, meta):
+        import h5py
+
+        self._close()
+        n = len(self)
+        if self.encoding == "raw" and n < self.capacity:
+            self._shrink(n)
+        with h5py.File(self.tmp, "r+" if self.encoding == "raw" else "w", locking=False) as f:
             f.attrs["meta"] = meta.to_json()
-            f.create_dataset("labels", data=np.asarray(buf.labels, np.int64), track_times=False)
-            for s in buf.sizes:     # no chunks, no compression: contiguous, memory-mappable
-                if buf.encoding == "raw":
-                    f.create_dataset(f"images/{s}", data=buf.raw[s][:n], track_times=False)
-                else:
-                    lens = np.fromiter((len(p) for p in buf.encoded[s]), np.int64, n)
+            f.create_dataset("labels", data=np.asarray(self.labels, np.int64), track_times=False)
+            for s in self.sizes:     # no chunks, no compression: contiguous, memory-mappable
+                if self.encoding == "jpeg":
+                    lens = np.fromiter(map(len, self.encoded[s]), np.int64, n)
                     offsets = np.concatenate([[0], np.cumsum(lens)])
-                    flat = np.frombuffer(b"".join(buf.encoded[s]), np.uint8)
+                    flat = np.frombuffer(b"".join(self.encoded[s]), np.uint8)
                     f.create_dataset(f"jpeg/{s}", data=flat, track_times=False)
                     f.create_dataset(f"offsets/{s}", data=offsets, track_times=False)
-                f.create_dataset(f"crc32/{s}", data=buf.crcs[s][:n], track_times=False)
+                f.create_dataset(f"crc32/{s}", data=self.crcs[s][:n], track_times=False)
+
+    def _shrink(self, n: int) -> None:
+        """The last shard, short of the files it was sized for (some were skipped): copy its
+        first ``n`` samples into a file of exactly that size, 64 MiB at a time."""
+        import h5py
+
+        part = self.tmp + ".part"
+        with h5py.File(self.tmp, "r", locking=False) as src, \
+                h5py.File(part, "w", locking=False) as dst:
+            for s in self.sizes:
+                old = src[f"images/{s}"]
+                new = dst.create_dataset(f"images/{s}", (n, s, s, 3), np.uint8, track_times=False)
+                step = max(1, (64 << 20) // (3 * s * s))
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    new[a:b] = old[a:b]
+        os.replace(part, self.tmp)
 
 
-class LMDBWriter(Writer):
+class LMDBWriter(ShardWriter):
     container = "lmdb"
+    _env = _txn = None
 
-    def _write(self, tmp, buf, meta):
+    def _begin(self):
+        if self.encoding == "raw":
+            self._open(self.capacity * sum(3 * s * s for s in self.sizes))
+
+    def _open(self, payload_bytes: int) -> None:
         import lmdb
 
-        n = len(buf)
-        payload_bytes = sum(memoryview(p).nbytes for s in buf.sizes for p in buf.payloads(s))
         # writemap: values are copied once, straight into the file's pages, instead of into
         # LMDB's own dirty pages that commit then writes out. It grows the file to map_size, so
         # the file is cut back to the pages in use, the size it would have had without writemap.
         map_size = int(payload_bytes * 1.5) + (64 << 20)
-        env = lmdb.open(tmp, subdir=False, map_size=map_size, lock=False, sync=False,
-                        metasync=False, writemap=True)
+        self._env = lmdb.open(self.tmp, subdir=False, map_size=map_size, lock=False, sync=False,
+                              metasync=False, writemap=True)
+        # the grown file is sparse: a page written through the map that the disk has no room
+        # for kills the process (SIGBUS). Allocated first, a full disk is an OSError.
+        fd = os.open(self.tmp, os.O_RDWR)
         try:
-            # the grown file is sparse: a page written through the map that the disk has no
-            # room for kills the process (SIGBUS). Allocated first, a full disk is an OSError.
-            fd = os.open(tmp, os.O_RDWR)
-            try:
-                if hasattr(os, "posix_fallocate"):      # not on macOS: sparse, as before
-                    os.posix_fallocate(fd, 0, map_size)
-            except OSError as e:        # a file system that cannot: sparse, as before
-                if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-                    raise
-            finally:
-                os.close(fd)
-            with env.begin(write=True) as txn:
-                for s in buf.sizes:
-                    for i, p in enumerate(buf.payloads(s)):
-                        txn.put(lmdb_key(s, i), memoryview(p))
-                    txn.put(lmdb_crc_key(s), buf.crcs[s][:n].tobytes())
-                txn.put(LMDB_LABELS, np.asarray(buf.labels, np.int64).tobytes())
-                txn.put(LMDB_META, meta.to_json().encode())
-            used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if hasattr(os, "posix_fallocate"):      # not on macOS: sparse, as before
+                os.posix_fallocate(fd, 0, map_size)
+        except OSError as e:        # a file system that cannot: sparse, as before
+            if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise
         finally:
-            env.close()
-        os.truncate(tmp, used)
+            os.close(fd)
+        self._txn = self._env.begin(write=True)
+
+    def _put(self, i, payloads):
+        for s, p in zip(self.sizes, payloads):
+            self._txn.put(lmdb_key(s, i), memoryview(p))
+
+    def _close(self):
+        if self._txn is not None:
+            self._txn.abort()
+        if self._env is not None:
+            self._env.close()
+        self._env = self._txn = None
+
+    def _finish(self, meta):
+        n = len(self)
+        if self.encoding == "jpeg":
+            self._open(sum(len(p) for s in self.sizes for p in self.encoded[s]))
+            for s in self.sizes:
+                for i, p in enumerate(self.encoded[s]):
+                    self._txn.put(lmdb_key(s, i), p)
+        txn, self._txn = self._txn, None
+        for s in self.sizes:
+            txn.put(lmdb_crc_key(s), self.crcs[s][:n].tobytes())
+        txn.put(LMDB_LABELS, np.asarray(self.labels, np.int64).tobytes())
+        txn.put(LMDB_META, meta.to_json().encode())
+        txn.commit()
+        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        self._close()
+        os.truncate(self.tmp, used)
 
 
-WRITERS: dict[str, type[Writer]] = {w.container: w for w in (HDF5Writer, LMDBWriter)}
+WRITERS: dict[str, type[ShardWriter]] = {w.container: w for w in (HDF5Writer, LMDBWriter)}

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from fastdata.format import shard_checksum
+from fastdata.format import crc32, shard_checksum
 from fastdata.readers import ShardReader, ShardSet, decode_jpeg
 
 
@@ -37,7 +36,7 @@ def verify_shard(reader: ShardReader, entry: dict) -> list[Problem]:
             actual.append(np.zeros(entry["count"], np.uint32))
             for i in range(entry["count"]):
                 p = reader.payload(s, i)
-                actual[-1][i] = zlib.crc32(p)
+                actual[-1][i] = crc32(p)
                 if i >= len(crcs) or actual[-1][i] != crcs[i]:
                     problems.append(Problem(name, start + i, f"size {s}: CRC mismatch "
                                                              f"(damaged image data)"))

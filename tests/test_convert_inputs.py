@@ -147,14 +147,17 @@ def _die_on(name, real=decode.prepare):
     return prepare
 
 
-@pytest.mark.parametrize("culprit", ["die.png", "hang.png"])
-def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culprit):
+# the pool is made anew while a shard is open (its file handles are inherited by the workers)
+@pytest.mark.parametrize("culprit,container", [("die.png", "hdf5"), ("hang.png", "hdf5"),
+                                               ("die.png", "lmdb")])
+def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culprit, container):
     src = plain_folder(tmp_path / "src", per_class=6)
     os.rename(os.path.join(src, "b", "img_000.png"), os.path.join(src, "b", culprit))
     convert(src, str(tmp_path / "clean"), sizes=[8], workers=2, progress=False)
     monkeypatch.setattr(decode, "prepare", _die_on(culprit))       # inherited by forked workers
     monkeypatch.setattr(convert_mod, "ITEM_TIMEOUT_S", 1.0)
-    m = convert(src, str(tmp_path / "out"), sizes=[8], workers=2, progress=False)
+    m = convert(src, str(tmp_path / "out"), container=container, sizes=[8], workers=2,
+                progress=False)
     assert m["num_samples"] == 17
     assert [s["path"] for s in m["skipped"]] == [f"b/{culprit}"]
     assert ("died" if culprit.startswith("die") else "hung") in m["skipped"][0]["reason"]
@@ -164,9 +167,9 @@ def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culp
     assert np.array_equal(fastdata.open(tmp_path / "out").read_batch(range(17)), clean)
 
 
-@pytest.mark.parametrize("sizes", [(8,), (8, 32)])     # with and without DCT-domain scaling
+@pytest.mark.parametrize("sizes", [(8,), (8, 32), (128,)])  # DCT-scaled, shrunk, enlarged
 @pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
-def test_fast_jpeg_decode_matches_pil(tmp_path, monkeypatch, sizes, fit):
+def test_fast_jpeg_decode_agrees_with_pil(tmp_path, monkeypatch, sizes, fit):
     exif = Image.Exif()
     exif[0x0112] = 6
     path = str(tmp_path / "x.jpg")
@@ -174,7 +177,12 @@ def test_fast_jpeg_decode_matches_pil(tmp_path, monkeypatch, sizes, fit):
     opts = decode.DecodeOptions(sizes=sizes, fit=fit)
     fast = decode.prepare(path, opts)
     monkeypatch.setattr(decode, "_decode_jpeg", lambda *a: None)     # PIL decodes instead
-    assert decode.prepare(path, opts) == fast
+    pil = decode.prepare(path, opts)
+    if sizes == (128,):     # not shrunk: the same decoder settings, the same pixels
+        assert pil == fast
+    for a, b, s in zip(pil, fast, sizes):     # shrunk: fast chroma upsampling, within a level
+        diff = np.abs(np.frombuffer(a, np.uint8).astype(int) - np.frombuffer(b, np.uint8))
+        assert len(a) == len(b) == 3 * s * s and diff.mean() < 0.5 and diff.max() <= 8
 
 
 def test_no_class_dirs_and_missing_source(tmp_path):

@@ -84,6 +84,7 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
     if sig == signal.SIGINT:        # stops at once, says how to go on
         text = (tmp_path / "stderr").read_text()
         assert "interrupted" in text and "--resume" in text, text
+        assert not [n for n in os.listdir(out) if n.endswith(".tmp")]  # the partial shard
     done_before = sorted(n for n in os.listdir(out) if not n.endswith(".tmp"))
     assert 2 <= len(done_before) < 6
     with pytest.raises(fastdata.format.ShardFormatError, match="did not finish: finish it with"):

@@ -173,7 +173,10 @@ def test_reader_errors(shard_sets, tmp_path):
     ({"workers": 0}, "workers=0 is not valid; use an integer >= 1 or None"),
     ({"workers": 1.5}, "workers=1.5"),                  # was 1 worker
     ({"shard_size": "10"}, "shard_size='10'"),
-    ({"sizes": [65536]}, r"shard_size=64 makes shards of \d+\.\d GiB, each held in memory"),
+    ({"sizes": [65536], "workers": 1},
+     r"sizes \[65536\] make raw images of 12\.0 GiB, 32 of them in flight"),
+    ({"sizes": [65536], "encoding": "jpeg"},
+     r"shard_size=64 makes shards of \d+\.\d GiB, each held in memory"),
 ])
 def test_bad_arguments_are_named(folder, tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
