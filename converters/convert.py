@@ -1,10 +1,10 @@
 """The conversion pipeline: scan → decode/resize in worker processes → one writer → manifest.
 
 Workers return payloads in input order through a bounded window of in-flight batches, so memory
-stays flat (the window, plus a shard's JPEG payloads until it is written; raw pixels go
-straight into the shard file) whatever the dataset size. A worker that
-dies or hangs is detected: its batch is retried one image at a time in a fresh pool and the image
-that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
+stays flat (the window, plus a shard's JPEG payloads until it is written; raw pixels go straight
+into the shard file) whatever the dataset size. A worker that dies or hangs is detected: its
+batch is retried one image at a time in a fresh pool and the image that kills a worker is
+skipped and reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
 """
 from __future__ import annotations
