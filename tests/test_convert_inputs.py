@@ -180,7 +180,7 @@ def test_fast_jpeg_decode_agrees_with_pil(tmp_path, monkeypatch, sizes, fit):
     pil = decode.prepare(path, opts)
     if sizes == (128,):     # not shrunk: the same decoder settings, the same pixels
         assert pil == fast
-    for a, b, s in zip(pil, fast, sizes):     # shrunk: fast chroma upsampling, within a level
+    for a, b, s in zip(pil, fast, sizes):     # shrunk: fast chroma upsampling, close to PIL
         diff = np.abs(np.frombuffer(a, np.uint8).astype(int) - np.frombuffer(b, np.uint8))
         assert len(a) == len(b) == 3 * s * s and diff.mean() < 0.5 and diff.max() <= 8
 
