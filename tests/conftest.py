@@ -1,6 +1,8 @@
 """Tiny generated fixtures. Every image is made here; nothing binary is committed."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import io
 import os
@@ -11,6 +13,39 @@ import pytest
 from PIL import Image, features
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
+
+_COLLECT_IN_CHILD: list = []   # armed by garbage_left_for_forks; a fork hook cannot be removed
+os.register_at_fork(after_in_child=lambda: _COLLECT_IN_CHILD and gc.collect())
+
+
+class _Garbage:
+    """A reference cycle standing in for a CUDA tensor: freeing one in a forked worker aborts
+    it ("CUDA error: initialization error", seen on an H100 after the bench tests). Its
+    ``__del__`` writes the pid of the process that freed it to ``log``."""
+
+    def __init__(self, log, **attrs):
+        self.log, self.me = log, self
+        self.__dict__.update(attrs)
+
+    def __del__(self):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@contextlib.contextmanager
+def garbage_left_for_forks(log, **attrs):
+    """While the body runs: a ``_Garbage`` cycle (with ``attrs``) left uncollected in this
+    process, and every process forked meanwhile collecting its garbage at once. Collected
+    here at the end, so ``log`` names each process that freed it."""
+    gc.disable()                        # the garbage lives on until the workers fork...
+    try:
+        _Garbage(log, **attrs)
+        _COLLECT_IN_CHILD.append(1)     # ...and each child collects at once
+        yield
+    finally:
+        _COLLECT_IN_CHILD.clear()
+        gc.enable()
+    gc.collect()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,6 @@
 """Every input oddity of an ImageFolder tree, through the real converter and reader."""
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
@@ -16,7 +15,8 @@ import converters.convert as convert_mod
 from converters import decode
 from converters.convert import ConversionError, convert
 from fastdata.cli import main as cli
-from tests.conftest import odd_folder, plain_folder, smooth, tree_digest
+from tests.conftest import (garbage_left_for_forks, odd_folder, plain_folder, smooth,
+                            tree_digest)
 
 
 @pytest.fixture
@@ -124,18 +124,9 @@ def test_a_class_left_without_images_is_named_empty(tmp_path, caplog):
 def test_forked_decoders_never_collect_the_callers_garbage(tmp_path):
     """A conversion called where earlier work left CUDA tensors in garbage cycles (a notebook
     after training): a worker that collected one would die (see the loader's test)."""
-    from tests.test_loader import _COLLECT_IN_CHILD, _Garbage
-
     src, log = plain_folder(tmp_path / "src", per_class=2), tmp_path / "freed"
-    gc.disable()                        # the garbage lives on until the workers fork...
-    try:
-        _Garbage(log)
-        _COLLECT_IN_CHILD.append(1)                     # ...and each child collects at once
+    with garbage_left_for_forks(log):
         convert(src, str(tmp_path / "out"), sizes=[8], workers=2, progress=False)
-    finally:
-        _COLLECT_IN_CHILD.clear()
-        gc.enable()
-    gc.collect()
     assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
 
 

@@ -21,7 +21,7 @@ from converters.convert import convert
 from fastdata.augment import (Augment, crop_resize_batched, crop_resize_per_sample,
                               random_resized_crop_boxes, resized_patches)
 from fastdata.order import Order
-from tests.conftest import plain_folder
+from tests.conftest import garbage_left_for_forks, plain_folder
 
 N = 23      # not a multiple of any batch size or world size used here
 
@@ -135,42 +135,21 @@ def test_process_workers_fork_and_spawn(shards, method):
     assert got == ref
 
 
-_COLLECT_IN_CHILD: list = []          # armed by the test below; a fork hook cannot be removed
-os.register_at_fork(after_in_child=lambda: _COLLECT_IN_CHILD and gc.collect())
-
-
-class _Garbage:
-    """A reference cycle standing in for a CUDA tensor: freeing one in a forked worker aborts
-    it ("CUDA error: initialization error", seen on an H100 after the bench tests)."""
-
-    def __init__(self, log):
-        self.log, self.me = log, self
-
-    def __del__(self):
-        with open(self.log, "a") as f:
-            f.write(f"{os.getpid()}\n")
-
-
 @pytest.mark.parametrize("frozen_by_the_program", [False, True])
 def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
                                                           frozen_by_the_program):
     log = tmp_path / "freed"
-    gc.disable()                    # the garbage lives on in the parent until the fork...
+    if frozen_by_the_program:       # a program's own pre-fork freeze stays as it was
+        keep = [object()]
+        gc.freeze()
     try:
-        if frozen_by_the_program:           # a program's own pre-fork freeze stays as it was
-            keep = [object()]
-            gc.freeze()
-        _Garbage(log)
-        _COLLECT_IN_CHILD.append(1)                     # ...and each child collects at once
-        loader = make(shards["hdf5"], num_workers=2, workers="process", mp_context="fork")
-        assert len(list(loader)) == len(loader)
-        if frozen_by_the_program:
-            assert gc.get_freeze_count() > 0 and keep
+        with garbage_left_for_forks(log):
+            loader = make(shards["hdf5"], num_workers=2, workers="process", mp_context="fork")
+            assert len(list(loader)) == len(loader)
+            if frozen_by_the_program:
+                assert gc.get_freeze_count() > 0 and keep
     finally:
-        _COLLECT_IN_CHILD.clear()
         gc.unfreeze()
-        gc.enable()
-    gc.collect()
     assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
 
 
@@ -178,19 +157,10 @@ def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
 def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
     """The crash itself, on a GPU: a CUDA tensor in a garbage cycle, collected in a forked
     worker, killed it ("CUDA error: initialization error")."""
-    gc.disable()
-    try:
-        cycle = _Garbage(tmp_path / "freed")
-        cycle.tensor = torch.ones(4, device="cuda")
-        del cycle
-        _COLLECT_IN_CHILD.append(1)
+    with garbage_left_for_forks(tmp_path / "freed", tensor=torch.ones(4, device="cuda")):
         loader = make(shards["hdf5"], num_workers=2, workers="process", mp_context="fork",
                       device="cuda")
         assert len(list(loader)) == len(loader)
-    finally:
-        _COLLECT_IN_CHILD.clear()
-        gc.enable()
-    gc.collect()
 
 
 @pytest.mark.gpu
