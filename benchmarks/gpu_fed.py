@@ -11,7 +11,10 @@ work to the same ``TrainStep`` on one fixed on-device batch, so the part that co
   h2d            + a pinned uint8 batch copied to the GPU on a side stream, each step
   reads-N        + N threads reading random batches (``read_batch``) into pinned memory, all
                    the time (the CPU and GIL share of the loader's threads)
+  takes-N        + the same, each batch gathered by one ``np.take`` (one GIL release per batch
+                   instead of one per sample: raw HDF5 only)
   loader-N       fed by ``fastdata.Loader`` with N threads (what ``fastdata bench`` measures)
+  procs-N        fed by ``fastdata.Loader`` with N worker processes (``workers="process"``)
 
     python benchmarks/gpu_fed.py /tmp/raw --model resnet18      # a raw shard set stored at 256
     python benchmarks/gpu_fed.py /tmp/raw --profile $OUT/fed.json   # + where 10 fed steps go
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--crop", type=int, default=224)
     ap.add_argument("--threads", default="4,16")
+    ap.add_argument("--procs", default="8", help="worker-process counts ('' for none)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", help="also profile 10 steps fed by the last loader: the top "
@@ -88,32 +92,46 @@ def main() -> None:
     rows["gpu-augment"] = rate(dev, lambda: step(aug(raw_dev, g), y), a.steps, b)
     rows["h2d"] = rate(dev, h2d, a.steps, b)
     for n in (int(t) for t in a.threads.split(",")):
-        stop = threading.Event()
 
-        def reader(seed):
+        def reader(seed, take):
             r = np.random.default_rng(seed)
             buf = torch.empty((b, s, s, 3), dtype=torch.uint8,
                               pin_memory=dev.type == "cuda").numpy()
             while not stop.is_set():
-                ds.read_batch(r.integers(0, len(ds), b), out=buf)
-        threads = [threading.Thread(target=reader, args=(k,), daemon=True) for k in range(n)]
-        for t in threads:
-            t.start()
-        rows[f"reads-{n}"] = rate(dev, lambda: step(x, y), a.steps, b)
-        stop.set()
-        for t in threads:
-            t.join()
-        loader = fastdata.Loader(ds, batch_size=b, crop=a.crop, device=dev, dtype=dtype,
-                                 num_workers=n, drop_last=True)
-        it = iter(_forever(loader))
+                if take:        # shard 0 only: a gather with no Python per sample
+                    np.take(mm, np.sort(r.integers(0, len(mm), b)), axis=0, out=buf)
+                else:
+                    ds.read_batch(r.integers(0, len(ds), b), out=buf)
+        mm = ds.shards[0].h["maps"][s] if ds.raw_views(np.zeros(1, np.int64)) else None
+        for name, take in (("reads", False), ("takes", True)):
+            if take and mm is None:
+                continue
+            stop = threading.Event()
+            threads = [threading.Thread(target=reader, args=(k, take), daemon=True)
+                       for k in range(n)]
+            for t in threads:
+                t.start()
+            rows[f"{name}-{n}"] = rate(dev, lambda: step(x, y), a.steps, b)
+            stop.set()
+            for t in threads:
+                t.join()
+        it = _fed(ds, a, dev, dtype, num_workers=n)
         rows[f"loader-{n}"] = rate(dev, lambda: step(*next(it)), a.steps, b)
+    for n in (int(p) for p in a.procs.split(",") if p):
+        procs = _fed(ds, a, dev, dtype, num_workers=n, workers="process")
+        rows[f"procs-{n}"] = rate(dev, lambda: step(*next(procs)), a.steps, b)
     if a.profile:
         _profile(dev, lambda: step(*next(it)), a.profile)
+    for loader in _LOADERS:
+        loader.close()
     top = rows["ceiling"]
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} batch {b}, {s}px stored → {a.crop}, {dtype} channels_last on {name}:")
     for k, v in rows.items():
         print(f"  {k:<12} {v:8.0f} img/s  {v / top:6.1%} of the ceiling")
+
+
+_LOADERS: list = []     # closed at the end (worker processes left running make noise)
 
 
 def _profile(dev, fn, path: str) -> None:
@@ -128,6 +146,14 @@ def _profile(dev, fn, path: str) -> None:
     key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=key, row_limit=25))
     prof.export_chrome_trace(path)
+
+
+def _fed(ds, a, dev, dtype, **kw):
+    """Endless training batches from a ``fastdata.Loader`` over ``ds``."""
+    loader = fastdata.Loader(ds, batch_size=a.batch, crop=a.crop, device=dev, dtype=dtype,
+                             drop_last=True, **kw)
+    _LOADERS.append(loader)
+    return iter(_forever(loader))
 
 
 def _forever(loader):

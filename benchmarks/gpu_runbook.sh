@@ -12,6 +12,8 @@
 #   2: bench ResNet-18, host syncs, `fastdata train` (bf16, fp16 + accum, torchrun)
 #   3: shards at 512 and their bench, gpu_fed.py (ResNet-18), `fastdata demo`
 #   4: TrainStep vs by hand (ResNet-18, fp16), gpu_fed.py (ResNet-50), `train --compile`
+#   fed (instead of 1, stop 25: ~4 min): tests marked gpu, photos, raw shards, gpu_fed.py ResNet-18/50
+#      (8 and 16 threads), bench torch ResNet-18/50
 #   5: DALI installed: its tests, host syncs, bench torch vs dali (ResNet-50/18, 512 px,
 #      no model),
 #      `train --backend dali`
@@ -24,8 +26,8 @@ FD="python3 -m fastdata.cli"
 bench() { $FD -q bench "$@" --batch-size 256 --workers 16 --batches 30 2>&1 \
   | grep -v -E "nvjpeg2k|nvtiff|Failed to load|If using nvImageCodec"; }
 train() { $FD train "$@" 2>&1 | grep -v '%|' | tail -12; }
-[ "${1:-}" = prepare ] || { mkdir -p /tmp/pay && cp ".p$1"/* /tmp/pay/; }
-[ "${1:-}" = 1 ] || [ "${1:-}" = prepare ] || [ -d /tmp/raw ] || echo "!! a fresh machine: run part 1 first"
+[ "${1:-}" = prepare ] || { mkdir -p /tmp/pay && cp ".p${1/fed/1}"/* /tmp/pay/; }
+[ "${1:-}" = 1 ] || [ "${1:-}" = fed ] || [ "${1:-}" = prepare ] || [ -d /tmp/raw ] || echo "!! a fresh machine: run part 1 first"
 
 case "${1:-}" in
 prepare)
@@ -35,24 +37,29 @@ prepare)
        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
   mkdir -p .p1 .p2 .p3 .p4 .p5 /tmp/fd-gpu .git/info
   for p in .p1 .p2 .p3 .p4 .p5; do grep -qx "/$p/" .git/info/exclude 2>/dev/null || echo "/$p/" >> .git/info/exclude; done
-  "${pip[@]}" -d .p1 lmdb simplejpeg pytest-timeout astunparse==1.6.3 gast==0.6.0 optree nvtx \
+  "${pip[@]}" -d .p1 lmdb simplejpeg zlib-ng pytest-timeout astunparse==1.6.3 gast==0.6.0 optree nvtx \
     makefun 'libcst~=1.8' 'nvidia-nvjpeg>=13.0,<13.1' 'nvidia-nvimgcodec-cu13>=0.9,<0.10'
   (cd .p1 && apt-get download ukui-wallpapers)
   "${pip[@]}" -d /tmp/fd-gpu nvidia-dali-cuda130==2.4.0 nvidia-libnvcomp-cu13==5.3.0.16
   (cd /tmp/fd-gpu && tar cf ../fd-gpu.tar ./*.whl && split -b 57M -d -a 1 ../fd-gpu.tar part)
   for i in 0 1 2 3; do mv /tmp/fd-gpu/part$i ".p$((i + 2))/dali.part$i"; done
   md5sum /tmp/fd-gpu.tar; du -sh .p? ;;
-1)
+1|fed)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/pay/lmdb*.whl /tmp/pay/simplejpeg*.whl /tmp/pay/pytest_timeout*.whl
+    /tmp/pay/lmdb*.whl /tmp/pay/simplejpeg*.whl /tmp/pay/zlib_ng*.whl /tmp/pay/pytest_timeout*.whl
   $FD info --env
   (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
     > /tmp/photos.log 2>&1) &
   T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
-  T step; python3 benchmarks/gpu_step.py 2>&1 | tee "$OUT/step50.txt"
+  [ "$1" = 1 ] && { T step; python3 benchmarks/gpu_step.py 2>&1 | tee "$OUT/step50.txt"; }
   wait; T convert
   $FD -q convert /tmp/photos /tmp/raw --size 256
+  [ "$1" = 1 ] || {
+    for m in 18 50; do T "fed resnet$m"; python3 benchmarks/gpu_fed.py /tmp/raw --model resnet$m \
+      --threads 8,16 --procs "" $([ $m = 18 ] && echo --profile "$OUT/fed18.json") 2>&1 | tee "$OUT/fed$m.txt"; done
+    for m in 18 50; do T "bench resnet$m"; bench /tmp/raw --backends torch --model resnet$m \
+      --json "$OUT/torch$m.json" | tee "$OUT/torch$m.txt"; done; T done; exit; }
   $FD -q convert /tmp/photos /tmp/jpg --size 256 --encoding jpeg
   T bench50; bench /tmp/raw /tmp/jpg --source /tmp/photos --backends baseline,torch \
     --model resnet50 --json "$OUT/resnet50.json" | tee "$OUT/resnet50.txt" ;;
@@ -93,6 +100,6 @@ prepare)
     --model none --json "$OUT/none.json" | tee "$OUT/none.txt"
   T traindali; train /tmp/jpg --backend dali --val /tmp/raw --model resnet18 --epochs 2 \
     --batch-size 128 --crop 224 ;;
-*) echo "usage: $0 prepare|1|2|3|4|5" >&2; exit 2 ;;
+*) echo "usage: $0 prepare|1|fed|2|3|4|5" >&2; exit 2 ;;
 esac
 T done

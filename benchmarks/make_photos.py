@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import multiprocessing
 import os
 import random
 import subprocess
@@ -34,8 +35,8 @@ def sources(deb: str | None = None) -> list[Image.Image]:
         return [Image.open(p).convert("RGB") for p in wallpapers(tmp, deb)]
 
 
-def crops(images: list[Image.Image], count: int, seed: int):
-    """``count`` random ImageNet-sized crops of ``images`` (PIL images, before JPEG coding)."""
+def plans(images: list[Image.Image], count: int, seed: int):
+    """``(source index, size, box)`` of ``count`` random ImageNet-sized crops of ``images``."""
     rng = random.Random(seed)
     for i in range(count):
         src = images[i % len(images)]
@@ -45,7 +46,26 @@ def crops(images: list[Image.Image], count: int, seed: int):
         zoom = rng.uniform(1.0, min(src.width / w, src.height / h))  # crop zoom-out, then resize
         cw, ch = int(w * zoom), int(h * zoom)
         x, y = rng.randint(0, src.width - cw), rng.randint(0, src.height - ch)
-        yield src.resize((w, h), Image.BICUBIC, box=(x, y, x + cw, y + ch))
+        yield i % len(images), (w, h), (x, y, x + cw, y + ch)
+
+
+def crop(images: list[Image.Image], plan) -> Image.Image:
+    src, size, box = plan
+    return images[src].resize(size, Image.BICUBIC, box=box)
+
+
+def crops(images: list[Image.Image], count: int, seed: int):
+    """``count`` random ImageNet-sized crops of ``images`` (PIL images, before JPEG coding)."""
+    return (crop(images, p) for p in plans(images, count, seed))
+
+
+_IMAGES: list = []      # the sources, inherited by the forked savers
+
+
+def _save(job) -> None:
+    i, plan, out, classes = job
+    path = os.path.join(out, f"class_{i % classes:02d}", f"{i:05d}.jpg")
+    crop(_IMAGES, plan).save(path, quality=90)
 
 
 def main() -> None:
@@ -59,9 +79,12 @@ def main() -> None:
     args = ap.parse_args()
     for c in range(args.classes):
         os.makedirs(os.path.join(args.out, f"class_{c:02d}"), exist_ok=True)
-    for i, img in enumerate(crops(sources(args.deb), args.count, args.seed)):
-        img.save(os.path.join(args.out, f"class_{i % args.classes:02d}", f"{i:05d}.jpg"),
-                 quality=90)
+    _IMAGES[:] = sources(args.deb)
+    jobs = [(i, p, args.out, args.classes)
+            for i, p in enumerate(plans(_IMAGES, args.count, args.seed))]
+    with multiprocessing.get_context("fork").Pool() as pool:   # the same files, on every core
+        for _ in pool.imap_unordered(_save, jobs, chunksize=16):
+            pass
 
 
 if __name__ == "__main__":

@@ -104,29 +104,36 @@ def crop_resize_per_sample(images, boxes, flips, out: int,
     return y
 
 
-def resample_weights(start, length, size: int, out: int, flips=None) -> torch.Tensor:
-    """``(B, out, size)`` float32 on ``start``'s device: row ``i`` of matrix ``b`` resamples
-    the window ``[start[b], start[b] + length[b])`` of a line of ``size`` pixels to output
-    pixel ``i`` with ``interpolate(mode="bilinear", antialias=True)``'s weights (PIL's triangle
-    filter, widened by the downscale factor), mirrored where ``flips``."""
+def resample_weights(start, length, size: int, out: int, flips=None,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(B, out, size)`` in ``dtype`` on ``start``'s device: row ``i`` of matrix ``b``
+    resamples the window ``[start[b], start[b] + length[b])`` of a line of ``size`` pixels to
+    output pixel ``i`` with ``interpolate(mode="bilinear", antialias=True)``'s weights (PIL's
+    triangle filter, widened by the downscale factor), mirrored where ``flips``. Computed in
+    float32; the (B, out, size) passes are kept few, as on CUDA they cost more than the
+    products that use them."""
     start = start.to(torch.float32)[:, None, None]
     length = length.to(torch.float32)[:, None, None]
     scale = length / out
-    centre = (torch.arange(out, device=start.device)[None, :, None] + 0.5) * scale
-    pos = torch.arange(size, device=start.device)[None, None, :] - start     # window coords
-    w = (1 - (pos + 0.5 - centre).abs() / scale.clamp(min=1)).clamp_(min=0)
-    w = w * ((pos >= 0) & (pos < length))
-    w = w / w.sum(-1, keepdim=True)
-    if flips is not None:
-        w = torch.where(flips[:, None, None], w.flip(1), w)
-    return w
+    i = torch.arange(out, device=start.device, dtype=torch.float32)[None, :, None]
+    if flips is not None:           # mirrored: output pixel i samples where out-1-i would
+        i = torch.where(flips.to(torch.bool)[:, None, None], out - 1 - i, i)
+    centre = (i + 0.5) * scale - 0.5 + start        # in line coordinates
+    pos = torch.arange(size, device=start.device, dtype=torch.float32)[None, None, :]
+    inside = ((pos >= start) & (pos < start + length)).to(torch.float32)     # (B, 1, size)
+    w = (pos - centre).abs_().mul_(-1 / scale.clamp(min=1)).add_(1).clamp_(min=0).mul_(inside)
+    return torch.div(w, w.sum(-1, keepdim=True), out=torch.empty(w.shape, dtype=dtype,
+                                                                  device=w.device))
 
 
-def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor:
-    """x: (B, H, W, 3) uint8 → (B, 3, out, out) float32 in 0..255 (arbitrary strides): the same
-    antialiased crop-resize as the per-sample kernel, as two batched matrix products over the
-    whole stored image (a crop's weights are zero outside it), so a launch per image and
-    aliasing on downscaled crops are both avoided."""
+def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int, *,
+                        dtype: torch.dtype = torch.float32, affine=None) -> torch.Tensor:
+    """x: (B, H, W, 3) uint8 → (B, 3, out, out) in ``dtype``, values in 0..255 or, with
+    ``affine=(scale, shift)`` (per channel), ``scale * value + shift``: the same antialiased
+    crop-resize as the per-sample kernel, as two batched matrix products over the whole stored
+    image (a crop's weights are zero outside it), so a launch per image and aliasing on
+    downscaled crops are both avoided. The scale rides on the uint8 → ``dtype`` conversion and
+    the shift on the second product (the weights of a pixel sum to 1)."""
     b, height, width, _ = x.shape
     if boxes.device != x.device:    # one copy, pinned: CUDA makes a copy from pageable memory
         flips = torch.as_tensor(flips, dtype=torch.long)    # wait for its stream's earlier work
@@ -134,12 +141,20 @@ def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int) -> torch.Tensor
         p = (p.pin_memory() if x.is_cuda else p).to(x.device, non_blocking=True)
         boxes, flips = p[:, :4], p[:, 4]
     flips = torch.as_tensor(flips, dtype=torch.bool, device=x.device)
-    wy = resample_weights(boxes[:, 0], boxes[:, 2], height, out)
-    wx = resample_weights(boxes[:, 1], boxes[:, 3], width, out, flips)
-    t = torch.bmm(wy, x.float().reshape(b, height, width * 3))          # rows: (B, out, W*3)
+    wy = resample_weights(boxes[:, 0], boxes[:, 2], height, out, dtype=dtype)
+    wx = resample_weights(boxes[:, 1], boxes[:, 3], width, out, flips, dtype=dtype)
+    rows = x.reshape(b, height, width * 3)
+    if affine is None:
+        t = torch.bmm(wy, rows.to(dtype))
+    else:
+        scale, shift = (torch.as_tensor(v, dtype=dtype, device=x.device) for v in affine)
+        t = torch.bmm(wy, rows * scale.repeat(width))                   # rows: (B, out, W*3)
     t = t.view(b, out, width, 3).transpose(1, 2).reshape(b, width, out * 3)
-    y = torch.bmm(wx, t).view(b, out, out, 3)                           # (B, x, y, channel)
-    return y.permute(0, 3, 2, 1)
+    if affine is None:
+        y = torch.bmm(wx, t)
+    else:
+        y = torch.baddbmm(shift.repeat(out)[None, None], wx, t)
+    return y.view(b, out, out, 3).permute(0, 3, 2, 1)                  # (B, x, y, channel)
 
 
 def _numbers(name: str, value, n: int) -> tuple[float, ...]:
@@ -207,7 +222,13 @@ class Augment:
             out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x[0].device,
                               memory_format=self.memory_format)
         if kernel == "batched":
-            return self.normalize(crop_resize_batched(x, boxes, flips, side), out)
+            # half-precision products for a half-precision output: tensor cores, half the
+            # bytes, and their rounding (< 0.5 grey level) below a bf16 output's (~1 level)
+            half = self.dtype in (torch.float16, torch.bfloat16) and x.is_cuda
+            a, b = self._scale_shift(x.device)
+            y = crop_resize_batched(x, boxes, flips, side, affine=(a.view(3), b.view(3)),
+                                    dtype=torch.float16 if half else torch.float32)
+            return out.copy_(y)
         # each image normalised as soon as it is resized, while in cache: one pass over the
         # float output instead of three (benchmarks/ab_cpu.py, "fused")
         put = self._put(out)

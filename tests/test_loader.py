@@ -372,6 +372,14 @@ def test_the_batched_kernel_resamples_like_the_per_sample_kernel(size, out):
         assert torch.allclose(y[k], ref.flip(-1) if flips[k] else ref, atol=1e-3)
     u8 = crop_resize_per_sample(x, boxes, flips, out)
     assert (y.round() - u8.float()).abs().max() <= 1
+    # normalising inside (scale on the conversion, shift on the second product), in half
+    # precision as CUDA does for half-precision outputs: under half a grey level apart
+    scale, shift = torch.tensor([1 / 50, 1 / 60, 1 / 70]), torch.tensor([-2.0, -1.5, -1.0])
+    ref = y * scale.view(3, 1, 1) + shift.view(3, 1, 1)
+    for dtype, levels in ((torch.float32, 1e-3), (torch.float16, 0.5)):
+        z = crop_resize_batched(x, boxes, flips, out, dtype=dtype, affine=(scale, shift))
+        assert z.dtype == dtype
+        assert ((z.float() - ref) / scale.view(3, 1, 1)).abs().max() <= levels
 
 
 @pytest.mark.parametrize("train", [True, False])
