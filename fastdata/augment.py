@@ -143,17 +143,12 @@ def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int, *,
     flips = torch.as_tensor(flips, dtype=torch.bool, device=x.device)
     wy = resample_weights(boxes[:, 0], boxes[:, 2], height, out, dtype=dtype)
     wx = resample_weights(boxes[:, 1], boxes[:, 3], width, out, flips, dtype=dtype)
-    rows = x.reshape(b, height, width * 3)
-    if affine is None:
-        t = torch.bmm(wy, rows.to(dtype))
-    else:
-        scale, shift = (torch.as_tensor(v, dtype=dtype, device=x.device) for v in affine)
-        t = torch.bmm(wy, rows * scale.repeat(width))                   # rows: (B, out, W*3)
+    scale, shift = (torch.as_tensor(v, dtype=dtype, device=x.device)
+                    for v in (affine or ((1.0,) * 3, (0.0,) * 3)))
+    rows = x.reshape(b, height, width * 3) * scale.repeat(width)       # one op: to dtype, scaled
+    t = torch.bmm(wy, rows)                                             # (B, out, W*3)
     t = t.view(b, out, width, 3).transpose(1, 2).reshape(b, width, out * 3)
-    if affine is None:
-        y = torch.bmm(wx, t)
-    else:
-        y = torch.baddbmm(shift.repeat(out)[None, None], wx, t)
+    y = torch.baddbmm(shift.repeat(out)[None, None], wx, t)
     return y.view(b, out, out, 3).permute(0, 3, 2, 1)                  # (B, x, y, channel)
 
 
