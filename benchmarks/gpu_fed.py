@@ -102,7 +102,7 @@ def main() -> None:
                     np.take(mm, np.sort(r.integers(0, len(mm), b)), axis=0, out=buf)
                 else:
                     ds.read_batch(r.integers(0, len(ds), b), out=buf)
-        mm = ds.shards[0].h["maps"][s] if ds.raw_views(np.zeros(1, np.int64)) else None
+        mm = ds.shards[0].h["maps"][s] if ds.raw_views([0]) is not None else None
         for name, take in (("reads", False), ("takes", True)):
             if take and mm is None:
                 continue

@@ -26,6 +26,15 @@ FD="python3 -m fastdata.cli"
 bench() { $FD -q bench "$@" --batch-size 256 --workers 16 --batches 30 2>&1 \
   | grep -v -E "nvjpeg2k|nvtiff|Failed to load|If using nvImageCodec"; }
 train() { $FD train "$@" 2>&1 | grep -v '%|' | tail -12; }
+setup() {     # parts 1 and fed: wheels, photos (in the background), tests marked gpu
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    /tmp/pay/lmdb*.whl /tmp/pay/simplejpeg*.whl /tmp/pay/zlib_ng*.whl /tmp/pay/pytest_timeout*.whl
+  $FD info --env
+  (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
+    > /tmp/photos.log 2>&1) &
+  T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
+}
 [ "${1:-}" = prepare ] || { mkdir -p /tmp/pay && cp ".p${1/fed/1}"/* /tmp/pay/; }
 [ "${1:-}" = 1 ] || [ "${1:-}" = fed ] || [ "${1:-}" = prepare ] || [ -d /tmp/raw ] || echo "!! a fresh machine: run part 1 first"
 
@@ -44,25 +53,23 @@ prepare)
   (cd /tmp/fd-gpu && tar cf ../fd-gpu.tar ./*.whl && split -b 57M -d -a 1 ../fd-gpu.tar part)
   for i in 0 1 2 3; do mv /tmp/fd-gpu/part$i ".p$((i + 2))/dali.part$i"; done
   md5sum /tmp/fd-gpu.tar; du -sh .p? ;;
-1|fed)
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-    /tmp/pay/lmdb*.whl /tmp/pay/simplejpeg*.whl /tmp/pay/zlib_ng*.whl /tmp/pay/pytest_timeout*.whl
-  $FD info --env
-  (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
-    > /tmp/photos.log 2>&1) &
-  T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
-  [ "$1" = 1 ] && { T step; python3 benchmarks/gpu_step.py 2>&1 | tee "$OUT/step50.txt"; }
+1)
+  setup
+  T step; python3 benchmarks/gpu_step.py 2>&1 | tee "$OUT/step50.txt"
   wait; T convert
   $FD -q convert /tmp/photos /tmp/raw --size 256
-  [ "$1" = 1 ] || {
-    for m in 18 50; do T "fed resnet$m"; python3 benchmarks/gpu_fed.py /tmp/raw --model resnet$m \
-      --threads 8,16 --procs "" $([ $m = 18 ] && echo --profile "$OUT/fed18.json") 2>&1 | tee "$OUT/fed$m.txt"; done
-    for m in 18 50; do T "bench resnet$m"; bench /tmp/raw --backends torch --model resnet$m \
-      --json "$OUT/torch$m.json" | tee "$OUT/torch$m.txt"; done; T done; exit; }
   $FD -q convert /tmp/photos /tmp/jpg --size 256 --encoding jpeg
   T bench50; bench /tmp/raw /tmp/jpg --source /tmp/photos --backends baseline,torch \
     --model resnet50 --json "$OUT/resnet50.json" | tee "$OUT/resnet50.txt" ;;
+fed)
+  setup
+  wait; T convert
+  $FD -q convert /tmp/photos /tmp/raw --size 256
+  for m in 18 50; do T "fed resnet$m"; python3 benchmarks/gpu_fed.py /tmp/raw --model resnet$m \
+    --threads 8,16 --procs "" $([ $m = 18 ] && echo --profile "$OUT/fed18.json") 2>&1 \
+    | tee "$OUT/fed$m.txt"; done
+  for m in 18 50; do T "bench resnet$m"; bench /tmp/raw --backends torch --model resnet$m \
+    --json "$OUT/torch$m.json" | tee "$OUT/torch$m.txt"; done ;;
 2)
   T bench18; bench /tmp/raw /tmp/jpg --source /tmp/photos --backends baseline,torch \
     --model resnet18 --json "$OUT/resnet18.json" | tee "$OUT/resnet18.txt"
