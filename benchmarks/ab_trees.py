@@ -25,13 +25,17 @@ import tempfile
 import time
 
 CONVERT = """
-import sys, time
+import resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from converters.convert import convert
-t = time.perf_counter()
+def cpu():
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (
+        resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+t, c = time.perf_counter(), cpu()
 m = convert(sys.argv[2], sys.argv[3], container=sys.argv[4], sizes=[int(sys.argv[5])],
             overwrite=True, progress=False)
-print(m["num_samples"] / (time.perf_counter() - t))
+n = m["num_samples"]
+print(n / (time.perf_counter() - t), (cpu() - c) / n * 1e3)
 """
 LOADER = """
 import sys, time
@@ -74,16 +78,24 @@ def decode_ab(photos: str, size: int, rounds: int, n: int = 300) -> None:
 def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -> None:
     """``script`` run per tree, alternating, ``rounds`` times; prints medians and the ratio."""
     rates: dict[str, list[float]] = {k: [] for k in trees}
+    cpus: dict[str, list[float]] = {k: [] for k in trees}   # ms per image, if the job says
     for _ in range(rounds):
         for name, tree in trees.items():
             out = subprocess.run([sys.executable, "-c", script, tree,
                                   *(a.replace("{name}", name) for a in args)],
                                  check=True, capture_output=True, text=True)
-            rates[name].append(float(out.stdout.split()[-1]))
+            rate, *cpu = map(float, out.stdout.splitlines()[-1].split())
+            rates[name].append(rate)
+            cpus[name] += cpu
     ratio = [t / r for t, r in zip(rates["this"], rates["ref"])]
     print(f"{label}: ref {statistics.median(rates['ref']):.0f} img/s, "
           f"this {statistics.median(rates['this']):.0f} img/s, this/ref "
           f"{statistics.median(ratio):.2f}x (rounds {min(ratio):.2f}-{max(ratio):.2f})")
+    if cpus["this"]:
+        ratio = [t / r for t, r in zip(cpus["this"], cpus["ref"])]
+        print(f"{label}: CPU (all processes) ref {statistics.median(cpus['ref']):.3f}, this "
+              f"{statistics.median(cpus['this']):.3f} ms/img, this/ref "
+              f"{statistics.median(ratio):.3f} (rounds {min(ratio):.3f}-{max(ratio):.3f})")
 
 
 def main() -> None:

@@ -1,9 +1,11 @@
 """Every input oddity of an ImageFolder tree, through the real converter and reader."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import struct
 import time
 
 import numpy as np
@@ -174,6 +176,44 @@ def test_fast_jpeg_decode_agrees_with_pil(tmp_path, monkeypatch, sizes, fit):
     for a, b, s in zip(pil, fast, sizes):     # shrunk: fast chroma upsampling, close to PIL
         diff = np.abs(np.frombuffer(a, np.uint8).astype(int) - np.frombuffer(b, np.uint8))
         assert len(a) == len(b) == 3 * s * s and diff.mean() < 0.5 and diff.max() <= 8
+
+
+def _jpeg_with_app1(payload: bytes) -> bytes:
+    """A small JPEG with ``payload`` as an APP1 segment right after SOI."""
+    buf = io.BytesIO()
+    smooth(24, 16, 5).save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    return data[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + data[2:]
+
+
+def _tiff(order: str, entries) -> bytes:
+    """A TIFF block with one IFD of ``(tag, type, count, value)`` entries (value: 4 bytes)."""
+    head = (b"II" if order == "<" else b"MM") + struct.pack(order + "HI", 42, 8)
+    body = struct.pack(order + "H", len(entries)) + b"".join(
+        struct.pack(order + "HHI", t, k, c) + v for t, k, c, v in entries)
+    return head + body + struct.pack(order + "I", 0)
+
+
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_exif_orientation_read_as_pil_reads_it(order):
+    """The fast JPEG path reads the orientation itself; where it cannot, PIL decides."""
+    def short(v):
+        return struct.pack(order + "HH", v, 0)
+    cases = [_jpeg_with_app1(b"Exif\0\0" + _tiff(order, [(0x010F, 2, 4, b"abc\0"),
+                                                          (0x0112, 3, 1, short(v))]))
+             for v in range(1, 9)]
+    cases += [_jpeg_with_app1(b"Exif\0\0" + _tiff(order, [(0x010F, 2, 4, b"abc\0")])),
+              _jpeg_with_app1(b"http://ns.adobe.com/xap/1.0/\0<x/>")]    # no Exif: upright
+    for data in cases:
+        with Image.open(io.BytesIO(data)) as im:
+            assert decode._exif_orientation(data) == im.getexif().get(0x0112, 1)
+    odd = [_jpeg_with_app1(b"Exif\0\0" + _tiff(order, [(0x0112, 4, 1, struct.pack(
+               order + "I", 6))])),                                        # a LONG
+           _jpeg_with_app1(b"Exif\0\0" + _tiff(order, [(0x0112, 3, 1, short(6))])[:14]),
+           _jpeg_with_app1(b"Exif\0\0XX*\0\0\0\0\x08")]                     # no byte order
+    assert [decode._exif_orientation(d) for d in odd] == [None] * 3
+    for data in odd:        # and then PIL's decoder is used, as for any JPEG it cannot take
+        assert decode._decode_jpeg(data, decode.DecodeOptions(sizes=(8,))) is None
 
 
 def test_no_class_dirs_and_missing_source(tmp_path):
