@@ -6,9 +6,10 @@ by round so machine noise hits both alike; figures in RESULTS.md.
     .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref --job loader
 
 Each run is a fresh interpreter with its tree first on ``sys.path``.
-``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` does), HDF5
-and LMDB; first, in this tree, the worker's per-image CPU time with the simplejpeg decode path
-vs PIL's decoder.
+``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` did before
+stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
+all its processes per image too; first, in this tree, the worker's per-image CPU time with the
+simplejpeg decode path vs PIL's decoder.
 ``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
