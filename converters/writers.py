@@ -99,7 +99,8 @@ class ShardWriter:
 def _allocate(fd: int, offset: int, length: int) -> None:
     """Disk blocks for a byte range of ``fd`` before it is written: a full disk is an OSError
     now, not a SIGBUS (a write through a map) or an ENOSPC halfway; and ext4 writes into
-    allocated blocks with ~30% less CPU than into a sparse range (``benchmarks/RESULTS.md``).
+    allocated blocks with ~20% less CPU than into a sparse range
+    (``benchmarks/convert_steps.py``).
     A file system (or OS) that cannot allocate ahead is left sparse."""
     try:
         if hasattr(os, "posix_fallocate"):      # not on macOS

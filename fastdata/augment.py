@@ -126,6 +126,17 @@ def resample_weights(start, length, size: int, out: int, flips=None,
                                                                   device=w.device))
 
 
+def packed_params(boxes: torch.Tensor, flips, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A batch's crop parameters as one (B, 5) int64 tensor, ``[top, left, h, w, flip]`` per
+    row (written into ``out`` if given, e.g. a pinned buffer), so they cross to a device in
+    one copy; ``p[:, :4], p[:, 4]`` gives them back."""
+    if out is None:
+        out = torch.empty((len(boxes), 5), dtype=torch.int64)
+    out[:, :4] = boxes
+    out[:, 4] = torch.as_tensor(flips, dtype=torch.int64)
+    return out
+
+
 def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int, *,
                         dtype: torch.dtype = torch.float32, affine=None) -> torch.Tensor:
     """x: (B, H, W, 3) uint8 → (B, 3, out, out) in ``dtype``, values in 0..255 or, with
@@ -136,8 +147,7 @@ def crop_resize_batched(x: torch.Tensor, boxes, flips, out: int, *,
     the shift on the second product (the weights of a pixel sum to 1)."""
     b, height, width, _ = x.shape
     if boxes.device != x.device:    # one copy, pinned: CUDA makes a copy from pageable memory
-        flips = torch.as_tensor(flips, dtype=torch.long)    # wait for its stream's earlier work
-        p = torch.cat([boxes, flips[:, None]], 1)
+        p = packed_params(boxes, flips)     # wait for its stream's earlier work
         p = (p.pin_memory() if x.is_cuda else p).to(x.device, non_blocking=True)
         boxes, flips = p[:, :4], p[:, 4]
     flips = torch.as_tensor(flips, dtype=torch.bool, device=x.device)

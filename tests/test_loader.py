@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import fastdata
 from converters.convert import convert
 from fastdata.augment import (Augment, crop_resize_batched, crop_resize_per_sample,
-                              random_resized_crop_boxes, resized_patches)
+                              packed_params, random_resized_crop_boxes, resized_patches)
 from fastdata.order import Order
 from tests.conftest import garbage_left_for_forks, plain_folder
 
@@ -372,6 +372,9 @@ def test_the_batched_kernel_resamples_like_the_per_sample_kernel(size, out):
         assert torch.allclose(y[k], ref.flip(-1) if flips[k] else ref, atol=1e-3)
     u8 = crop_resize_per_sample(x, boxes, flips, out)
     assert (y.round() - u8.float()).abs().max() <= 1
+    # the parameters packed into one (B, 5) tensor, as the torch backend sends them to a GPU
+    p = packed_params(boxes, flips, out=torch.full((48, 5), -1, dtype=torch.int64))
+    assert torch.equal(crop_resize_batched(x, p[:, :4], p[:, 4], out), y)
     # normalising inside (scale on the conversion, shift on the second product), in half
     # precision as CUDA does for half-precision outputs: under half a grey level apart
     scale, shift = torch.tensor([1 / 50, 1 / 60, 1 / 70]), torch.tensor([-2.0, -1.5, -1.0])

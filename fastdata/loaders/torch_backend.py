@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from fastdata.augment import packed_params
 from fastdata.loaders import Backend, ordered
 
 
@@ -153,9 +154,8 @@ class _BatchReader:
             return raw, pinned, None
         g = torch.Generator().manual_seed(self.seed_of(epoch, position))
         boxes, flips = self.transform.params(b, self.size, self.size, g)
-        params = self._pool(("params", b), (b, 5), torch.int64).get()
-        params[:, :4] = boxes
-        params[:, 4] = torch.tensor(flips)
+        params = packed_params(boxes, flips, out=self._pool(("params", b), (b, 5),
+                                                             torch.int64).get())
         return raw, pinned, params
 
 

@@ -1,0 +1,89 @@
+"""Per-step costs behind the converter's stop-26 changes (figures in benchmarks/RESULTS.md).
+
+    python -W ignore benchmarks/convert_steps.py /tmp/photos
+
+CPU time per image (``time.process_time``, system time included), the sides of each pair
+alternating round by round, median of the rounds:
+- reading a JPEG's header and Exif orientation: ``Image.open`` + ``getexif()`` vs
+  ``simplejpeg.decode_jpeg_header`` + ``decode._exif_orientation``;
+- packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``;
+- one 196 KB ``pwrite`` per image into a fresh file (in ``--tmp``), sparse vs allocated
+  first with ``posix_fallocate`` (as ``writers._allocate`` does).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import tempfile
+import time
+
+import simplejpeg
+from PIL import Image
+
+from converters import decode
+from converters.scan import scan_folder
+
+
+def per_item(fn, items) -> float:
+    t = time.process_time()
+    for x in items:
+        fn(x)
+    return (time.process_time() - t) / len(items) * 1e6
+
+
+def pair(label: str, sides: dict, items, rounds: int, per: int = 1) -> None:
+    """``per``: the µs of one call divided by this (a call that does ``per`` things)."""
+    us: dict[str, list[float]] = {k: [] for k in sides}
+    for _ in range(rounds):
+        for k, fn in sides.items():
+            us[k].append(per_item(fn, items) / per)
+    a, b = (statistics.median(v) for v in us.values())
+    print(f"{label}: " + " | ".join(f"{k} {statistics.median(v):.1f} µs" for k, v in us.items())
+          + f" ({b / a:.2f}x)")
+
+
+def pwrite_file(tmp: str, n: int, payload: bytes, allocate: bool):
+    def run(_):
+        path = os.path.join(tmp, "pwrite.bin")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            if allocate:
+                os.posix_fallocate(fd, 0, n * len(payload))
+            else:
+                os.ftruncate(fd, n * len(payload))
+            for i in range(n):
+                os.pwrite(fd, payload, i * len(payload))
+        finally:
+            os.close(fd)
+            os.remove(path)
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("photos")
+    ap.add_argument("--n", type=int, default=400, help="photos (and pwrites) per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tmp", default=None, help="where the pwrite file goes (default: TMPDIR)")
+    a = ap.parse_args()
+    files = [os.path.join(a.photos, p) for p, _ in scan_folder(a.photos).files[:a.n]]
+    datas = [open(f, "rb").read() for f in files]
+    pair("header + orientation", {
+        "Image.open": lambda d: Image.open(io.BytesIO(d)).getexif().get(0x0112),
+        "simplejpeg + marker walk": lambda d: (simplejpeg.decode_jpeg_header(d),
+                                               decode._exif_orientation(d))}, datas, a.rounds)
+    opts = decode.DecodeOptions(sizes=(256,))
+    squares = [decode.fit_square(decode._load(f, opts), 256, "crop") for f in files]
+    pair("pack 256 px", {"tobytes": lambda im: im.tobytes("raw", "RGB"),
+                         "_packed_rgb": decode._packed_rgb}, squares, a.rounds)
+    payload = bytes(3 * 256 * 256)
+    with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
+        pair("pwrite 196 KB", {"sparse": pwrite_file(tmp, a.n, payload, False),
+                               "allocated": pwrite_file(tmp, a.n, payload, True)},
+             [None], a.rounds, per=a.n)
+
+
+if __name__ == "__main__":
+    main()
