@@ -1,4 +1,5 @@
-"""Per-step costs behind the converter's stop-26 changes (figures in benchmarks/RESULTS.md).
+"""Per-step costs behind the converter's changes of stops 26 and 27 (figures in
+benchmarks/RESULTS.md).
 
     python -W ignore benchmarks/convert_steps.py /tmp/photos
 
@@ -8,22 +9,71 @@ alternating round by round, median of the rounds:
   ``simplejpeg.decode_jpeg_header`` + ``decode._exif_orientation``;
 - packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``;
 - one 196 KB ``pwrite`` per image into a fresh file (in ``--tmp``), sparse vs allocated
-  first with ``posix_fallocate`` (as ``writers._allocate`` does).
+  first with ``posix_fallocate`` (as ``writers._allocate`` does);
+- the parent's CPU per image for handing out batches of 8 and reading their results back in
+  order, 2 forked workers that each spend ~0.85 ms of CPU per image (the converter's decode
+  at 256 px, stood in for by a busy loop): ``concurrent.futures.ProcessPoolExecutor`` (as the
+  converter used it before stop 27) vs ``pool.Decoder``. Here the parent's CPU time is
+  its own (all its threads), not the workers'.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import io
+import multiprocessing as mp
 import os
 import statistics
 import tempfile
 import time
+from collections import deque
 
 import simplejpeg
 from PIL import Image
 
+import converters.pool as pool_mod
 from converters import decode
 from converters.scan import scan_folder
+
+WORK_S = 0.85e-3        # a worker's CPU per image
+
+
+def busy_batch(batch, opts=None, ring=None):
+    """Stands in for ``decode.prepare_batch``: the CPU time of decoding, results as small."""
+    t = time.process_time()
+    while time.process_time() - t < WORK_S * len(batch):
+        pass
+    return [(pos, None, [0], None) for pos, _ in batch]
+
+
+def executor_pool(n: int):
+    def run(_):
+        jobs = iter([(i, f"{i:08d}.jpg") for i in range(n)])
+        with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as pool:
+            window: deque = deque()
+            while True:
+                while len(window) < 8:
+                    batch = [j for _, j in zip(range(8), jobs)]
+                    if not batch:
+                        break
+                    window.append(pool.submit(busy_batch, batch))
+                if not window:
+                    return
+                for _ in window.popleft().result():
+                    pass
+    return run
+
+
+def decoder_pool(n: int):
+    def run(_):
+        pool_mod.prepare_batch = busy_batch     # the forked workers run it
+        decoder = pool_mod.Decoder(2, decode.DecodeOptions(sizes=(8,), encoding="jpeg"))
+        try:
+            for _ in decoder.run((i, f"{i:08d}.jpg") for i in range(n)):
+                pass
+        finally:
+            decoder.close()
+    return run
 
 
 def per_item(fn, items) -> float:
@@ -83,6 +133,9 @@ def main() -> None:
         pair("pwrite 196 KB", {"sparse": pwrite_file(tmp, a.n, payload, False),
                                "allocated": pwrite_file(tmp, a.n, payload, True)},
              [None], a.rounds, per=a.n)
+    pair("decode pool, parent", {"ProcessPoolExecutor": executor_pool(a.n * 4),
+                                 "Decoder": decoder_pool(a.n * 4)},
+         [None], a.rounds, per=a.n * 4)
 
 
 if __name__ == "__main__":

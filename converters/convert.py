@@ -3,28 +3,22 @@
 Workers return payloads in input order through a bounded window of in-flight batches, so memory
 stays flat (the window, plus a shard's JPEG payloads until it is written; raw pixels go straight
 into the shard file) whatever the dataset size. A worker that dies or hangs is detected: its
-batch is retried one image at a time in a fresh pool and the image that kills a worker is
-skipped and reported. Shards are written atomically; ``manifest.json``
+batch is retried one image at a time in a fresh pool (``converters.pool``) and the image that
+kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import gc
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
-import signal
-import threading
-import time
-from collections import deque
 
 from tqdm import tqdm
 
-from converters.decode import DecodeOptions, Ring, prepare_batch
+from converters.decode import DecodeOptions
+from converters.pool import Decoder, in_flight
 from converters.scan import scan_folder
 from converters.writers import WRITERS
 from fastdata.checks import choice, integer
@@ -39,15 +33,9 @@ from fastdata.verify import verify_shard
 log = logging.getLogger("fastdata.convert")
 
 SHARD_BYTES = 256 << 20             # default --shard-size keeps a shard near this
-BATCH = 8                           # images per worker task
-ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
 
 
 class ConversionError(RuntimeError):
-    pass
-
-
-class _WorkerDied(Exception):
     pass
 
 
@@ -58,11 +46,6 @@ def _sample_bytes(sizes, encoding: str) -> int:
 
 def default_shard_size(sizes, encoding: str) -> int:
     return max(64, min(100_000, SHARD_BYTES // _sample_bytes(sizes, encoding)))
-
-
-def _in_flight(workers: int) -> int:
-    """Images between the decode workers and the writer at most (4 batches per worker)."""
-    return 4 * workers * BATCH
 
 
 def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: int) -> None:
@@ -79,113 +62,11 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
                          f"memory while it is written, and this process may use "
                          f"{memory / 2**30:.1f} GiB: use --shard-size "
                          f"{max(1, memory // 2 // per_sample)} or less")
-    if encoding == "raw" and _in_flight(workers) * per_sample > memory // 2:
+    if encoding == "raw" and in_flight(workers) * per_sample > memory // 2:
         raise ValueError(f"sizes {list(sizes)} make raw images of {per_sample / 2**30:.1f} GiB, "
-                         f"{_in_flight(workers)} of them in flight between {workers} decode "
+                         f"{in_flight(workers)} of them in flight between {workers} decode "
                          f"workers and the writer, and this process may use "
                          f"{memory / 2**30:.1f} GiB: use smaller sizes or fewer --workers")
-
-
-_worker_ring: Ring | None = None     # set in each worker process by _worker_init
-
-
-def _worker_init(ring: Ring | None, parent: int) -> None:
-    global _worker_ring
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
-    _worker_ring = ring
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
-
-
-def _exit_with_parent(parent: int) -> None:
-    """A pool worker waits on its task pipe forever, and holds that pipe's write end itself,
-    so one whose parent was killed (SIGKILL, OOM) would stay behind: leave once orphaned."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
-def _prepare(batch, opts: DecodeOptions) -> list[tuple]:
-    return prepare_batch(batch, opts, _worker_ring)
-
-
-class _Decoder:
-    """A process pool that yields results in order and survives dead or hung workers.
-
-    Forked workers return raw pixels through a shared ``Ring`` (the parent's CPU time per
-    image is then one copy, not a pipe read, an unpickle and a fresh allocation).
-    """
-
-    def __init__(self, workers: int, opts: DecodeOptions):
-        self.workers, self.opts = workers, opts
-        fork = "fork" in mp.get_all_start_methods()
-        self._ctx, self._pool = mp.get_context("fork" if fork else "spawn"), None
-        self.ring = (Ring(self.window * BATCH, opts.sizes)
-                     if fork and opts.encoding == "raw" else None)
-
-    @property
-    def window(self) -> int:
-        return _in_flight(self.workers) // BATCH     # batches in flight
-
-    def _new_pool(self):
-        self.close()
-        # the workers fork from here on: no garbage for them to collect (a CUDA tensor of a
-        # notebook's training, freed in a child, kills it: fastdata/loaders/torch_backend.py)
-        gc.collect()
-        self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx,
-                                            initializer=_worker_init,
-                                            initargs=(self.ring, os.getpid()))
-
-    def close(self) -> None:
-        if self._pool is not None:
-            for p in list(getattr(self._pool, "_processes", {}).values()):
-                if p.is_alive():
-                    p.kill()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def _result(self, fut, n):
-        try:
-            results = fut.result(timeout=ITEM_TIMEOUT_S * n)
-        except (cf.process.BrokenProcessPool, cf.TimeoutError) as e:
-            kind = "hung" if isinstance(e, cf.TimeoutError) else "died"
-            raise _WorkerDied(kind) from None
-        if self.ring is None:
-            return results
-        return [(pos, self.ring.get(pos) if error is None else None, crcs, error)
-                for pos, _, crcs, error in results]
-
-    def run(self, jobs):
-        """``jobs``: iterable of (position, path) → (position, payloads, crc32s, error)."""
-        self._new_pool()
-        window: deque = deque()
-        it = iter(jobs)
-        while True:
-            while len(window) < self.window:
-                batch = [j for _, j in zip(range(BATCH), it)]
-                if not batch:
-                    break
-                window.append((batch, self._pool.submit(_prepare, batch, self.opts)))
-            if not window:
-                return
-            batch, fut = window[0]
-            try:
-                results = self._result(fut, len(batch))
-                window.popleft()
-                yield from results
-            except _WorkerDied as e:
-                pending = [j for b, _ in window for j in b]
-                window.clear()
-                log.warning("a decode worker %s; retrying %d images one by one", e, len(pending))
-                yield from self._isolate(pending)
-                self._new_pool()
-
-    def _isolate(self, jobs):
-        for job in jobs:
-            self._new_pool()
-            try:
-                yield from self._result(self._pool.submit(_prepare, [job], self.opts), 1)
-            except _WorkerDied as e:
-                yield job[0], None, None, f"worker process {e} while decoding this file"
 
 
 def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
@@ -377,7 +258,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         shard, shard_skipped, shard_first = None, [], end
 
     latch = SigintLatch()
-    decoder = _Decoder(workers, opts)
+    decoder = Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
     bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)

@@ -56,6 +56,7 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
             for d in [d for d in dirnames if d.startswith(".")]:
                 dirnames.remove(d)
                 ignored["hidden"] = ignored.get("hidden", 0) + 1
+            rel = os.path.relpath(dirpath, root) + os.sep     # once a folder, not per file
             for fn in filenames:
                 if fn.startswith("."):
                     reason = "hidden"
@@ -64,7 +65,7 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
                 elif not os.path.isfile(os.path.join(dirpath, fn)):
                     reason = "broken link"
                 else:
-                    found.append(os.path.relpath(os.path.join(dirpath, fn), root))
+                    found.append(rel + fn)
                     continue
                 ignored[reason] = ignored.get(reason, 0) + 1
         files.extend((p, label) for p in sorted(found))

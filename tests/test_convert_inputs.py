@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import fastdata
-import converters.convert as convert_mod
+import converters.pool as pool_mod
 from converters import decode
 from converters.convert import ConversionError, convert
 from fastdata.cli import main as cli
@@ -148,7 +148,7 @@ def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culp
     os.rename(os.path.join(src, "b", "img_000.png"), os.path.join(src, "b", culprit))
     convert(src, str(tmp_path / "clean"), sizes=[8], workers=2, progress=False)
     monkeypatch.setattr(decode, "prepare", _die_on(culprit))       # inherited by forked workers
-    monkeypatch.setattr(convert_mod, "ITEM_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(pool_mod, "ITEM_TIMEOUT_S", 1.0)
     m = convert(src, str(tmp_path / "out"), container=container, sizes=[8], workers=2,
                 progress=False)
     assert m["num_samples"] == 17
@@ -158,6 +158,45 @@ def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culp
     gone = 6 + sorted(os.listdir(os.path.join(src, "b"))).index(culprit)
     clean = fastdata.open(tmp_path / "clean").read_batch([i for i in range(18) if i != gone])
     assert np.array_equal(fastdata.open(tmp_path / "out").read_batch(range(17)), clean)
+
+
+def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monkeypatch):
+    """One worker held up by its first image while the other finishes later batches: the
+    shards are those of a single worker, in input order."""
+    src, log = plain_folder(tmp_path / "src", per_class=8), str(tmp_path / "log")
+    convert(src, str(tmp_path / "one"), sizes=[8], workers=1, shard_size=7, progress=False)
+
+    def prepare(path, opts, real=decode.prepare):
+        if path.endswith("img_000.png") and os.sep + "a" + os.sep in path:
+            time.sleep(1.0)
+        with open(log, "a") as f:       # the order images finished in, across workers
+            f.write(os.path.relpath(path, src) + "\n")
+        return real(path, opts)
+    monkeypatch.setattr(decode, "prepare", prepare)     # inherited by forked workers
+    m = convert(src, str(tmp_path / "two"), sizes=[8], workers=2, shard_size=7, progress=False)
+    finished = open(log).read().split()
+    assert finished.index(os.path.join("a", "img_000.png")) >= 8      # a later batch was first
+    assert [s["sha256"] for s in m["shards"]] == [
+        s["sha256"] for s in json.load(open(tmp_path / "one" / "manifest.json"))["shards"]]
+    assert np.array_equal(fastdata.open(tmp_path / "two").read_batch(range(24)),
+                          fastdata.open(tmp_path / "one").read_batch(range(24)))
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_spawned_decoders_give_the_same_shards(tmp_path, monkeypatch, encoding):
+    """Where fork is missing (macOS, Windows) workers are spawned and send raw pixels back
+    through their pipes, not the shared ring: the same shard set."""
+    src = plain_folder(tmp_path / "src", per_class=4)
+    (tmp_path / "src" / "b" / "bad.jpg").write_text("not a jpeg")
+    kw = dict(sizes=[8, 16], encoding=encoding, workers=2, shard_size=5, progress=False)
+    forked = convert(src, str(tmp_path / "fork"), **kw)
+    monkeypatch.setattr(pool_mod.mp, "get_all_start_methods", lambda: ["spawn"])
+    spawned = convert(src, str(tmp_path / "spawn"), **kw)
+    assert [s["sha256"] for s in spawned["shards"]] == [s["sha256"] for s in forked["shards"]]
+    assert spawned["skipped"] == forked["skipped"] and len(forked["skipped"]) == 1
+    for size in (8, 16):
+        assert np.array_equal(fastdata.open(tmp_path / "spawn").read_batch(range(12), size=size),
+                              fastdata.open(tmp_path / "fork").read_batch(range(12), size=size))
 
 
 @pytest.mark.parametrize("sizes", [(8,), (8, 32), (128,)])  # DCT-scaled, shrunk, enlarged
