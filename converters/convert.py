@@ -263,21 +263,25 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)
     try:
-        for pos, payloads, crcs, error in decoder.run(jobs):
+        for results in decoder.run(jobs):
             latch.check()
-            bar.update(1)
-            if error is not None:
-                if on_error == "raise":
-                    raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
-                shard_skipped.append({"path": scan.files[pos][0], "reason": error})
-                continue
-            if shard is None:   # sized for the files left: only the last shard can end short
-                shard = WRITERS[container](
-                    os.path.join(out, shard_file(container, len(shards))), sizes=sizes,
-                    encoding=encoding, capacity=min(shard_size, len(scan.files) - shard_first))
-            shard.add(scan.files[pos][1], payloads, crcs)
-            if len(shard) == shard_size:
-                flush(pos + 1)
+            bar.update(len(results))
+            for pos, payloads, crcs, error in results:
+                if error is not None:
+                    if on_error == "raise":
+                        raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
+                    shard_skipped.append({"path": scan.files[pos][0], "reason": error})
+                    continue
+                if shard is None:   # sized for the files left: only the last shard ends short
+                    shard = WRITERS[container](
+                        os.path.join(out, shard_file(container, len(shards))), sizes=sizes,
+                        encoding=encoding,
+                        capacity=min(shard_size, len(scan.files) - shard_first))
+                shard.add(scan.files[pos][1], payloads, crcs)
+                if len(shard) == shard_size:
+                    flush(pos + 1)
+            if shard is not None:   # before the next batch: its pixels reuse the ring's slots
+                shard.write_pending()
         decoder.close()
         if shard is not None:
             flush(len(scan.files))

@@ -71,7 +71,7 @@ class Decoder:
     Each worker has a pipe of its own and holds at most ``QUEUED`` batches; the parent reads
     whichever result is ready and hands that worker the next batch, so a worker slowed down
     by big images holds up no other: results wait for their turn here. No threads:
-    ``concurrent.futures.ProcessPoolExecutor``'s two cost the parent 40 instead of 25 µs of
+    ``concurrent.futures.ProcessPoolExecutor``'s two cost the parent 33-40 instead of 19-25 µs of
     CPU per image (``benchmarks/convert_steps.py``). Forked workers return raw pixels through
     a shared ``Ring`` (the parent's CPU time per image is then one copy, not a pipe read, an
     unpickle and a fresh allocation).
@@ -140,7 +140,9 @@ class Decoder:
                 for pos, _, crcs, error in results]
 
     def run(self, jobs):
-        """``jobs``: iterable of (position, path) → (position, payloads, crc32s, error)."""
+        """``jobs``: iterable of (position, path) → lists of (position, payloads, crc32s,
+        error), a batch at a time. Payloads from the ring are views of it that stay as they
+        are until the next batch is asked for."""
         self._start(self.workers)
         it = iter(jobs)
         sent: dict[int, list] = {}      # batch number -> its jobs, until its results are out
@@ -174,7 +176,7 @@ class Decoder:
             del sent[head]
             results = done.pop(head)
             head += 1
-            yield from self._with_payloads(results)
+            yield self._with_payloads(results)
 
     def _isolate(self, jobs):
         for job in jobs:
@@ -184,6 +186,6 @@ class Decoder:
                 self._send(self._pool[0], 0, [job])
                 self._collect(done, ITEM_TIMEOUT_S)
             except _WorkerDied as e:
-                yield job[0], None, None, f"worker process {e} while decoding this file"
+                yield [(job[0], None, None, f"worker process {e} while decoding this file")]
                 continue
-            yield from self._with_payloads(done[0])
+            yield self._with_payloads(done[0])

@@ -185,18 +185,20 @@ def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monk
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_spawned_decoders_give_the_same_shards(tmp_path, monkeypatch, encoding):
     """Where fork is missing (macOS, Windows) workers are spawned and send raw pixels back
-    through their pipes, not the shared ring: the same shard set."""
-    src = plain_folder(tmp_path / "src", per_class=4)
+    through their pipes, not the shared ring: the same shard set. The first shard holds more
+    samples than the ring has slots (32 for one worker), so forked pixels must be written
+    before their slots are reused."""
+    src = plain_folder(tmp_path / "src", per_class=14)
     (tmp_path / "src" / "b" / "bad.jpg").write_text("not a jpeg")
-    kw = dict(sizes=[8, 16], encoding=encoding, workers=2, shard_size=5, progress=False)
+    kw = dict(sizes=[8, 16], encoding=encoding, workers=1, shard_size=40, progress=False)
     forked = convert(src, str(tmp_path / "fork"), **kw)
     monkeypatch.setattr(pool_mod.mp, "get_all_start_methods", lambda: ["spawn"])
     spawned = convert(src, str(tmp_path / "spawn"), **kw)
     assert [s["sha256"] for s in spawned["shards"]] == [s["sha256"] for s in forked["shards"]]
     assert spawned["skipped"] == forked["skipped"] and len(forked["skipped"]) == 1
     for size in (8, 16):
-        assert np.array_equal(fastdata.open(tmp_path / "spawn").read_batch(range(12), size=size),
-                              fastdata.open(tmp_path / "fork").read_batch(range(12), size=size))
+        assert np.array_equal(fastdata.open(tmp_path / "spawn").read_batch(range(42), size=size),
+                              fastdata.open(tmp_path / "fork").read_batch(range(42), size=size))
 
 
 @pytest.mark.parametrize("sizes", [(8,), (8, 32), (128,)])  # DCT-scaled, shrunk, enlarged

@@ -186,6 +186,20 @@ def test_bad_arguments_are_named(folder, tmp_path, monkeypatch, kwargs, match):
         convert(folder, str(tmp_path / "o"), progress=False, **kwargs)
 
 
+def test_writes_the_os_cuts_short_are_finished(folder, tmp_path, monkeypatch):
+    """A batch of raw samples goes into an HDF5 shard in one ``pwritev``; one that writes less
+    than it was given is carried on from where it stopped."""
+    whole = convert(folder, str(tmp_path / "whole"), sizes=SIZES, progress=False)
+    real = os.pwritev
+    monkeypatch.setattr(os, "pwritev", lambda fd, bufs, offset: real(
+        fd, [memoryview(bufs[0])[:1000]], offset))      # 1000 bytes a call at most
+    short = convert(folder, str(tmp_path / "short"), sizes=SIZES, progress=False)
+    assert [s["sha256"] for s in short["shards"]] == [s["sha256"] for s in whole["shards"]]
+    for size in SIZES:
+        assert np.array_equal(fastdata.open(tmp_path / "short").read_batch(range(12), size=size),
+                              fastdata.open(tmp_path / "whole").read_batch(range(12), size=size))
+
+
 def test_refuses_nonempty_out_and_out_inside_src(folder, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
