@@ -219,14 +219,15 @@ class LMDBWriter(ShardWriter):
     def _open(self, payload_bytes: int) -> None:
         import lmdb
 
-        # writemap: values are copied once, straight into the file's pages, instead of into
-        # LMDB's own dirty pages that commit then writes out. It grows the file to map_size, so
-        # the file is cut back to the pages in use, the size it would have had without writemap.
+        # no writemap: values written through the map made the kernel read in (zero) the
+        # file's pages on each write fault, 0.17-0.30 ms of CPU per 256 px image against
+        # 0.13-0.16 ms with a commit per batch (``write_pending``), which writes LMDB's dirty
+        # pages with ``pwritev`` and frees them (benchmarks/RESULTS.md, stop 27)
         map_size = int(payload_bytes * 1.5) + (64 << 20)
         self._env = lmdb.open(self.tmp, subdir=False, map_size=map_size, lock=False, sync=False,
-                              metasync=False, writemap=True)
-        # the grown file is sparse: a page written through the map that the disk has no room
-        # for kills the process (SIGBUS). Allocated first, a full disk is an OSError.
+                              metasync=False)
+        # allocated first: a full disk is an OSError now, not an LMDB error halfway, and ext4
+        # writes into allocated blocks with less CPU. The file is cut back at the end.
         fd = os.open(self.tmp, os.O_RDWR)
         try:
             _allocate(fd, 0, map_size)
@@ -237,6 +238,11 @@ class LMDBWriter(ShardWriter):
     def _put(self, i, payloads):
         for s, p in zip(self.sizes, payloads):
             self._txn.put(lmdb_key(s, i), memoryview(p))
+
+    def write_pending(self):
+        if self._txn is not None:       # raw: the samples put since the last call, on disk
+            self._txn.commit()
+            self._txn = self._env.begin(write=True)
 
     def _close(self):
         if self._txn is not None:
