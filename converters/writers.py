@@ -220,7 +220,7 @@ class LMDBWriter(ShardWriter):
         import lmdb
 
         # no writemap: values written through the map made the kernel read in (zero) the
-        # file's pages on each write fault, 0.17-0.30 ms of CPU per 256 px image against
+        # file's pages on each write fault, 0.17-0.50 ms of CPU per 256 px image against
         # 0.13-0.16 ms with a commit per batch (``write_pending``), which writes LMDB's dirty
         # pages with ``pwritev`` and frees them (benchmarks/RESULTS.md, stop 27)
         map_size = int(payload_bytes * 1.5) + (64 << 20)
