@@ -73,7 +73,7 @@ def test_containers_hold_identical_data(shard_sets):
                [s["sha256"] for s in b.manifest["shards"]]
         for s in SIZES:
             assert np.array_equal(a.read_batch(range(21), size=s), b.read_batch(range(21), size=s))
-    for enc in ("raw", "jpeg"):     # LMDB's writemap grows a file to its map size (64+ MiB):
+    for enc in ("raw", "jpeg"):     # LMDB's file is allocated to its map size (64+ MiB):
         path = sets["lmdb", enc]    # the writer cuts it back to the pages in use
         for s in fastdata.open(path).manifest["shards"]:
             assert os.path.getsize(os.path.join(path, s["file"])) == s["bytes"] < 1 << 20
