@@ -104,8 +104,8 @@ class ShardWriter:
 
 def _allocate(fd: int, offset: int, length: int) -> None:
     """Disk blocks for a byte range of ``fd`` before it is written: a full disk is an OSError
-    now, not a SIGBUS (a write through a map) or an ENOSPC halfway; and ext4 writes into
-    allocated blocks with ~20% less CPU than into a sparse range
+    when the shard starts, not a failure halfway; and ext4 writes into allocated blocks with
+    ~20% less CPU than into a sparse range
     (``benchmarks/convert_steps.py``).
     A file system (or OS) that cannot allocate ahead is left sparse."""
     try:
@@ -220,9 +220,9 @@ class LMDBWriter(ShardWriter):
         import lmdb
 
         # no writemap: values written through the map made the kernel read in (zero) the
-        # file's pages on each write fault, 0.17-0.50 ms of CPU per 256 px image against
-        # 0.13-0.16 ms with a commit per batch (``write_pending``), which writes LMDB's dirty
-        # pages with ``pwritev`` and frees them (benchmarks/RESULTS.md, stop 27)
+        # file's pages on each write fault. A commit per batch (``write_pending``) writes
+        # LMDB's dirty pages with ``pwritev`` and frees them: 0.22 / 0.13 instead of 0.27 /
+        # 0.30 ms of the writer's CPU per 256 px image (benchmarks/ab_lmdb_commit.py)
         map_size = int(payload_bytes * 1.5) + (64 << 20)
         self._env = lmdb.open(self.tmp, subdir=False, map_size=map_size, lock=False, sync=False,
                               metasync=False)
