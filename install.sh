@@ -51,4 +51,4 @@ pip install -e "$spec"
 # Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
 # put it back last, and check what is live.
 "$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)' || simd
-"$VENV/bin/fastdata" info --env | grep -E "pil|torch" >&2
+"$VENV/bin/fastdata" info --env | grep -E "pil|torch|native" >&2

@@ -1,4 +1,4 @@
-"""A/B figures for five choices in the readers and the torch backend, each pair interleaved in
+"""A/B figures for seven choices in the readers and the torch backend, each pair interleaved in
 one process (the runs alternate, so machine noise hits both sides alike); figures in
 benchmarks/RESULTS.md.
 
@@ -17,6 +17,10 @@ benchmarks/RESULTS.md.
   kept across epochs (TorchBackend keeps its batch reader).
 * flip: RRC224 float32 channels_last, the resized output mirrored vs the source crop mirrored
   before the resize (the same pixels; augment.resized_patches).
+* native: RRC224 float32, NCHW and channels_last, torch ops (``kernel="per_sample"``) vs
+  fastdata's C kernel (``kernel="native"``, the CPU default where built).
+
+"fused" and "flip" change the torch ops: both their sides run with ``kernel="per_sample"``.
 
 ``--pairs flip,omp`` runs only those.
 """
@@ -83,9 +87,10 @@ def flip_after_resize(x, boxes, flips, out):
         yield patch[0].flip(-1) if flips[k] else patch[0]
 
 
-def batches(path, **kw):
-    return _forever(fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2,
-                                    **kw))
+def batches(path, kernel="auto", **kw):
+    loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
+    loader.transform.kernel = kernel
+    return _forever(loader)
 
 
 def timed(it, n):
@@ -95,7 +100,9 @@ def timed(it, n):
     return 64 * n / (time.perf_counter() - t)
 
 
-def report(name, res):
+def report(name, res, cpu=None):
+    """img/s per side and round; ``cpu``: the process's CPU time per image per side and round
+    (both worker threads: what a model sharing the cores with the loader would get back)."""
     for side, runs in res.items():
         print(f"{name} {side}: median {statistics.median(runs):.0f} img/s, runs "
               f"{', '.join(f'{r:.0f}' for r in runs)}")
@@ -103,6 +110,19 @@ def report(name, res):
     ratios = [b / a for a, b in zip(before, now)]
     print(f"{name}: now / before per round, median {statistics.median(ratios):.3f} "
           f"({min(ratios):.3f}-{max(ratios):.3f})")
+    if cpu:
+        ratios = [b / a for a, b in zip(*cpu.values())]
+        print(f"  CPU us/img, median: "
+              f"{', '.join(f'{k} {statistics.median(v):.0f}' for k, v in cpu.items())}; "
+              f"now / before per round {statistics.median(ratios):.3f} "
+              f"({min(ratios):.3f}-{max(ratios):.3f})")
+
+
+def timed_cpu(it, res, cpu, side):
+    timed(it, 4)                            # drain batches made by the other side
+    c = time.process_time()
+    res[side].append(timed(it, 20))
+    cpu[side].append((time.process_time() - c) / (20 * 64) * 1e6)
 
 
 def main():
@@ -178,7 +198,7 @@ def pair_fused(a):
     # fused: float32 output normalised batch-wide after resizing (before) vs per image (now)
     real = aug.Augment.__call__
     for cl in (False, True):
-        it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=cl)
+        it = batches(os.path.join(a.work, "raw-hdf5"), "per_sample", channels_last=cl)
         res = {"whole batch, 3 passes": [], "per image, in cache": []}
         for _ in range(a.rounds):
             for side, fn in zip(res, (unfused_call, real)):
@@ -219,30 +239,33 @@ def pair_epochs(a):
 
 def pair_flip(a):
     """RRC224 float32 channels_last loader, the resized output mirrored (before) vs the source
-    crop mirrored (now); img/s and the process's CPU time per image (both worker threads: what
-    a model sharing the cores with the loader would get back)."""
+    crop mirrored (now)."""
     real = aug.resized_patches
-    it = batches(os.path.join(a.work, "raw-hdf5"), channels_last=True)
+    it = batches(os.path.join(a.work, "raw-hdf5"), "per_sample", channels_last=True)
     res = {"output mirrored": [], "source crop mirrored": []}
     cpu = {side: [] for side in res}
     for _ in range(a.rounds):
         for side, patches in zip(res, (flip_after_resize, real)):
             aug.resized_patches = patches
-            timed(it, 4)
-            c = time.process_time()
-            res[side].append(timed(it, 20))
-            cpu[side].append((time.process_time() - c) / (20 * 64) * 1e6)
+            timed_cpu(it, res, cpu, side)
     aug.resized_patches = real
-    report("raw-hdf5 RRC224 float32 channels_last", res)
-    ratios = [b / a for a, b in zip(*cpu.values())]
-    print(f"  CPU us/img, median: "
-          f"{', '.join(f'{k} {statistics.median(v):.0f}' for k, v in cpu.items())}; "
-          f"now / before per round {statistics.median(ratios):.3f} "
-          f"({min(ratios):.3f}-{max(ratios):.3f})")
+    report("raw-hdf5 RRC224 float32 channels_last", res, cpu)
+
+
+def pair_native(a):
+    """RRC224 float32 loader: the torch ops (before) vs the C kernel (now), one loader each."""
+    for cl in (False, True):
+        its = {side: batches(os.path.join(a.work, "raw-hdf5"), kernel, channels_last=cl)
+               for side, kernel in (("torch ops", "per_sample"), ("C kernel", "native"))}
+        res, cpu = ({side: [] for side in its} for _ in range(2))
+        for _ in range(a.rounds):
+            for side, it in its.items():
+                timed_cpu(it, res, cpu, side)
+        report(f"raw-hdf5 RRC224 float32 {'channels_last' if cl else 'NCHW'}", res, cpu)
 
 
 PAIRS = {"jpeg": pair_jpeg, "omp": pair_omp, "map": pair_map, "fused": pair_fused,
-         "epochs": pair_epochs, "flip": pair_flip}
+         "epochs": pair_epochs, "flip": pair_flip, "native": pair_native}
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Runs in its own environment (FFCV is not a dependency of fastdata), e.g.
     apt-get install pkg-config libturbojpeg0-dev libopencv-dev
     python -m venv /tmp/ffcv-venv && /tmp/ffcv-venv/bin/pip install torch==2.13.0 ffcv==1.0.2 \
-        pillow h5py lmdb tqdm simplejpeg
+        pillow h5py lmdb tqdm simplejpeg zlib-ng
     PYTHONPATH=. /tmp/ffcv-venv/bin/python benchmarks/ffcv_cpu.py SHARDS --mode raw
 The .beton is written from the shard set's own 256x256 images (identical pixels), then read
 with FFCV's RandomResizedCrop decoder (224) + flip + normalise to float32 + ToTensor +

@@ -30,6 +30,9 @@ setup() {     # parts 1 and fed: wheels, photos (in the background), tests marke
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     /tmp/pay/lmdb*.whl /tmp/pay/simplejpeg*.whl /tmp/pay/zlib_ng*.whl /tmp/pay/pytest_timeout*.whl
+  # fastdata runs from this tree, not installed: its C kernel built in place (CPU augmentation)
+  python3 -c 'import sysconfig as s; print(s.get_paths()["include"], s.get_config_var("EXT_SUFFIX"))' \
+    | { read -r inc ext; cc -O3 -shared -fPIC -I"$inc" fastdata/_native.c -o "fastdata/_native$ext"; }
   $FD info --env
   (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
     > /tmp/photos.log 2>&1) &

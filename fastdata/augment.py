@@ -5,9 +5,11 @@ then the centre-crop fallback) + horizontal flip. Eval: centre crop of ``eval_ra
 stored square (torchvision's Resize(256)+CenterCrop(224) is ratio 0.875) resized to ``crop``.
 Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 output skips it).
 
-Two kernels give the same geometry: ``per_sample`` (uint8 antialiased bilinear ``interpolate``
-per image, each image normalised while still in cache: fastest on CPU) and ``batched`` (the
-same antialiased weights as two batched matrix products for the whole batch, for CUDA).
+Three kernels give the same geometry: ``native`` (fastdata's C kernel, float32 output on CPU:
+crop, resize and normalise in one pass, no uint8 rounding in between; the CPU default where it
+was built), ``per_sample`` (uint8 antialiased bilinear ``interpolate`` per image, each image
+normalised while still in cache: the CPU path otherwise) and ``batched`` (the same
+antialiased weights as two batched matrix products for the whole batch, for CUDA).
 All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
 worker ran a batch.
 """
@@ -19,6 +21,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from fastdata import native
 from fastdata.checks import choice
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -188,7 +191,12 @@ class Augment:
             raise ValueError(f"scale={scale!r} is not valid; use (lo, hi), 0 < lo <= hi <= 1")
         if not 0 < ratio[0] <= ratio[1]:
             raise ValueError(f"ratio={ratio!r} is not valid; use (lo, hi), 0 < lo <= hi")
-        choice("kernel", kernel, ("auto", "per_sample", "batched"))
+        choice("kernel", kernel, ("auto", "native", "per_sample", "batched"))
+        if kernel == "native":
+            native.require()
+            if dtype != torch.float32:
+                raise ValueError(f"kernel='native' gives float32 output, not dtype={dtype}; "
+                                 "use kernel='auto'")
         self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
         self.scale, self.ratio, self.flip, self._eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
@@ -214,7 +222,8 @@ class Augment:
         boxes, flips = params if params is not None else self.params(n, height, width, generator)
         kernel = self.kernel
         if kernel == "auto":
-            kernel = "batched" if x[0].device.type == "cuda" else "per_sample"
+            kernel = "batched" if x[0].device.type == "cuda" else (
+                "native" if self.dtype == torch.float32 and native.available() else "per_sample")
         if kernel == "batched" and not torch.is_tensor(x):
             x = torch.stack(list(x))
         side = self.crop or height          # no crop: output at the stored size
@@ -226,6 +235,9 @@ class Augment:
         if out is None:
             out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x[0].device,
                               memory_format=self.memory_format)
+        if kernel == "native":
+            a, b = self._scale_shift(out.device)
+            return native.crop_resize(x, packed_params(boxes, flips), out, a, b)
         if kernel == "batched":
             # half-precision products for a half-precision output: tensor cores, half the
             # bytes, and their rounding (< 0.5 grey level) below a bf16 output's (~1 level)

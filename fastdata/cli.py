@@ -121,6 +121,9 @@ def cmd_info(a) -> int:
                 echo(f"{k:>{width}}: {v}")
             if not env["pil_simd"]:
                 echo(f"  warning: PIL is not pillow-simd; fix: {SIMD_FIX}")
+            if not env["native_kernel"]:
+                echo("  warning: fastdata's C kernel was not built (no C compiler at install): "
+                     "CPU augmentation runs ~2x slower")
         if not a.out:
             return 0
     if not a.out:

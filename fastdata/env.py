@@ -166,6 +166,8 @@ def env_info() -> dict:
 
     import torch
 
+    from fastdata import native
+
     memory = usable_memory()
     info = {
         "python": platform.python_version(),
@@ -179,6 +181,7 @@ def env_info() -> dict:
         "libjpeg_turbo": bool(PIL.features.check_feature("libjpeg_turbo")),
         "webp": bool(PIL.features.check("webp")),
         "simplejpeg": _version("simplejpeg"),
+        "native_kernel": native.available(),    # fastdata/_native.c, built at install
         "dali": _dali_version(),
         "torchvision": _version("torchvision"),
         "cpu_count": os.cpu_count(),

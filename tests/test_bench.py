@@ -45,8 +45,8 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
     assert rep["config"]["crop"] == 32 and rep["config"]["model"] == model
     assert rep["config"]["shard_sets"] == [{"path": shards, "container": "hdf5",
                                             "encoding": "raw", "sizes": [16, 32]}]
-    assert {"torch", "pil", "pil_simd", "h5py", "lmdb", "dali", "cpu_count", "gpu"} <= \
-        set(rep["env"])
+    assert {"torch", "pil", "pil_simd", "native_kernel", "h5py", "lmdb", "dali", "cpu_count",
+            "gpu"} <= set(rep["env"])
     by = {r["backend"]: r for r in rep["results"]}
     assert list(by) == ["baseline", "torch", "dali"]
     assert by["baseline"]["status"] == by["torch"]["status"] == "ok"

@@ -1,0 +1,147 @@
+/* Fused crop -> antialiased bilinear resize -> flip -> normalise, uint8 HWC in, float32 out.
+ *
+ * The same weights as torch's interpolate(mode="bilinear", antialias=True, align_corners=False)
+ * (PIL's triangle filter, widened by the downscale factor) and as fastdata.augment's batched
+ * kernel, computed in float32 with no uint8 rounding in between. Per output row: the source
+ * rows it needs are combined (vertical pass, contiguous, vectorised), then each output pixel
+ * is a few 4-lane multiply-adds over that row (RGB + one spare lane), scaled and shifted, and
+ * stored. The output is written once, which is most of the cost: the torch path writes it
+ * twice (a resized uint8 patch, then a converting multiply-add).
+ *
+ * Called from fastdata/native.py, which checks every pointer, shape and box before it calls.
+ * Needs GCC or Clang (vector extensions); where it does not build, fastdata uses torch ops.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v4 __attribute__((vector_size(16)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+/* AVX2 + FMA where the CPU has them (8-wide vertical pass), chosen when the module loads
+ * (an ifunc: GCC with glibc); elsewhere the compiler's baseline (SSE2 on x86-64) */
+#define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v; }
+static inline int ifloor(double v) { int i = (int)v; return i - (i > v); }
+static inline int iceil(double v) { int i = (int)v; return i + (i < v); }
+
+/* Output pixel i of a window of len pixels resized to out (mirrored if flip) reads count[i]
+ * pixels from first[i], weighted by w[i*K ..] (zeros after them, up to K). Returns the largest
+ * count. */
+static int taps(int len, int out, int flip, int *first, int *count, float *w, int K) {
+    double scale = (double)len / out, support = scale > 1 ? scale : 1;
+    int most = 1;
+    for (int i = 0; i < out; i++) {
+        double c = ((flip ? out - 1 - i : i) + 0.5) * scale - 0.5;
+        int lo = ifloor(c - support) + 1, hi = iceil(c + support) - 1;
+        if (lo < 0) lo = 0;
+        if (hi > len - 1) hi = len - 1;
+        int n = hi - lo + 1;
+        float *wi = w + (size_t)i * K, sum = 0;
+        for (int k = 0; k < n; k++) {
+            double d = lo + k - c;
+            float v = (float)(1 - (d < 0 ? -d : d) / support);
+            wi[k] = v > 0 ? v : 0;
+            sum += wi[k];
+        }
+        for (int k = 0; k < n; k++) wi[k] /= sum;
+        for (int k = n; k < K; k++) wi[k] = 0;
+        first[i] = lo;
+        count[i] = n;
+        if (n > most) most = n;
+    }
+    return most;
+}
+
+/* One output row from the combined source row; K taps (a constant where inlined). */
+static inline __attribute__((always_inline)) void hpass(
+        int out, int K, const float *w, int stride, const int *first, const float *row,
+        float *d, int64_t oc, int64_t ox, v4 a, v4 b) {
+    for (int x = 0; x < out; x++) {
+        const float *wx = w + (size_t)x * stride, *r = row + first[x] * 3;
+        v4 acc = wx[0] * load4(r);
+        for (int k = 1; k < K; k++) acc += wx[k] * load4(r + 3 * k);
+        acc = acc * a + b;
+        float *p = d + x * ox;
+        if (oc == 1 && ox == 3 && x < out - 1)
+            memcpy(p, &acc, sizeof acc);        /* the next pixel overwrites lane 4 */
+        else { p[0] = acc[0]; p[oc] = acc[1]; p[2 * oc] = acc[2]; }
+    }
+}
+
+#define HPASS(OC, OX) switch (kx) { \
+    case 1: hpass(out, 1, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 2: hpass(out, 2, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 3: hpass(out, 3, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 4: hpass(out, 4, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
+
+/* src: the crop's top-left pixel of an HWC uint8 image whose rows are rs bytes apart. */
+CLONES static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
+                                  float *dst, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
+    if (out < 1) return 0;
+    int Kx = 2 * (w > out ? (w + out - 1) / out : 1) + 2;
+    int Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
+    int *fx = malloc(sizeof(int) * 3 * (size_t)out), *fy = fx + out, *cy = fy + out;
+    float *wx = malloc(sizeof(float) * (size_t)out * (Kx + Ky)), *wy = wx + (size_t)out * Kx;
+    float *row = calloc((size_t)3 * (w + Kx) + 4, sizeof(float));  /* zeros past the row */
+    if (!fx || !wx || !row) { free(fx); free(wx); free(row); return -1; }
+    int kx = taps(w, out, flip, fx, cy, wx, Kx), n3 = 3 * w;     /* cy: scratch here */
+    taps(h, out, 0, fy, cy, wy, Ky);
+    for (int y = 0; y < out; y++) {
+        const float *wk = wy + (size_t)y * Ky;
+        const uint8_t *s = src + fy[y] * rs;
+        for (int j = 0; j < n3; j++) row[j] = wk[0] * s[j];
+        for (int k = 1; k < cy[y]; k++) {
+            const uint8_t *sk = s + k * rs;
+            float wv = wk[k];
+            for (int j = 0; j < n3; j++) row[j] += wv * sk[j];
+        }
+        float *d = dst + y * oy;
+        if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+    }
+    free(fx); free(wx); free(row);
+    return 0;
+}
+
+static PyObject *crop_resize(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    unsigned long long src, rows, params, dst, scale, shift;
+    int out;
+    long long on, oc, oy, ox;
+    if (!PyArg_ParseTuple(args, "nKKKiKLLLLKK", &n, &src, &rows, &params, &out, &dst,
+                          &on, &oc, &oy, &ox, &scale, &shift))
+        return NULL;
+    const uint8_t *const *s = (const uint8_t *const *)(uintptr_t)src;
+    const int64_t *rs = (const int64_t *)(uintptr_t)rows, *p = (const int64_t *)(uintptr_t)params;
+    const float *sc = (const float *)(uintptr_t)scale, *sh = (const float *)(uintptr_t)shift;
+    v4 a = {sc[0], sc[1], sc[2], 0}, b = {sh[0], sh[1], sh[2], 0};
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        const int64_t *q = p + 5 * i;       /* top, left, h, w, flip */
+        failed = crop_resize_one(s[i] + q[0] * rs[i] + q[1] * 3, rs[i], (int)q[2], (int)q[3],
+                                 (int)q[4], out, (float *)(uintptr_t)dst + on * i, oc, oy, ox,
+                                 a, b);
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"crop_resize", crop_resize, METH_VARARGS,
+     "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
+     "shift): addresses of checked buffers; use fastdata.native.crop_resize."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
+                                    "fastdata's C kernels (see fastdata/native.py)", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

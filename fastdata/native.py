@@ -1,0 +1,84 @@
+"""fastdata's C kernel (``fastdata/_native.c``, built at install when a C compiler is there):
+crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC → float32.
+
+On CPU it is the default for float32 output (``Augment(kernel="auto")``); where it was not
+built, the torch ops do the same work, ~2× slower (``benchmarks/ab_cpu.py --pairs native``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import torch
+
+
+@functools.cache
+def _module():
+    try:
+        from fastdata import _native
+    except ImportError:
+        return None
+    return _native
+
+
+def available() -> bool:
+    """Whether the C kernel was built and imports."""
+    return _module() is not None
+
+
+def require() -> None:
+    if not available():
+        raise ImportError("fastdata's C kernel (fastdata._native) is not built: reinstall "
+                          "fastdata where a C compiler is found (e.g. `apt-get install gcc`, "
+                          "then `./install.sh`), or use kernel='per_sample'")
+
+
+def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch.Tensor,
+                scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``out[k] = scale * resize(crop(images[k])) + shift`` per channel, as
+    ``augment.crop_resize_batched`` computes it, for every ``k``.
+
+    images: B uint8 (H, W, 3) CPU tensors with packed pixels (strides (row, 3, 1); rows may be
+    further apart, e.g. views of a larger array), or one (B, H, W, 3) tensor; params: (B, 5)
+    int64 ``[top, left, h, w, flip]`` (``augment.packed_params``); out: a float32 (B, 3, O, O)
+    CPU tensor, any strides; scale, shift: 3 float32 values each. The GIL is released while it
+    runs. Every pointer handed to C is checked here first."""
+    require()
+    n = len(images)
+    if out.dtype != torch.float32 or out.device.type != "cpu" or out.dim() != 4 \
+            or out.shape[0] != n or out.shape[1] != 3 or out.shape[2] != out.shape[3] \
+            or out.shape[2] < 1:
+        raise ValueError(f"out must be a float32 CPU tensor of shape ({n}, 3, O, O), O >= 1, "
+                         f"not {out.dtype} {tuple(out.shape)} on {out.device}")
+    params = params.to(torch.int64).contiguous()
+    if params.shape != (n, 5):
+        raise ValueError(f"params must be ({n}, 5) [top, left, h, w, flip], not "
+                         f"{tuple(params.shape)}")
+    kinds = {(img.dtype, img.device.type, img.dim()) for img in images}
+    if kinds - {(torch.uint8, "cpu", 3)}:
+        raise ValueError(f"images must be uint8 CPU (H, W, 3) tensors, not {kinds}")
+    # per image: address, 3 strides, 3 sizes (one list, checked as a tensor: a Python check
+    # per image would cost ~2 µs each)
+    meta = torch.tensor([(img.data_ptr(), *img.stride(), *img.shape) for img in images],
+                        dtype=torch.int64).reshape(n, 7)
+    packed = (meta[:, 2] == 3) & (meta[:, 3] == 1) & (meta[:, 6] == 3) \
+        & (meta[:, 1] >= 3 * meta[:, 5])
+    if not bool(packed.all()):
+        k = int((~packed).nonzero()[0])
+        raise ValueError(f"image {k} must have packed RGB pixels (strides (row, 3, 1), 3 "
+                         f"channels), not shape {tuple(images[k].shape)} strides "
+                         f"{images[k].stride()}")
+    sizes = meta[:, 4:6]
+    top, left, h, w = params[:, :4].unbind(1)
+    bad = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > sizes[:, 0]) \
+        | (left + w > sizes[:, 1])
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0])
+        raise ValueError(f"box {params[k, :4].tolist()} of image {k} is not inside its "
+                         f"{tuple(sizes[k].tolist())} pixels")
+    scale, shift = (torch.as_tensor(v, dtype=torch.float32).reshape(3).contiguous()
+                    for v in (scale, shift))
+    ptrs, rows = meta[:, 0].contiguous(), meta[:, 1].contiguous()
+    _module().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(), out.shape[2],
+                          out.data_ptr(), *out.stride(), scale.data_ptr(), shift.data_ptr())
+    return out
