@@ -123,7 +123,7 @@ def cmd_info(a) -> int:
                 echo(f"  warning: PIL is not pillow-simd; fix: {SIMD_FIX}")
             if not env["native_kernel"]:
                 echo("  warning: fastdata's C kernel was not built (no C compiler at install): "
-                     "CPU augmentation runs ~2x slower")
+                     "CPU augmentation runs 1.6-2.4x slower")
         if not a.out:
             return 0
     if not a.out:

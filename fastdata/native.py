@@ -2,7 +2,8 @@
 crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC → float32.
 
 On CPU it is the default for float32 output (``Augment(kernel="auto")``); where it was not
-built, the torch ops do the same work, ~2× slower (``benchmarks/ab_cpu.py --pairs native``).
+built, the torch ops do the same work: the loader runs 1.6–2.4× slower (``benchmarks/ab_cpu.py
+--pairs native``, RESULTS.md).
 """
 from __future__ import annotations
 
