@@ -58,8 +58,8 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
     kinds = {(img.dtype, img.device.type, img.dim()) for img in images}
     if kinds - {(torch.uint8, "cpu", 3)}:
         raise ValueError(f"images must be uint8 CPU (H, W, 3) tensors, not {kinds}")
-    # per image: address, 3 strides, 3 sizes (one list, checked as a tensor: a Python check
-    # per image would cost ~2 µs each)
+    # per image: address, 3 strides, 3 sizes, gathered in one list and checked as one tensor
+    # (fewer Python steps per image than a check of each image)
     meta = torch.tensor([(img.data_ptr(), *img.stride(), *img.shape) for img in images],
                         dtype=torch.int64).reshape(n, 7)
     packed = (meta[:, 2] == 3) & (meta[:, 3] == 1) & (meta[:, 6] == 3) \
