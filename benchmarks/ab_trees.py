@@ -8,8 +8,9 @@ by round so machine noise hits both alike; figures in RESULTS.md.
 Each run is a fresh interpreter with its tree first on ``sys.path``.
 ``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` did before
 stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
-all its processes per image too; first, in this tree, the worker's per-image CPU time with the
-simplejpeg decode path vs PIL's decoder.
+all its processes per image too; with ``--torch``, in an interpreter that imported torch first
+(as ``benchmarks/convert.py``'s does, and a notebook's). First, in this tree, the worker's
+per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
@@ -28,6 +29,8 @@ import time
 CONVERT = """
 import resource, sys, time
 sys.path.insert(0, sys.argv[1])
+if sys.argv[6] == "torch":
+    import torch
 from converters.convert import convert
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (
@@ -106,6 +109,7 @@ def main() -> None:
     ap.add_argument("--job", choices=("convert", "loader"), default="convert")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--torch", action="store_true", help="convert: import torch first")
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -115,7 +119,8 @@ def main() -> None:
             decode_ab(a.photos, a.size, a.rounds)
             for container in ("hdf5", "lmdb"):
                 interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
-                            os.path.join(tmp, "{name}"), container, str(a.size))
+                            os.path.join(tmp, "{name}"), container, str(a.size),
+                            "torch" if a.torch else "-")
             return
         from converters.convert import convert
 

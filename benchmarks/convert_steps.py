@@ -16,11 +16,15 @@ alternating round by round, median of the rounds:
   at 256 px, stood in for by a busy loop): ``concurrent.futures.ProcessPoolExecutor`` (as the
   converter used it before stop 27) vs ``pool.Decoder``. Here the parent's CPU time is
   its own (all its threads), not the workers'.
+- what the parent does just before its workers fork, with torch imported (as in
+  ``benchmarks/convert.py``'s process, or a notebook): ``gc.collect()`` (before stop 29) vs
+  ``fastdata.env.parent_garbage_frozen``.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import gc
 import io
 import multiprocessing as mp
 import os
@@ -35,6 +39,7 @@ from PIL import Image
 import converters.pool as pool_mod
 from converters import decode
 from converters.scan import scan_folder
+from fastdata.env import parent_garbage_frozen
 
 WORK_S = 0.85e-3        # a worker's CPU per image
 
@@ -141,6 +146,15 @@ def main() -> None:
     pair("decode pool, parent", {"ProcessPoolExecutor": executor_pool(a.n * 4),
                                  "Decoder": decoder_pool(a.n * 4)},
          [None], a.rounds, per=a.n * 4)
+    import torch  # noqa: F401 - its objects are what a collection walks
+
+    def frozen(_):
+        with parent_garbage_frozen():
+            pass
+
+    pair("before the workers fork, torch imported", {"gc.collect()": lambda _: gc.collect(),
+                                                     "parent_garbage_frozen()": frozen},
+         [None], a.rounds)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 in input order, dead or hung workers detected and their images retried one by one."""
 from __future__ import annotations
 
-import gc
 import itertools
 import logging
 import multiprocessing as mp
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from converters.decode import DecodeOptions, Ring, prepare_batch
+from fastdata.env import parent_garbage_frozen
 
 log = logging.getLogger("fastdata.convert")
 
@@ -91,16 +91,14 @@ class Decoder:
 
     def _start(self, n: int) -> None:
         self.close()
-        # the workers fork from here on: no garbage for them to collect (a CUDA tensor of a
-        # notebook's training, freed in a child, kills it: fastdata/loaders/torch_backend.py)
-        gc.collect()
-        for _ in range(n):
-            here, there = self._ctx.Pipe()
-            p = self._ctx.Process(target=_worker_main, daemon=True,
-                                  args=(there, self.opts, self.ring, os.getpid()))
-            p.start()
-            there.close()       # so that the worker's death is an EOF here
-            self._pool.append(_Worker(p, here))
+        with parent_garbage_frozen():       # a notebook's CUDA garbage is not theirs to free
+            for _ in range(n):
+                here, there = self._ctx.Pipe()
+                p = self._ctx.Process(target=_worker_main, daemon=True,
+                                      args=(there, self.opts, self.ring, os.getpid()))
+                p.start()
+                there.close()       # so that the worker's death is an EOF here
+                self._pool.append(_Worker(p, here))
 
     def close(self) -> None:
         for w in self._pool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import functools
-import gc
 import os
 import threading
 from collections import deque
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from fastdata.augment import packed_params
+from fastdata.env import parent_garbage_frozen
 from fastdata.loaders import Backend, ordered
 
 
@@ -264,9 +264,6 @@ def _process_batches(reader, jobs, loader):
         num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
         multiprocessing_context=loader.mp_context,
         pin_memory=loader.device.type == "cuda")     # pins for the current CUDA device
-    # Forked workers inherit this process's garbage: one that collects a CUDA tensor left in a
-    # reference cycle by earlier work aborts with "CUDA error: initialization error" (seen on
-    # an H100 after in-process training). Collected here first, the children find none (~50 ms
-    # for 170k objects, beside the workers' own start; a program's gc.freeze stays as it is).
-    gc.collect()
-    yield from dl                                   # the workers start here
+    with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs to free
+        batches = iter(dl)                          # the workers start here
+    yield from batches
