@@ -11,6 +11,7 @@ stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports t
 all its processes per image too; with ``--torch``, in an interpreter that imported torch first
 (as ``benchmarks/convert.py``'s does, and a notebook's). First, in this tree, the worker's
 per-image CPU time with the simplejpeg decode path vs PIL's decoder.
+``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
@@ -40,6 +41,17 @@ m = convert(sys.argv[2], sys.argv[3], container=sys.argv[4], sizes=[int(sys.argv
             overwrite=True, progress=False)
 n = m["num_samples"]
 print(n / (time.perf_counter() - t), (cpu() - c) / n * 1e3)
+"""
+SCAN = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from converters.scan import scan_folder
+best = float("inf")
+for _ in range(10):
+    t = time.perf_counter()
+    n = len(scan_folder(sys.argv[2]).files)
+    best = min(best, time.perf_counter() - t)
+print(n / best)
 """
 LOADER = """
 import sys, time
@@ -106,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("photos")
     ap.add_argument("--ref", required=True, help="the other checkout")
-    ap.add_argument("--job", choices=("convert", "loader"), default="convert")
+    ap.add_argument("--job", choices=("convert", "scan", "loader"), default="convert")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--torch", action="store_true", help="convert: import torch first")
@@ -121,6 +133,9 @@ def main() -> None:
                 interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
                             os.path.join(tmp, "{name}"), container, str(a.size),
                             "torch" if a.torch else "-")
+            return
+        if a.job == "scan":
+            interleaved(trees, a.rounds, "scan", SCAN, a.photos)
             return
         from converters.convert import convert
 

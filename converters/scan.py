@@ -1,11 +1,14 @@
 """Walk an ImageFolder-style tree: ``root/<class>/**/<image>``.
 
 Classes are the sorted names of the top-level directories (as torchvision's ImageFolder), files
-are matched by extension case-insensitively, nested sub-directories and symlinks (to files and to
-directories, loops broken) are followed, dotfiles/dot-directories, non-image files and images
-directly in ``root`` (in no class) are ignored and counted. A class directory without images
-keeps its index (so indices always match sorted folder names, like
-``ImageFolder(allow_empty=True)``); the converter reports it as empty.
+are matched by extension case-insensitively, nested sub-directories and symlinks (to files and
+to directories) are followed, a folder reached twice within a class (a loop, or two links to
+it) is walked once, by the first path in name order. Dotfiles/dot-directories, non-image
+files, broken links, unreadable folders and images directly in ``root`` (in no class) are
+ignored and counted. A class directory without images keeps its index (so indices always
+match sorted folder names, like ``ImageFolder(allow_empty=True)``); the converter reports it
+as empty. The listing's file types are used: no ``stat`` per file (but for links), which a
+network file system makes slow.
 """
 from __future__ import annotations
 
@@ -45,29 +48,38 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
     bar = tqdm(total=len(classes), unit="class", desc="scan", disable=not progress,
                dynamic_ncols=True)
     for label, name in enumerate(classes):
-        found = []
-        seen = set()
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in seen:            # a symlink loop: do not descend twice
-                dirnames[:] = []
+        found: list[str] = []
+        seen: set[str] = set()
+        stack = [(os.path.join(root, name), name + os.sep)]    # (folder, its path from root)
+        while stack:
+            folder, rel = stack.pop()
+            real = os.path.realpath(folder)
+            if real in seen:            # a symlink loop, or a folder linked twice: walked once
                 continue
             seen.add(real)
-            for d in [d for d in dirnames if d.startswith(".")]:
-                dirnames.remove(d)
-                ignored["hidden"] = ignored.get("hidden", 0) + 1
-            rel = os.path.relpath(dirpath, root) + os.sep     # once a folder, not per file
-            for fn in filenames:
-                if fn.startswith("."):
+            try:
+                with os.scandir(folder) as it:
+                    entries = list(it)
+            except OSError:
+                ignored["unreadable folder"] = ignored.get("unreadable folder", 0) + 1
+                continue
+            subfolders = []
+            for e in entries:   # types from the directory listing: no stat but for links
+                if e.name.startswith("."):
                     reason = "hidden"
-                elif not fn.lower().endswith(IMAGE_EXTENSIONS):
-                    reason = "not an image extension"
-                elif not os.path.isfile(os.path.join(dirpath, fn)):
-                    reason = "broken link"
-                else:
-                    found.append(rel + fn)
+                elif e.is_dir():            # links followed, as os.walk(followlinks=True)
+                    subfolders.append(e.name)
                     continue
+                elif not e.name.lower().endswith(IMAGE_EXTENSIONS):
+                    reason = "not an image extension"
+                elif e.is_file():
+                    found.append(rel + e.name)
+                    continue
+                else:
+                    reason = "broken link"
                 ignored[reason] = ignored.get(reason, 0) + 1
+            stack += [(os.path.join(folder, d), rel + d + os.sep)     # popped in name order
+                      for d in sorted(subfolders, reverse=True)]
         files.extend((p, label) for p in sorted(found))
         bar.update(1)
     bar.close()

@@ -16,6 +16,7 @@ import fastdata
 import converters.pool as pool_mod
 from converters import decode
 from converters.convert import ConversionError, convert
+from converters.scan import scan_folder
 from fastdata.cli import main as cli
 from tests.conftest import (garbage_left_for_forks, odd_folder, plain_folder, smooth,
                             tree_digest)
@@ -85,6 +86,23 @@ def test_source_untouched_unicode_symlink(odd, capsys):
     assert fastdata.format.read_manifest(out) == m
     assert cli(["info", "--json", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == m["skipped"]
+
+
+def test_scan_follows_linked_folders_once_and_counts_broken_links(tmp_path):
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    for d in (src / "a" / "sub", src / "b", elsewhere):
+        d.mkdir(parents=True)
+    for p in (src / "a" / "x.png", src / "b" / "z.png", elsewhere / "y.png"):
+        Image.new("RGB", (4, 4)).save(p)
+    os.symlink(elsewhere, src / "a" / "linked")           # a linked folder: followed
+    os.symlink(elsewhere, src / "b" / "linked_too")       # ...into each class that links it
+    os.symlink(src / "a", src / "a" / "sub" / "loop")     # back to its class: not walked again
+    os.symlink(tmp_path / "gone.png", src / "a" / "dead.png")
+    (src / "a" / "notes.txt").write_text("x")
+    scan = scan_folder(str(src))
+    assert scan.files == [("a/linked/y.png", 0), ("a/x.png", 0), ("b/linked_too/y.png", 1),
+                          ("b/z.png", 1)]
+    assert scan.ignored == {"broken link": 1, "not an image extension": 1}
 
 
 def test_on_error_raise_names_the_file(tmp_path):
