@@ -9,7 +9,9 @@ Each run is a fresh interpreter with its tree first on ``sys.path``.
 ``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` did before
 stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
 all its processes per image too; with ``--torch``, in an interpreter that imported torch first
-(as ``benchmarks/convert.py``'s does, and a notebook's). First, in this tree, the worker's
+(as ``benchmarks/convert.py``'s does, and a notebook's); with ``--fresh``, the previous output
+deleted and synced before the clock (as ``benchmarks/convert.py`` does now), and also timed
+with the sync after it (its "on disk" figure). First, in this tree, the worker's
 per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
@@ -28,7 +30,7 @@ import tempfile
 import time
 
 CONVERT = """
-import resource, sys, time
+import os, resource, shutil, sys, time
 sys.path.insert(0, sys.argv[1])
 if sys.argv[6] == "torch":
     import torch
@@ -36,11 +38,20 @@ from converters.convert import convert
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (
         resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
+fresh = sys.argv[7] == "fresh"
+if fresh:
+    shutil.rmtree(sys.argv[3], ignore_errors=True)
+    os.sync()
 t, c = time.perf_counter(), cpu()
 m = convert(sys.argv[2], sys.argv[3], container=sys.argv[4], sizes=[int(sys.argv[5])],
             overwrite=True, progress=False)
 n = m["num_samples"]
-print(n / (time.perf_counter() - t), (cpu() - c) / n * 1e3)
+rate, per_image = n / (time.perf_counter() - t), (cpu() - c) / n * 1e3
+if fresh:
+    os.sync()
+    print(rate, per_image, n / (time.perf_counter() - t))
+else:
+    print(rate, per_image)
 """
 SCAN = """
 import sys, time
@@ -95,6 +106,7 @@ def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -
     """``script`` run per tree, alternating, ``rounds`` times; prints medians and the ratio."""
     rates: dict[str, list[float]] = {k: [] for k in trees}
     cpus: dict[str, list[float]] = {k: [] for k in trees}   # ms per image, if the job says
+    synced: dict[str, list[float]] = {k: [] for k in trees}     # img/s with the sync after
     for _ in range(rounds):
         for name, tree in trees.items():
             out = subprocess.run([sys.executable, "-c", script, tree,
@@ -102,7 +114,8 @@ def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -
                                  check=True, capture_output=True, text=True)
             rate, *cpu = map(float, out.stdout.splitlines()[-1].split())
             rates[name].append(rate)
-            cpus[name] += cpu
+            cpus[name] += cpu[:1]
+            synced[name] += cpu[1:]
     ratio = [t / r for t, r in zip(rates["this"], rates["ref"])]
     print(f"{label}: ref {statistics.median(rates['ref']):.0f} img/s, "
           f"this {statistics.median(rates['this']):.0f} img/s, this/ref "
@@ -112,6 +125,11 @@ def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -
         print(f"{label}: CPU (all processes) ref {statistics.median(cpus['ref']):.3f}, this "
               f"{statistics.median(cpus['this']):.3f} ms/img, this/ref "
               f"{statistics.median(ratio):.3f} (rounds {min(ratio):.3f}-{max(ratio):.3f})")
+    if synced["this"]:
+        ratio = [t / r for t, r in zip(synced["this"], synced["ref"])]
+        print(f"{label}: on disk (the sync after) ref {statistics.median(synced['ref']):.0f}, "
+              f"this {statistics.median(synced['this']):.0f} img/s, this/ref "
+              f"{statistics.median(ratio):.2f}x (rounds {min(ratio):.2f}-{max(ratio):.2f})")
 
 
 def main() -> None:
@@ -122,6 +140,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--torch", action="store_true", help="convert: import torch first")
+    ap.add_argument("--fresh", action="store_true",
+                    help="convert: delete the previous output and sync before the clock (as "
+                         "benchmarks/convert.py does), and time the sync after it too")
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -132,7 +153,7 @@ def main() -> None:
             for container in ("hdf5", "lmdb"):
                 interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
                             os.path.join(tmp, "{name}"), container, str(a.size),
-                            "torch" if a.torch else "-")
+                            "torch" if a.torch else "-", "fresh" if a.fresh else "-")
             return
         if a.job == "scan":
             interleaved(trees, a.rounds, "scan", SCAN, a.photos)

@@ -15,7 +15,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from fastdata.format import BACKGROUND, crc32
+from fastdata.format import BACKGROUND, PAGE, crc32
 
 _RESAMPLE = Image.Resampling.BICUBIC
 _EXIF_ORIENTATION = 0x0112
@@ -218,23 +218,25 @@ class Ring:
     one slot per image position, instead of being pickled through a pipe and unpickled.
 
     A slot is ``position % slots``; the parent keeps at most ``slots`` images in flight and
-    reads a slot before it hands that slot's next position to a worker.
+    reads a slot before it hands that slot's next position to a worker. Each payload starts on
+    a page boundary, so that the writer can hand it to ``O_DIRECT`` writes as it is.
     """
 
     def __init__(self, slots: int, sizes: tuple[int, ...]):
         self.slots = slots
-        self.offsets = np.cumsum([0] + [3 * s * s for s in sizes]).tolist()
+        self.lengths = [3 * s * s for s in sizes]
+        self.offsets = np.cumsum([0] + [-(-n // PAGE) * PAGE for n in self.lengths]).tolist()
         self.mem = np.frombuffer(mmap.mmap(-1, slots * self.offsets[-1]), np.uint8).reshape(
             slots, self.offsets[-1])
 
     def put(self, pos: int, payloads: list[bytes]) -> None:
         row = self.mem[pos % self.slots]
-        for p, a, b in zip(payloads, self.offsets, self.offsets[1:]):
-            row[a:b] = np.frombuffer(p, np.uint8)
+        for p, a, n in zip(payloads, self.offsets, self.lengths):
+            row[a:a + n] = np.frombuffer(p, np.uint8)
 
     def get(self, pos: int) -> list[np.ndarray]:
         row = self.mem[pos % self.slots]
-        return [row[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+        return [row[a:a + n] for a, n in zip(self.offsets, self.lengths)]
 
 
 def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions,

@@ -7,6 +7,13 @@ come, a batch at a time (``write_pending``), straight from the workers' ring slo
 held in memory, no long serial write at the end of each shard while the workers wait); JPEG
 payloads, whose total size is known only at the end, are kept until then. Layouts are
 documented in ``fastdata.format``.
+
+Raw HDF5 pixels that fill whole pages (64 px and up) are written with ``O_DIRECT``: the disk
+reads them from the ring itself, with no copy into the page cache. That copy was the writer's
+main cost (32–470 µs of kernel time per 256 px image, most where the pages were new to this
+virtual machine; 20–26 µs now). The pixels are on the disk when a conversion returns, and a
+conversion larger than memory does not push everything else out of the cache
+(``benchmarks/RESULTS.md``, stop 31).
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import shutil
 
 import numpy as np
 
-from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, lmdb_crc_key, lmdb_key,
+from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_key, lmdb_key,
                              shard_checksum)
 
 
@@ -116,13 +123,30 @@ def _allocate(fd: int, offset: int, length: int) -> None:
             raise
 
 
-def _pwrite_all(fd: int, buffers, offset: int) -> None:
+def _open_direct(path: str) -> int | None:
+    """A second descriptor of ``path`` that writes around the page cache (``O_DIRECT``), or
+    ``None`` where the OS or file system has none (macOS, tmpfs before Linux 6.6)."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return None
+
+
+def _pwrite_all(fd: int, buffers, offset: int, fallback: int | None = None) -> None:
     """``buffers`` one after another from ``offset`` on, in as few system calls as the OS takes:
     8 samples of 196 KB in one took 37 instead of 44 µs of CPU per sample
-    (``benchmarks/convert_steps.py``)."""
+    (``benchmarks/convert_steps.py``). What an ``O_DIRECT`` ``fd`` refuses (``EINVAL``: memory
+    off a page boundary, the rest of a write the OS cut short, a file system that opens files
+    that way but does not write them so) goes through ``fallback``."""
     views = [memoryview(b).cast("B") for b in buffers]
     while views:
-        n = os.pwritev(fd, views[:512], offset)     # IOV_MAX is 1024 on Linux
+        try:
+            n = os.pwritev(fd, views[:512], offset)     # IOV_MAX is 1024 on Linux
+        except OSError as e:
+            if e.errno != errno.EINVAL or fallback is None:
+                raise
+            fd, fallback = fallback, None
+            continue
         offset += n
         while views and n >= len(views[0]):
             n -= len(views.pop(0))
@@ -132,7 +156,7 @@ def _pwrite_all(fd: int, buffers, offset: int) -> None:
 
 class HDF5Writer(ShardWriter):
     container = "hdf5"
-    _fd: int | None = None
+    _fd = _direct = None
 
     def _begin(self):
         self._pending: list = []    # raw payloads of the samples added last, written together
@@ -144,11 +168,14 @@ class HDF5Writer(ShardWriter):
         dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
         dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
-        with h5py.File(self.tmp, "w", locking=False) as f:     # a private name (see the reader)
+        # a private name (see the reader); big datasets on page boundaries, for O_DIRECT
+        with h5py.File(self.tmp, "w", locking=False, alignment_threshold=PAGE,
+                       alignment_interval=PAGE) as f:
             self._offsets = {s: f.create_dataset(f"images/{s}", (self.capacity, s, s, 3), np.uint8,
                                                  dcpl=dcpl, track_times=False).id.get_offset()
                              for s in self.sizes}
         self._fd = os.open(self.tmp, os.O_WRONLY)
+        self._direct = _open_direct(self.tmp)
         for s in self.sizes:
             _allocate(self._fd, self._offsets[s], self.capacity * 3 * s * s)
 
@@ -161,15 +188,18 @@ class HDF5Writer(ShardWriter):
         first = len(self) - len(self._pending)
         with self._cleanup():
             for k, s in enumerate(self.sizes):
-                _pwrite_all(self._fd, [p[k] for p in self._pending],
-                            self._offsets[s] + first * 3 * s * s)
+                offset = self._offsets[s] + first * 3 * s * s
+                direct = self._direct is not None and not offset % PAGE and not 3 * s * s % PAGE
+                _pwrite_all(self._direct if direct else self._fd, [p[k] for p in self._pending],
+                            offset, fallback=self._fd)
         self._pending = []
 
     def _close(self):
         self._pending = []
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._direct):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._direct = None
 
     def _finish(self, meta):
         import h5py

@@ -39,6 +39,7 @@ MIN_SIZE = 8
 #: background that transparent pixels (RGBA, LA, palette with transparency) and ``fit="pad"``
 #: borders are composited onto
 BACKGROUND = (255, 255, 255)
+PAGE = 4096        # raw HDF5 image datasets start on a page boundary (written with O_DIRECT)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 

@@ -9,16 +9,18 @@ import pickle
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 import pytest
 from PIL import Image
 
 import fastdata
+from converters import writers
 from converters.convert import convert
 from fastdata.cli import main as cli
 from tests.conftest import plain_folder
 
-SIZES = [16, 32]
+SIZES = [16, 64]     # 64 px payloads are page multiples: written with O_DIRECT
 
 
 def reference(path: str, size: int) -> np.ndarray:
@@ -108,7 +110,7 @@ def test_a_locked_shard_still_reads(shard_sets):
     fd = os.open(os.path.join(path, "shard-00000.h5"), os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        assert fastdata.open(path)[0][0].shape == (32, 32, 3)
+        assert fastdata.open(path)[0][0].shape == (64, 64, 3)
     finally:
         os.close(fd)
 
@@ -146,8 +148,8 @@ def test_more_shards_than_the_open_file_limit(shard_sets, tmp_path, container):
 
 def test_reader_errors(shard_sets, tmp_path):
     ds = fastdata.open(shard_sets[1]["hdf5", "raw"])
-    with pytest.raises(ValueError, match=r"size 64 is not stored.*16, 32"):
-        ds.read_batch([0], size=64)
+    with pytest.raises(ValueError, match=r"size 32 is not stored.*16, 64"):
+        ds.read_batch([0], size=32)
     with pytest.raises(IndexError, match="21"):
         ds.read_batch([21])
     with pytest.raises(IndexError, match="sample index -22 out of range for 21"):
@@ -198,6 +200,28 @@ def test_writes_the_os_cuts_short_are_finished(folder, tmp_path, monkeypatch):
     for size in SIZES:
         assert np.array_equal(fastdata.open(tmp_path / "short").read_batch(range(12), size=size),
                               fastdata.open(tmp_path / "whole").read_batch(range(12), size=size))
+
+
+def test_raw_pixels_are_written_around_the_page_cache(folder, tmp_path, monkeypatch):
+    """Raw HDF5 payloads that are whole pages (64 px and up) go from the workers' ring straight
+    to the disk (``O_DIRECT``), at page-aligned offsets; smaller ones through the page cache."""
+    (tmp_path / "probe").touch()
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_DIRECT))
+    except (AttributeError, OSError):
+        pytest.skip("no O_DIRECT here")
+    real, writes = os.pwritev, set()
+
+    def spy(fd, bufs, offset):
+        writes.add((len(bufs[0]), bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)))
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "pwritev", spy)
+    m = convert(folder, str(tmp_path / "o"), sizes=SIZES, workers=2, progress=False)
+    assert writes == {(3 * 16 * 16, False), (3 * 64 * 64, True)}
+    for shard in m["shards"]:
+        with h5py.File(tmp_path / "o" / shard["file"], "r") as f:
+            assert f["images/64"].id.get_offset() % writers.PAGE == 0
 
 
 def test_refuses_nonempty_out_and_out_inside_src(folder, tmp_path):
