@@ -62,11 +62,11 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
                          f"memory while it is written, and this process may use "
                          f"{memory / 2**30:.1f} GiB: use --shard-size "
                          f"{max(1, memory // 2 // per_sample)} or less")
-    if encoding == "raw" and in_flight(workers) * per_sample > memory // 2:
+    if encoding == "raw" and in_flight(workers, sizes) * per_sample > memory // 2:
         raise ValueError(f"sizes {list(sizes)} make raw images of {per_sample / 2**30:.1f} GiB, "
-                         f"{in_flight(workers)} of them in flight between {workers} decode "
-                         f"workers and the writer, and this process may use "
-                         f"{memory / 2**30:.1f} GiB: use smaller sizes or fewer --workers")
+                         f"{in_flight(workers, sizes)} of them in flight between {workers} decode "
+                         f"worker{'s' if workers > 1 else ''} and the writer, and this process "
+                         f"may use {memory / 2**30:.1f} GiB: use smaller sizes or fewer --workers")
 
 
 def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
