@@ -1,5 +1,6 @@
-"""A/B: the converter's LMDB writer (no ``writemap``, a commit per batch, stop 27) vs the one
-before it (values written through the map, one transaction per shard), in whole conversions.
+"""A/B: the converter's LMDB writer (no ``writemap``; a commit per batch since stop 27, every
+~3 MiB since stop 31) vs the one before it (values written through the map, one transaction per
+shard), in whole conversions.
 The sides alternate over rounds; the figures are in benchmarks/RESULTS.md.
 
     .venv/bin/python -W ignore benchmarks/ab_lmdb_commit.py /tmp/photos --rounds 6
@@ -22,6 +23,7 @@ import lmdb
 
 from converters.convert import convert
 from converters.writers import WRITERS, LMDBWriter
+from fastdata.format import lmdb_key
 
 
 class WritemapWriter(LMDBWriter):
@@ -32,8 +34,9 @@ class WritemapWriter(LMDBWriter):
         with mock.patch.object(lmdb, "open", lambda *a, **k: real(*a, **k, writemap=True)):
             super()._open(payload_bytes)
 
-    def write_pending(self):
-        pass
+    def _put(self, i, payloads):
+        for s, p in zip(self.sizes, payloads):
+            self._txn.put(lmdb_key(s, i), memoryview(p))
 
 
 def run_once(src: str, out: str, writer) -> tuple[float, float]:

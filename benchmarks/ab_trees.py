@@ -107,8 +107,8 @@ def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -
     rates: dict[str, list[float]] = {k: [] for k in trees}
     cpus: dict[str, list[float]] = {k: [] for k in trees}   # ms per image, if the job says
     synced: dict[str, list[float]] = {k: [] for k in trees}     # img/s with the sync after
-    for _ in range(rounds):
-        for name, tree in trees.items():
+    for r in range(rounds):     # each side first in every other round: no bias from order
+        for name, tree in (list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]):
             out = subprocess.run([sys.executable, "-c", script, tree,
                                   *(a.replace("{name}", name) for a in args)],
                                  check=True, capture_output=True, text=True)

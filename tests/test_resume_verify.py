@@ -12,6 +12,7 @@ import weakref
 import pytest
 
 import fastdata
+from converters import writers
 from converters.convert import convert
 from fastdata._optional import available
 from fastdata.cli import main as cli
@@ -151,6 +152,21 @@ def test_resume_redoes_a_damaged_shard(folder, tmp_path):
     _flip(out / "shard-00002.h5")          # damaged: redone, with everything after it
     assert convert(folder, str(out), sizes=[8], shard_size=4, resume=True,
                    progress=False) == full
+
+
+def test_lmdb_commits_fall_on_the_same_samples_after_a_resume(folder, tmp_path, monkeypatch):
+    """A raw LMDB shard is committed every ``COMMIT_BYTES`` counted within the shard, not at
+    the decoder's batches (which start elsewhere in a resumed run): the files come out the same,
+    byte for byte, as the manifest's sizes say."""
+    monkeypatch.setattr(writers, "COMMIT_BYTES", 2 * 3 * (8 * 8 + 32 * 32))    # every 2 samples
+    out = tmp_path / "o"
+    kw = dict(container="lmdb", sizes=[8, 32], shard_size=5, workers=2, progress=False)
+    full = convert(folder, str(out), **kw)
+    files = {s["file"]: (out / s["file"]).read_bytes() for s in full["shards"]}
+    os.remove(out / full["shards"][2]["file"])
+    assert convert(folder, str(out), resume=True, **kw) == full
+    assert {f: (out / f).read_bytes() for f in files} == files
+    assert fastdata.open(out).read_batch(range(full["num_samples"])).shape == (21, 32, 32, 3)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "remove"])
