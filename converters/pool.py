@@ -27,9 +27,9 @@ ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a
 
 def batch_size(sizes) -> int:
     """Images per worker task: 16 up to 256 px, fewer for bigger ones (about ``BATCH_BYTES`` of
-    raw pixels), so that the images in flight take about the same memory at any size. At 256
-    px 16 converted 2–3% faster than 8, with fewer pipe messages, wake-ups and writes; 32 was
-    no faster (``benchmarks/RESULTS.md``, stop 31)."""
+    raw pixels), so that the images in flight take about the same memory at any size (8 at any
+    size held 8× more at 1024 px). At 256 px 16 converts as fast as 8 did
+    (``benchmarks/RESULTS.md``, stop 31)."""
     return max(1, min(MAX_BATCH, BATCH_BYTES // sum(3 * s * s for s in sizes)))
 
 
