@@ -27,6 +27,8 @@ import numpy as np
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_key, lmdb_key,
                              shard_checksum)
 
+COMMIT_BYTES = 3 << 20      # raw LMDB: payload bytes per transaction, about
+
 
 class ShardWriter:
     """One shard, written to ``<path>.tmp``: ``add`` at most ``capacity`` samples, then
@@ -107,9 +109,6 @@ class ShardWriter:
 
     def _close(self) -> None:
         pass
-
-
-COMMIT_BYTES = 3 << 20      # raw LMDB: payload bytes per transaction, about
 
 
 def _allocate(fd: int, offset: int, length: int) -> None:
@@ -194,7 +193,7 @@ class HDF5Writer(ShardWriter):
                 offset = self._offsets[s] + first * 3 * s * s
                 direct = self._direct is not None and not offset % PAGE and not 3 * s * s % PAGE
                 _pwrite_all(self._direct if direct else self._fd, [p[k] for p in self._pending],
-                            offset, fallback=self._fd)
+                            offset, fallback=self._fd if direct else None)
         self._pending = []
 
     def _close(self):
