@@ -143,8 +143,8 @@ def main() -> None:
     ap.add_argument("--convert-repeats", type=int, default=3, help="convert rounds")
     a = ap.parse_args()
     env = env_info()
-    print(f"# env: {os.cpu_count()} cpus, PIL {env['pil']} (simd={env['pil_simd']}), "
-          f"h5py {env['h5py']}, lmdb {env['lmdb']}")
+    print(f"# env: {os.cpu_count()} cpus ({env['cpu']}), PIL {env['pil']} "
+          f"(simd={env['pil_simd']}), h5py {env['h5py']}, lmdb {env['lmdb']}")
     tmp = tempfile.mkdtemp(prefix="fd-bench-", dir=os.environ.get("BENCH_TMP"))
     try:
         for size in a.size or [256]:

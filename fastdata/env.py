@@ -173,6 +173,24 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def cpu_name() -> str:
+    """The CPU's model as Linux names it, with its family and model numbers (a virtual machine
+    may name only the vendor, "AMD EPYC"; the numbers still tell the generation), else what
+    ``platform`` knows. Speed ratios between pipelines differ from one CPU to another."""
+    fields: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break                       # the end of the first CPU's block
+                fields.setdefault(key.strip(), value.strip())
+    if "model name" in fields:
+        return (f"{fields['model name']} (family {fields.get('cpu family', '?')}, "
+                f"model {fields.get('model', '?')})")
+    return platform.processor() or platform.machine()
+
+
 def _dali_version() -> str | None:
     """DALI's version and build, whichever is installed: the ``[dali]`` extra's
     nvidia-dali-cuda120, or the builds for other CUDA versions (cuda110, cuda130)."""
@@ -207,6 +225,7 @@ def env_info() -> dict:
         "native_kernel": native.available(),    # fastdata/_native.c, built at install
         "dali": _dali_version(),
         "torchvision": _version("torchvision"),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
         "usable_memory_gib": round(memory / 2**30, 1) if memory else None,
