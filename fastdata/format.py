@@ -4,7 +4,8 @@ A shard set is a directory holding shard files plus ``manifest.json`` (written l
 Per shard, for every stored size ``S``:
 
 * raw encoding: ``S*S*3`` uint8 bytes per sample (HWC, RGB). In HDF5 one contiguous,
-  uncompressed dataset ``images/<S>`` of shape ``(n, S, S, 3)`` (memory-mappable).
+  uncompressed dataset ``images/<S>`` of shape ``(n, S, S, 3)`` (memory-mappable; the writer
+  puts it on a ``PAGE`` boundary, which readers do not rely on: they ask HDF5 for the offset).
 * jpeg encoding: one JPEG file per sample. In HDF5 a flat contiguous uint8 dataset ``jpeg/<S>``
   plus ``offsets/<S>`` (int64, ``n + 1`` entries).
 * ``crc32/<S>``: uint32 CRC-32 of each sample's payload (names the damaged sample in ``verify``).
