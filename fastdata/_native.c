@@ -135,7 +135,74 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Pillow's 4-byte pixels (RGB, RGBX) -> packed RGB. The image comes through the Arrow C data
+ * interface (Pillow >= 11.2 exports its memory without a copy), the output into a writable
+ * buffer: the converter packs straight into its shared ring, where Pillow's own packing went
+ * into a new bytes object that was then copied there (benchmarks/RESULTS.md, stop 31). */
+struct ArrowSchema {
+    const char *format, *name, *metadata;
+    int64_t flags, n_children;
+    struct ArrowSchema **children, *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children, *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+
+CLONES static void pack_rgb_run(const uint8_t *src, uint8_t *dst, int64_t n) {
+    const v16u8 mask = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 6 <= n; i += 4) {    /* 4 pixels in, 12 bytes out; the 16-byte store's last 4
+                                       bytes are rewritten next, and stay inside dst */
+        v16u8 v;
+        memcpy(&v, src + 4 * i, 16);
+        v = __builtin_shuffle(v, mask);
+        memcpy(dst + 3 * i, &v, 16);
+    }
+    for (; i < n; i++) {
+        dst[3 * i] = src[4 * i];
+        dst[3 * i + 1] = src[4 * i + 1];
+        dst[3 * i + 2] = src[4 * i + 2];
+    }
+}
+
+static PyObject *pack_rgb(PyObject *self, PyObject *args) {
+    PyObject *schema_capsule, *array_capsule;
+    Py_buffer dst;
+    if (!PyArg_ParseTuple(args, "OOw*", &schema_capsule, &array_capsule, &dst)) return NULL;
+    const struct ArrowSchema *schema = PyCapsule_GetPointer(schema_capsule, "arrow_schema");
+    const struct ArrowArray *array = PyCapsule_GetPointer(array_capsule, "arrow_array");
+    const struct ArrowArray *child = array && array->n_children == 1 ? array->children[0] : NULL;
+    if (!schema || !array) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (strcmp(schema->format, "+w:4") || schema->n_children != 1 ||
+        strcmp(schema->children[0]->format, "C") || !child || child->n_buffers != 2 ||
+        !child->buffers[1] || child->length != 4 * array->length ||
+        dst.len != 3 * array->length) {
+        PyBuffer_Release(&dst);
+        PyErr_SetString(PyExc_ValueError, "pack_rgb: not 4 bytes per pixel, or the output is "
+                                          "not 3 bytes a pixel");
+        return NULL;
+    }
+    const uint8_t *src = (const uint8_t *)child->buffers[1] + 4 * array->offset + child->offset;
+    pack_rgb_run(src, dst.buf, array->length);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"pack_rgb", pack_rgb, METH_VARARGS,
+     "pack_rgb(schema_capsule, array_capsule, out): an image's Arrow export (4 bytes a pixel) "
+     "into out as packed RGB; use converters.decode."},
     {"crop_resize", crop_resize, METH_VARARGS,
      "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
      "shift): addresses of checked buffers; use fastdata.native.crop_resize."},

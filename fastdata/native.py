@@ -1,5 +1,6 @@
 """fastdata's C kernel (``fastdata/_native.c``, built at install when a C compiler is there):
-crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC → float32.
+crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC → float32. (Its
+other function, ``pack_rgb``, packs the converter's pixels: ``converters.decode.pack_into``.)
 
 On CPU it is the default for float32 output (``Augment(kernel="auto")``); where it was not
 built, the torch ops do the same work: the loader runs 1.6–2.4× slower (``benchmarks/ab_cpu.py

@@ -151,10 +151,10 @@ def test_forked_decoders_never_collect_the_callers_garbage(tmp_path):
 
 
 def _die_on(name, real=decode.prepare):
-    def prepare(path, opts):
+    def prepare(path, opts, out=None):
         if os.path.basename(path) == name:
             os._exit(3) if name.startswith("die") else time.sleep(3600)
-        return real(path, opts)
+        return real(path, opts, out)
     return prepare
 
 
@@ -184,12 +184,12 @@ def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monk
     src, log = plain_folder(tmp_path / "src", per_class=8), str(tmp_path / "log")
     convert(src, str(tmp_path / "one"), sizes=[8], workers=1, shard_size=7, progress=False)
 
-    def prepare(path, opts, real=decode.prepare):
+    def prepare(path, opts, out=None, real=decode.prepare):
         if path.endswith("img_000.png") and os.sep + "a" + os.sep in path:
             time.sleep(1.0)
         with open(log, "a") as f:       # the order images finished in, across workers
             f.write(os.path.relpath(path, src) + "\n")
-        return real(path, opts)
+        return real(path, opts, out)
     monkeypatch.setattr(decode, "prepare", prepare)     # inherited by forked workers
     m = convert(src, str(tmp_path / "two"), sizes=[8], workers=2, shard_size=7, progress=False)
     finished = open(log).read().split()

@@ -104,3 +104,32 @@ def test_kernel_choice_is_checked():
     else:
         with pytest.raises(ImportError, match="not built"):
             Augment(train=True, kernel="native")
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBX"])
+@pytest.mark.parametrize("size", [(1, 1), (5, 3), (7, 9), (256, 256)])
+def test_the_converter_packs_pixels_like_pillow_with_and_without_the_kernel(monkeypatch, mode,
+                                                                            size):
+    """The converter packs 4-byte pixels into its ring through the kernel (Pillow's Arrow
+    export) or, without it, through Pillow: the same bytes either way, tails included."""
+    from PIL import Image
+
+    from converters import decode
+
+    rng = np.random.default_rng(sum(size))
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 4), np.uint8), "RGBX")
+    img = img.convert(mode)
+    want = np.asarray(img.convert("RGB")).reshape(-1)
+    kernel = decode._native_pack
+    assert (kernel is not None) == native.available()
+    for pack in {kernel, None}:
+        monkeypatch.setattr(decode, "_native_pack", pack)
+        out = np.full(3 * size[0] * size[1] + 5, 7, np.uint8)     # 5 guard bytes after it
+        decode.pack_into(img, out[:-5])
+        assert np.array_equal(out[:-5], want) and (out[-5:] == 7).all()
+    if kernel is not None:      # called as such (pack_into falls back on a ValueError)
+        out = np.empty(3 * size[0] * size[1], np.uint8)
+        kernel(*img.__arrow_c_array__(), out)
+        assert np.array_equal(out, want)
+        with pytest.raises(ValueError, match="3 bytes a pixel"):
+            kernel(*img.__arrow_c_array__(), np.empty(5, np.uint8))
