@@ -23,7 +23,6 @@ import lmdb
 
 from converters.convert import convert
 from converters.writers import WRITERS, LMDBWriter
-from fastdata.format import lmdb_key
 
 
 class WritemapWriter(LMDBWriter):
@@ -34,9 +33,9 @@ class WritemapWriter(LMDBWriter):
         with mock.patch.object(lmdb, "open", lambda *a, **k: real(*a, **k, writemap=True)):
             super()._open(payload_bytes)
 
-    def _put(self, i, payloads):
-        for s, p in zip(self.sizes, payloads):
-            self._txn.put(lmdb_key(s, i), memoryview(p))
+    def _begin(self):
+        super()._begin()
+        self._every = self.capacity + 1        # no commit before the shard's end
 
 
 def run_once(src: str, out: str, writer) -> tuple[float, float]:

@@ -7,7 +7,9 @@ CPU time per image (``time.process_time``, system time included), the sides of e
 alternating round by round, median of the rounds:
 - reading a JPEG's header and Exif orientation: ``Image.open`` + ``getexif()`` vs
   ``simplejpeg.decode_jpeg_header`` + ``decode._exif_orientation``;
-- packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``;
+- packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``; then
+  into a ring slot with its CRC: ``_packed_rgb`` + a copy (before stop 31) vs
+  ``decode.pack_into`` (the C kernel, from Pillow's Arrow export);
 - one 196 KB ``pwrite`` per image into a fresh file (in ``--tmp``), sparse vs allocated
   first with ``posix_fallocate`` (as ``writers._allocate`` does); then into an allocated
   file, one ``pwrite`` per image vs one ``pwritev`` per 8 (``writers._pwrite_all``, a batch);
@@ -33,6 +35,7 @@ import tempfile
 import time
 from collections import deque
 
+import numpy as np
 import simplejpeg
 from PIL import Image
 
@@ -40,6 +43,7 @@ import converters.pool as pool_mod
 from converters import decode
 from converters.scan import scan_folder
 from fastdata.env import parent_garbage_frozen
+from fastdata.format import crc32
 
 WORK_S = 0.85e-3        # a worker's CPU per image
 
@@ -134,6 +138,16 @@ def main() -> None:
     squares = [decode.fit_square(decode._load(f, opts), 256, "crop") for f in files]
     pair("pack 256 px", {"tobytes": lambda im: im.tobytes("raw", "RGB"),
                          "_packed_rgb": decode._packed_rgb}, squares, a.rounds)
+    slot = decode.Ring(1, (256,)).get(0)[0]
+
+    def copied(im):
+        p = decode._packed_rgb(im)
+        slot[:] = np.frombuffer(p, np.uint8)
+        return crc32(p)
+
+    pair("pack 256 px into the ring, CRC included", {
+        "_packed_rgb + copy": copied,
+        "pack_into": lambda im: (decode.pack_into(im, slot), crc32(slot))}, squares, a.rounds)
     payload = bytes(3 * 256 * 256)
     with tempfile.TemporaryDirectory(dir=a.tmp) as tmp:
         pair("pwrite 196 KB", {"sparse": pwrite_file(tmp, a.n, payload, False),

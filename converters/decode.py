@@ -214,7 +214,7 @@ def _load(path: str, opts: DecodeOptions) -> Image.Image:
 def pack_into(img: Image.Image, out: np.ndarray) -> None:
     """``img``'s pixels as packed RGB into ``out`` (uint8, 3 bytes a pixel): through fastdata's C
     kernel from Pillow's Arrow export (no copy of the image), else through Pillow's packing and
-    a copy. 11 instead of 30 µs at 256 px, CRC included (``benchmarks/RESULTS.md``, stop 31)."""
+    a copy. 15 instead of 33 µs at 256 px, CRC included (``benchmarks/convert_steps.py``)."""
     if _native_pack is not None and img.mode in ("RGB", "RGBX"):
         try:
             _native_pack(*img.__arrow_c_array__(), out)

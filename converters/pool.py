@@ -22,6 +22,7 @@ log = logging.getLogger("fastdata.convert")
 BATCH_BYTES = 3 << 20               # raw pixels per worker task, about (see batch_size)
 MAX_BATCH = 16
 QUEUED = 2                          # batches a worker holds at most (the one it decodes too)
+WINDOW = 4                          # batches per worker between the workers and the writer
 ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
 
 
@@ -34,8 +35,8 @@ def batch_size(sizes) -> int:
 
 
 def in_flight(workers: int, sizes) -> int:
-    """Images between the decode workers and the writer at most (4 batches per worker)."""
-    return 4 * workers * batch_size(sizes)
+    """Images between the decode workers and the writer at most."""
+    return WINDOW * workers * batch_size(sizes)
 
 
 class _WorkerDied(Exception):
@@ -97,7 +98,7 @@ class Decoder:
 
     @property
     def window(self) -> int:
-        return in_flight(self.workers, self.opts.sizes) // self.batch     # batches in flight
+        return WINDOW * self.workers        # batches in flight
 
     def _start(self, n: int) -> None:
         self.close()

@@ -184,7 +184,7 @@ static PyObject *pack_rgb(PyObject *self, PyObject *args) {
         PyBuffer_Release(&dst);
         return NULL;
     }
-    if (strcmp(schema->format, "+w:4") || schema->n_children != 1 ||
+    if (strcmp(schema->format, "+w:4") || schema->n_children != 1 || !schema->children[0] ||
         strcmp(schema->children[0]->format, "C") || !child || child->n_buffers != 2 ||
         !child->buffers[1] || child->length != 4 * array->length ||
         dst.len != 3 * array->length) {
