@@ -1,10 +1,12 @@
-"""Per-step costs behind the converter's changes of stops 26 and 27 (figures in
+"""Per-step costs behind the converter's changes of stops 26, 27, 31 and 32 (figures in
 benchmarks/RESULTS.md).
 
     python -W ignore benchmarks/convert_steps.py /tmp/photos
 
 CPU time per image (``time.process_time``, system time included), the sides of each pair
-alternating round by round, median of the rounds:
+alternating round by round (each goes first in every other round), median of the rounds:
+- reading a file: ``open().read()`` vs ``decode._read``; then ``prepare()`` at 256 px with the
+  JPEG decoded into a fresh array per image vs into one ``decode.Scratch``;
 - reading a JPEG's header and Exif orientation: ``Image.open`` + ``getexif()`` vs
   ``simplejpeg.decode_jpeg_header`` + ``decode._exif_orientation``;
 - packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``; then
@@ -48,7 +50,7 @@ from fastdata.format import crc32
 WORK_S = 0.85e-3        # a worker's CPU per image
 
 
-def busy_batch(batch, opts=None, ring=None):
+def busy_batch(batch, opts=None, ring=None, scratch=None):
     """Stands in for ``decode.prepare_batch``: the CPU time of decoding, results as small."""
     t = time.process_time()
     while time.process_time() - t < WORK_S * len(batch):
@@ -96,8 +98,8 @@ def per_item(fn, items) -> float:
 def pair(label: str, sides: dict, items, rounds: int, per: int = 1) -> None:
     """``per``: the µs of one call divided by this (a call that does ``per`` things)."""
     us: dict[str, list[float]] = {k: [] for k in sides}
-    for _ in range(rounds):
-        for k, fn in sides.items():
+    for r in range(rounds):
+        for k, fn in list(sides.items())[::-1 if r % 2 else 1]:
             us[k].append(per_item(fn, items) / per)
     a, b = (statistics.median(v) for v in us.values())
     print(f"{label}: " + " | ".join(f"{k} {statistics.median(v):.1f} µs" for k, v in us.items())
@@ -134,11 +136,19 @@ def main() -> None:
         "Image.open": lambda d: Image.open(io.BytesIO(d)).getexif().get(0x0112),
         "simplejpeg + marker walk": lambda d: (simplejpeg.decode_jpeg_header(d),
                                                decode._exif_orientation(d))}, datas, a.rounds)
+    pair("read a JPEG file", {"open().read()": lambda f: open(f, "rb").read(),
+                              "decode._read": decode._read}, files, a.rounds)
     opts = decode.DecodeOptions(sizes=(256,))
+    scratch, ring = decode.Scratch(), decode.Ring(64, (256,))     # slots in turn, as workers
+    pair("prepare() 256 px into the ring, decoded into", {
+        "a fresh array each": lambda jf: decode.prepare(jf[1], opts, ring.get(jf[0])),
+        "one Scratch": lambda jf: decode.prepare(jf[1], opts, ring.get(jf[0]), scratch)},
+         list(enumerate(files)), a.rounds)
+    slot = ring.get(0)
     squares = [decode.fit_square(decode._load(f, opts), 256, "crop") for f in files]
     pair("pack 256 px", {"tobytes": lambda im: im.tobytes("raw", "RGB"),
                          "_packed_rgb": decode._packed_rgb}, squares, a.rounds)
-    slot = decode.Ring(1, (256,)).get(0)[0]
+    slot = slot[0]
 
     def copied(im):
         p = decode._packed_rgb(im)

@@ -257,6 +257,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         n_done += len(shard)
         shard, shard_skipped, shard_first = None, [], end
 
+    WRITERS[container].load_library()
     latch = SigintLatch()
     decoder = Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
@@ -282,7 +283,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
                     flush(pos + 1)
             if shard is not None:   # before the next batch: its pixels reuse the ring's slots
                 shard.write_pending()
-        decoder.close()
+        decoder.stop()      # they exit while the last shard is written; joined below
         if shard is not None:
             flush(len(scan.files))
         latch.check()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import mmap
+import os
 import struct
 import warnings
 from dataclasses import dataclass
@@ -151,7 +152,23 @@ def _packed_rgb(img: Image.Image) -> bytes:
     return img.tobytes("raw", "RGB")
 
 
-def _decode_jpeg(data: bytes, opts: DecodeOptions) -> Image.Image | None:
+class Scratch:
+    """A worker's decode buffer, used image after image, so that it stays in the CPU's caches:
+    per 256 px image 0-11 µs less than a fresh array each in one process (depending on where
+    the allocator puts those), a whole HDF5 conversion 1.02× (``benchmarks/RESULTS.md``, stop
+    32). What ``take`` returns is valid until the next ``take``."""
+
+    def __init__(self):
+        self._buf = np.empty(0, np.uint8)
+
+    def take(self, nbytes: int) -> np.ndarray:
+        if self._buf.size < nbytes:
+            self._buf = np.empty(nbytes, np.uint8)
+        return self._buf[:nbytes]
+
+
+def _decode_jpeg(data: bytes, opts: DecodeOptions,
+                 scratch: Scratch | None = None) -> Image.Image | None:
     """Upright RGBX pixels of JPEG ``data``, from libjpeg-turbo through simplejpeg, that PIL
     then uses without a copy; ``None`` for what this does not take (not a JPEG, CMYK, an Exif
     block it does not read, anything libjpeg-turbo warns about), so PIL decides those.
@@ -164,6 +181,7 @@ def _decode_jpeg(data: bytes, opts: DecodeOptions) -> Image.Image | None:
     CPU per image before that (``benchmarks/ab_trees.py``): PIL decodes into its own buffer and
     repacks. The header and the Exif orientation are read here too, not by ``Image.open``,
     which parses the markers in Python: 5 instead of 35 µs (``benchmarks/convert_steps.py``).
+    With ``scratch``, the pixels are decoded into it (the image is a view of it).
     """
     if data[:3] != b"\xff\xd8\xff":
         return None
@@ -179,9 +197,11 @@ def _decode_jpeg(data: bytes, opts: DecodeOptions) -> Image.Image | None:
     most = min(w // need_w, h // need_h)    # Image.draft's rule, so both paths agree
     k = next((s for s in (8, 4, 2) if most >= s), 1)
     fast = min(w / need_w, h / need_h) / k >= FAST_UPSAMPLE_SHRINK
+    ow, oh = -(-w // k), -(-h // k)
     try:
-        a = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=-(-w // k),
-                                   min_height=-(-h // k), fastupsample=fast)
+        a = simplejpeg.decode_jpeg(data, colorspace="RGBX", min_width=ow, min_height=oh,
+                                   fastupsample=fast,
+                                   buffer=None if scratch is None else scratch.take(4 * ow * oh))
     except ValueError:
         return None
     out = Image.frombuffer("RGBX", (a.shape[1], a.shape[0]), a, "raw", "RGBX", 0, 1)
@@ -189,13 +209,26 @@ def _decode_jpeg(data: bytes, opts: DecodeOptions) -> Image.Image | None:
     return out.transpose(method) if method is not None else out
 
 
-def _load(path: str, opts: DecodeOptions) -> Image.Image:
-    """Decoded, upright pixels of ``path`` (RGB or RGBX). Raises on unreadable input."""
-    with open(path, "rb") as f:
-        data = f.read()
+def _read(path: str) -> bytes:
+    """The file's bytes, as ``open(path, "rb").read()`` gives them without its buffered reader:
+    5.4 instead of 8 µs for a 19 KB JPEG (``benchmarks/convert_steps.py``)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        parts = [os.read(fd, os.fstat(fd).st_size + 1)]
+        while parts[-1]:        # a file that grew since
+            parts.append(os.read(fd, 1 << 20))
+    finally:
+        os.close(fd)
+    return parts[0] if len(parts) == 2 else b"".join(parts)
+
+
+def _load(path: str, opts: DecodeOptions, scratch: Scratch | None = None) -> Image.Image:
+    """Decoded, upright pixels of ``path`` (RGB or RGBX), perhaps a view of ``scratch``. Raises
+    on unreadable input."""
+    data = _read(path)
     if not data:
         raise ValueError("empty file (0 bytes)")
-    fast = _decode_jpeg(data, opts)
+    fast = _decode_jpeg(data, opts, scratch)
     if fast is not None:
         return fast
     with warnings.catch_warnings():
@@ -224,11 +257,12 @@ def pack_into(img: Image.Image, out: np.ndarray) -> None:
     out[:] = np.frombuffer(_packed_rgb(img), np.uint8)
 
 
-def prepare(path: str, opts: DecodeOptions, out: list[np.ndarray] | None = None) -> list:
+def prepare(path: str, opts: DecodeOptions, out: list[np.ndarray] | None = None,
+            scratch: Scratch | None = None) -> list:
     """Payloads for ``path``, one per size (ascending). With ``out`` (raw encoding: an array
-    per size), the pixels are packed into those, which are returned. Raises on unreadable
-    input."""
-    largest = fit_square(_load(path, opts), opts.sizes[-1], opts.fit)
+    per size), the pixels are packed into those, which are returned. ``scratch``: where to
+    decode. Raises on unreadable input."""
+    largest = fit_square(_load(path, opts, scratch), opts.sizes[-1], opts.fit)
     squares = [largest] + [largest.resize((s, s), _RESAMPLE) for s in opts.sizes[-2::-1]]
     if out is None:
         return [encode(sq, opts) for sq in reversed(squares)]
@@ -258,16 +292,17 @@ class Ring:
         return [row[a:a + n] for a, n in zip(self.offsets, self.lengths)]
 
 
-def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions,
-                  ring: Ring | None = None) -> list[tuple]:
+def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions, ring: Ring | None = None,
+                  scratch: Scratch | None = None) -> list[tuple]:
     """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``.
 
     With a ``ring``, payloads go into it and ``None`` stands in for them.
     """
+    scratch = scratch or Scratch()
     out = []
     for pos, path in jobs:
         try:
-            payloads = prepare(path, opts, None if ring is None else ring.get(pos))
+            payloads = prepare(path, opts, None if ring is None else ring.get(pos), scratch)
             crcs = [crc32(p) for p in payloads]
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported
             out.append((pos, None, None, f"{type(e).__name__}: {e}"))

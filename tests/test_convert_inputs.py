@@ -151,10 +151,10 @@ def test_forked_decoders_never_collect_the_callers_garbage(tmp_path):
 
 
 def _die_on(name, real=decode.prepare):
-    def prepare(path, opts, out=None):
+    def prepare(path, opts, *args):
         if os.path.basename(path) == name:
             os._exit(3) if name.startswith("die") else time.sleep(3600)
-        return real(path, opts, out)
+        return real(path, opts, *args)
     return prepare
 
 
@@ -184,12 +184,12 @@ def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monk
     src, log = plain_folder(tmp_path / "src", per_class=8), str(tmp_path / "log")
     convert(src, str(tmp_path / "one"), sizes=[8], workers=1, shard_size=7, progress=False)
 
-    def prepare(path, opts, out=None, real=decode.prepare):
+    def prepare(path, opts, *args, real=decode.prepare):
         if path.endswith("img_000.png") and os.sep + "a" + os.sep in path:
             time.sleep(1.0)
         with open(log, "a") as f:       # the order images finished in, across workers
             f.write(os.path.relpath(path, src) + "\n")
-        return real(path, opts, out)
+        return real(path, opts, *args)
     monkeypatch.setattr(decode, "prepare", prepare)     # inherited by forked workers
     m = convert(src, str(tmp_path / "two"), sizes=[8], workers=2, shard_size=7, progress=False)
     finished = open(log).read().split()
@@ -235,6 +235,27 @@ def test_fast_jpeg_decode_agrees_with_pil(tmp_path, monkeypatch, sizes, fit):
     for a, b, s in zip(pil, fast, sizes):     # shrunk: fast chroma upsampling, close to PIL
         diff = np.abs(np.frombuffer(a, np.uint8).astype(int) - np.frombuffer(b, np.uint8))
         assert len(a) == len(b) == 3 * s * s and diff.mean() < 0.5 and diff.max() <= 8
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad", "stretch"])
+def test_one_decode_buffer_for_every_image_gives_what_fresh_ones_give(tmp_path, fit):
+    """A worker decodes every image into the same buffer: big, then small (a view of the
+    buffer's start), rotated (Exif), DCT-scaled, then big again, and a PNG in between."""
+    paths = []
+    for k, (w, h, orientation) in enumerate([(97, 61, 1), (40, 33, 1), (61, 97, 6), (300, 200, 1),
+                                             (97, 61, 8)]):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        paths.append(str(tmp_path / f"{k}.jpg"))
+        smooth(w, h, k).save(paths[-1], quality=90, exif=exif.tobytes())
+    paths.insert(2, str(tmp_path / "p.png"))
+    smooth(50, 70, 9).save(paths[2])
+    opts = decode.DecodeOptions(sizes=(16, 32), fit=fit)
+    scratch = decode.Scratch()
+    shared = [decode.prepare(p, opts, scratch=scratch) for p in paths]
+    assert shared == [decode.prepare(p, opts) for p in paths]
+    assert len({tuple(s) for s in shared}) == len(paths)     # and the images differ
+    assert scratch.take(0).base.size > 0                      # the JPEGs went through it
 
 
 def _jpeg_with_app1(payload: bytes) -> bytes:

@@ -25,7 +25,7 @@ import sys, time
 from converters import decode
 from converters.convert import convert
 real = decode.prepare
-decode.prepare = lambda p, o, out=None: (time.sleep(0.05), real(p, o, out))[1]
+decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
 convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], sizes=[8, 16],
         shard_size=4, workers=1, progress=False)
 """
