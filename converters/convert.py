@@ -257,7 +257,6 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         n_done += len(shard)
         shard, shard_skipped, shard_first = None, [], end
 
-    WRITERS[container].load_library()
     latch = SigintLatch()
     decoder = Decoder(workers, opts)
     jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))

@@ -47,11 +47,6 @@ class ShardWriter:
     def __len__(self) -> int:
         return len(self.labels)
 
-    @staticmethod
-    def load_library() -> None:
-        """Import the container's library now: the converter does it before its workers start,
-        as importing h5py takes ~60 ms, which they spent waiting for the first shard."""
-
     def add(self, label: int, payloads, crcs) -> None:
         """One sample: a payload per size (bytes, or uint8 arrays that stay as they are until
         ``write_pending()`` or ``finish()`` returns)."""
@@ -165,10 +160,6 @@ class HDF5Writer(ShardWriter):
     container = "hdf5"
     _fd = _direct = None
 
-    @staticmethod
-    def load_library():
-        import h5py  # noqa: F401
-
     def _begin(self):
         self._pending: list = []    # raw payloads of the samples added last, written together
         if self.encoding != "raw":
@@ -252,10 +243,6 @@ class HDF5Writer(ShardWriter):
 class LMDBWriter(ShardWriter):
     container = "lmdb"
     _env = _txn = None
-
-    @staticmethod
-    def load_library():
-        import lmdb  # noqa: F401
 
     def _begin(self):
         if self.encoding == "raw":
