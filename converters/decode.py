@@ -155,7 +155,7 @@ def _packed_rgb(img: Image.Image) -> bytes:
 class Scratch:
     """A worker's decode buffer, used image after image, so that it stays in the CPU's caches:
     per 256 px image 0-11 µs less than a fresh array each in one process (depending on where
-    the allocator puts those), a whole HDF5 conversion 1.02× (``benchmarks/RESULTS.md``, stop
+    the allocator puts those), a whole HDF5 conversion 1.03× (``benchmarks/RESULTS.md``, stop
     32). What ``take`` returns is valid until the next ``take``."""
 
     def __init__(self):
@@ -296,9 +296,9 @@ def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions, ring: Ring |
                   scratch: Scratch | None = None) -> list[tuple]:
     """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``.
 
-    With a ``ring``, payloads go into it and ``None`` stands in for them.
+    With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
+    the JPEGs are decoded into it.
     """
-    scratch = scratch or Scratch()
     out = []
     for pos, path in jobs:
         try:
