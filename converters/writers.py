@@ -278,8 +278,9 @@ class LMDBWriter(ShardWriter):
             # what LMDB wrote goes to the disk now and leaves the page cache once there, so that
             # its next writes fill pages the cache had before, not new ones: a conversion in a
             # fresh process 1.04-1.23x, on disk 1.20-1.29x (benchmarks/RESULTS.md, stop 32)
-            if hasattr(os, "posix_fadvise"):    # not on macOS
-                os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if hasattr(os, "posix_fadvise"):    # not on macOS; a hint, that may be refused
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
             self._txn = self._env.begin(write=True)
 
     def _close(self):
