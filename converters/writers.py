@@ -13,9 +13,7 @@ reads them from the ring itself, with no copy into the page cache. That copy was
 main cost (32–470 µs of kernel time per 256 px image, most where the pages were new to this
 virtual machine; 20–26 µs now). The pixels are on the disk when a conversion returns, and a
 conversion larger than memory does not push everything else out of the cache
-(``benchmarks/RESULTS.md``, stop 31). LMDB writes through the cache (py-lmdb has no other
-way), but raw LMDB shards are sent to the disk after each commit and dropped from the cache
-once there, so the cache recycles its pages instead of taking new ones (stop 32).
+(``benchmarks/RESULTS.md``, stop 31).
 """
 from __future__ import annotations
 
@@ -244,7 +242,7 @@ class HDF5Writer(ShardWriter):
 
 class LMDBWriter(ShardWriter):
     container = "lmdb"
-    _env = _txn = _fd = None
+    _env = _txn = None
 
     def _begin(self):
         if self.encoding == "raw":
@@ -266,8 +264,11 @@ class LMDBWriter(ShardWriter):
                               metasync=False)
         # allocated first: a full disk is an OSError now, not an LMDB error halfway, and ext4
         # writes into allocated blocks with less CPU. The file is cut back at the end.
-        self._fd = os.open(self.tmp, os.O_RDWR)
-        _allocate(self._fd, 0, map_size)
+        fd = os.open(self.tmp, os.O_RDWR)
+        try:
+            _allocate(fd, 0, map_size)
+        finally:
+            os.close(fd)
         self._txn = self._env.begin(write=True)
 
     def _put(self, i, payloads):
@@ -275,12 +276,6 @@ class LMDBWriter(ShardWriter):
             self._txn.put(lmdb_key(s, i), memoryview(p))
         if (i + 1) % self._every == 0:
             self._txn.commit()
-            # what LMDB wrote goes to the disk now and leaves the page cache once there, so that
-            # its next writes fill pages the cache had before, not new ones: a conversion in a
-            # fresh process 1.04-1.23x, on disk 1.20-1.29x (benchmarks/RESULTS.md, stop 32)
-            if hasattr(os, "posix_fadvise"):    # not on macOS; a hint, that may be refused
-                with contextlib.suppress(OSError):
-                    os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
             self._txn = self._env.begin(write=True)
 
     def _close(self):
@@ -288,9 +283,7 @@ class LMDBWriter(ShardWriter):
             self._txn.abort()
         if self._env is not None:
             self._env.close()
-        if self._fd is not None:
-            os.close(self._fd)
-        self._env = self._txn = self._fd = None
+        self._env = self._txn = None
 
     def _finish(self, meta):
         n = len(self)
