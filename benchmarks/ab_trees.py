@@ -21,6 +21,7 @@ channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shutil
 import statistics
@@ -146,6 +147,12 @@ def main() -> None:
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    built = {k: glob.glob(os.path.join(t, "fastdata", "_native*.so")) for k, t in trees.items()}
+    if built["this"] and not built["ref"] and os.path.exists(
+            os.path.join(trees["ref"], "fastdata", "_native.c")):
+        sys.exit(f"{a.ref} has fastdata/_native.c but not its build, so it would run without "
+                 f"the C kernel: copy {built['this'][0]} there (a git worktree has no build "
+                 f"outputs) or build it")
     tmp = tempfile.mkdtemp(prefix="fd-ab-")
     try:
         if a.job == "convert":
