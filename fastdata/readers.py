@@ -17,8 +17,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import simplejpeg
 
-from fastdata.format import (LMDB_LABELS, LMDB_META, ShardMeta, check_size, lmdb_crc_key,
-                             lmdb_key, read_manifest)
+from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, check_size,
+                             lmdb_crc_key, lmdb_key, read_manifest)
 
 
 log = logging.getLogger("fastdata")
@@ -336,7 +336,7 @@ class ShardSet:
         s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
         if out is None:
-            out = np.empty((len(local), s, s, 3), np.uint8)
+            out = page_aligned((len(local), s, s, 3))
         elif out.shape != (len(local), s, s, 3) or out.dtype != np.uint8:
             raise ValueError(f"out must be uint8 {(len(local), s, s, 3)}, got "
                              f"{out.dtype} {out.shape}")
@@ -379,6 +379,16 @@ class ShardSet:
 
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         return zip(self.manifest["shards"], self.shards)
+
+
+def page_aligned(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised uint8 array whose data starts on a page: ``np.empty``'s large arrays
+    start 16 bytes into one, and copying 256 px samples from the shards into such an array ran
+    2.2x slower than into one that starts on a page or a cache line (AMD EPYC, stop 33)."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + PAGE, np.uint8)
+    k = -buf.ctypes.data % PAGE
+    return buf[k:k + n].reshape(shape)
 
 
 def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # noqa: A001

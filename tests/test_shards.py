@@ -58,6 +58,7 @@ def test_pixels_labels_and_order(shard_sets, container, encoding, size):
     assert len(ds.manifest["shards"]) == 5          # 21 samples, 5 per shard
     batch = ds.read_batch(np.arange(len(ds)))
     assert batch.shape == (21, size, size, 3) and batch.dtype == np.uint8
+    assert batch.ctypes.data % 4096 == 0        # copies into it run at full speed
     for i, (c, f) in enumerate(files):
         diff = np.abs(batch[i].astype(int) - reference(f"{src}/{c}/{f}", size)).mean()
         assert diff < (4 if encoding == "raw" else 6), (i, diff)

@@ -59,8 +59,7 @@ class _Source:
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
                 labels
-        out = np.empty((len(idx), self.size, self.size, 3), np.uint8)
-        return self.ds.read_batch(idx, size=self.size, out=out), labels
+        return self.ds.read_batch(idx, size=self.size), labels     # a page-aligned array
 
     def __call__(self):
         return next(self.batches)           # StopIteration at the epoch's end, as DALI wants
