@@ -14,7 +14,8 @@ deleted and synced before the clock (as ``benchmarks/convert.py`` does now), and
 with the sync after it (its "on disk" figure). First, in this tree, the worker's
 per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
-``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree),
+``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree;
+``--container``, HDF5 by default),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
 """
@@ -144,6 +145,8 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true",
                     help="convert: delete the previous output and sync before the clock (as "
                          "benchmarks/convert.py does), and time the sync after it too")
+    ap.add_argument("--container", choices=("hdf5", "lmdb"), default="hdf5",
+                    help="loader: the shards' container")
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -168,10 +171,10 @@ def main() -> None:
         from converters.convert import convert
 
         shards = os.path.join(tmp, "raw")
-        convert(a.photos, shards, sizes=[a.size], progress=False)
+        convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)
         for layout in ("NCHW", "channels_last"):
-            interleaved(trees, a.rounds, f"loader RRC224 float32 {layout}", LOADER, shards,
-                        layout)
+            interleaved(trees, a.rounds, f"loader {a.container} RRC224 float32 {layout}", LOADER,
+                        shards, layout)
     finally:
         shutil.rmtree(tmp)
 

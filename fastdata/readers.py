@@ -7,6 +7,7 @@ the contiguous dataset (h5py is only used once to find the byte offsets).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import logging
@@ -97,6 +98,11 @@ class ShardReader:
         """Copy raw sample ``local[k]`` straight into ``out[rows[k]]``, in ascending-index order
         (locality) and with no intermediate buffer."""
         raise NotImplementedError
+
+    def raw_views(self, size: int, local: np.ndarray, hold: contextlib.ExitStack) -> list:
+        """Raw samples ``local`` as (S, S, 3) uint8 views of the shard's memory map, valid until
+        ``hold`` closes."""
+        return [self.payload(size, int(i)) for i in local]
 
 
 class HDF5ShardReader(ShardReader):
@@ -203,6 +209,17 @@ class LMDBShardReader(ShardReader):
             for k in np.argsort(local, kind="stable"):
                 v = txn.get(lmdb_key(size, int(local[k])))
                 out[rows[k]] = np.frombuffer(v, np.uint8).reshape(size, size, 3)
+
+    def raw_views(self, size, local, hold):
+        # a value lives as long as its transaction: ``hold`` keeps it open
+        txn = hold.enter_context(self.h["env"].begin(buffers=True))
+        out = []
+        for i in local.tolist():
+            v = txn.get(lmdb_key(size, i))
+            if v is None:
+                raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
+            out.append(np.frombuffer(v, np.uint8).reshape(size, size, 3))
+        return out
 
 
 READERS: dict[str, type[ShardReader]] = {r.container: r for r in (HDF5ShardReader,
@@ -356,15 +373,23 @@ class ShardSet:
                                       f"set with `fastdata verify {self.root}`") from e
         return out
 
-    def raw_views(self, indices, size: int | None = None) -> list[np.ndarray] | None:
+    def raw_views(self, indices, size: int | None = None,
+                  hold: contextlib.ExitStack | None = None) -> list[np.ndarray] | None:
         """Samples ``indices`` as (S, S, 3) uint8 views of the shards' memory maps, with no
-        copy (a transform that crops reads only its crop), or None where this set cannot give
-        them (JPEG; LMDB's values live only as long as their transaction)."""
-        if self.encoding != "raw" or not READERS[self.container].zero_copy:
+        copy (a transform that crops reads only its crop), valid until ``hold`` closes; None
+        where this set cannot give them (JPEG; LMDB without ``hold``, since a value lives only
+        as long as its transaction, which ``hold`` keeps open)."""
+        if self.encoding != "raw" or (hold is None and not READERS[self.container].zero_copy):
             return None
         s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
-        return [self.shards[a].payload(s, b) for a, b in zip(shard.tolist(), local.tolist())]
+        hold = hold if hold is not None else contextlib.ExitStack()
+        views: list = [None] * len(local)
+        for sh in np.unique(shard):         # one transaction per shard
+            rows = np.flatnonzero(shard == sh)
+            for r, v in zip(rows.tolist(), self.shards[sh].raw_views(s, local[rows], hold)):
+                views[r] = v
+        return views
 
     def read_encoded(self, indices, size: int | None = None) -> list:
         """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""

@@ -1,6 +1,7 @@
 """The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import glob
 import hashlib
@@ -208,24 +209,39 @@ def test_float_output_contract_and_determinism(shards):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "uint8"])
-def test_hdf5_views_and_lmdb_copies_give_the_same_batches(shards, dtype):
-    """On the CPU, raw HDF5 samples are cropped straight from views of the memory map, LMDB's
-    are copied into a batch first: the same batches, and the shard files stay as they were."""
+def test_views_of_both_containers_give_the_same_batches(shards, dtype):
+    """On the CPU, raw samples are cropped straight from views of the shards' maps (LMDB's
+    while the batch's read transactions are held): the pixels of ``read_batch``'s copies, in
+    the order asked for across shards, the same batches from both containers, and the shard
+    files stay as they were."""
     def digests():
         files = sorted(glob.glob(os.path.join(shards["hdf5"], "*.h5")))
+        files += sorted(glob.glob(os.path.join(shards["lmdb"], "*.lmdb")))
         return [hashlib.md5(Path(f).read_bytes()).hexdigest() for f in files]
     before = digests()
-    ds = fastdata.open(shards["hdf5"])
-    mapped = ds.raw_views([22, 0, 7], size=16)
-    assert np.array_equal(np.stack(mapped), ds.read_batch([22, 0, 7], size=16))
-    assert fastdata.open(shards["lmdb"]).raw_views([0]) is None
+    for c in ("hdf5", "lmdb"):
+        ds = fastdata.open(shards[c])
+        with contextlib.ExitStack() as hold:
+            mapped = ds.raw_views([22, 0, 7, 0], size=16, hold=hold)
+            assert np.array_equal(np.stack(mapped), ds.read_batch([22, 0, 7, 0], size=16))
+    assert fastdata.open(shards["lmdb"]).raw_views([0]) is None     # no transaction to hold
     kw = dict(batch_size=5, size=32, crop=24, seed=4, device="cpu", num_workers=2,
               dtype=dtype, channels_last=True)
-    views, copies = (fastdata.Loader(shards[c], **kw) for c in ("hdf5", "lmdb"))
-    pairs = list(zip(views, copies))
+    h5, lm = (fastdata.Loader(shards[c], **kw) for c in ("hdf5", "lmdb"))
+    pairs = list(zip(h5, lm))
     assert len(pairs) == 4
     assert all(torch.equal(x, u) and torch.equal(y, v) for (x, y), (u, v) in pairs)
     assert digests() == before
+
+
+def test_lmdb_views_become_tensors_without_a_warning(shards):
+    """LMDB's map is read-only, and torch warns once per process on such arrays: the loader
+    aliases them instead (checked in a fresh process, where the warning has not fired yet)."""
+    code = (f"import warnings, torch, fastdata; warnings.simplefilter('error'); "
+            f"x, _ = next(iter(fastdata.Loader({shards['lmdb']!r}, batch_size=5, size=32, "
+            f"crop=24, device='cpu', num_workers=0))); assert x.shape == (5, 3, 24, 24)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("train", [True, False])
