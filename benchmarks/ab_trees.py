@@ -17,7 +17,8 @@ per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job loader``: the torch backend over raw shards stored at ``--size`` (made by this tree;
 ``--container``, HDF5 by default),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
-channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)).
+channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)); with
+``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm).
 """
 from __future__ import annotations
 
@@ -73,11 +74,13 @@ import torch, fastdata
 torch.set_num_threads(1)
 loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
                          channels_last=sys.argv[3] == "channels_last")
-n = 0
-for k, (x, _) in enumerate(loader):
-    if k == 5:
-        t = time.perf_counter()
-    n += len(x) if k >= 5 else 0
+epochs, t, n = int(sys.argv[4]), None, 0
+for e in range(epochs):
+    loader.set_epoch(e)
+    for k, (x, _) in enumerate(loader):
+        if t is None and (k == 5 if epochs == 1 else e == 1):
+            t = time.perf_counter()
+        n += len(x) if t is not None else 0
 print(n / (time.perf_counter() - t))
 """
 
@@ -147,6 +150,8 @@ def main() -> None:
                          "benchmarks/convert.py does), and time the sync after it too")
     ap.add_argument("--container", choices=("hdf5", "lmdb"), default="hdf5",
                     help="loader: the shards' container")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="loader: epochs per run; with more than one, the first is untimed")
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -174,7 +179,7 @@ def main() -> None:
         convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)
         for layout in ("NCHW", "channels_last"):
             interleaved(trees, a.rounds, f"loader {a.container} RRC224 float32 {layout}", LOADER,
-                        shards, layout)
+                        shards, layout, str(a.epochs))
     finally:
         shutil.rmtree(tmp)
 

@@ -135,7 +135,7 @@ class _BatchReader:
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
                  else None)
         if views is not None:   # each image's crop is read from the map: no batch copy first
-            raw = [_tensor(v) for v in views]   # HDF5 1.07x, LMDB ~1.2x (RESULTS.md)
+            raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md, stop 33
         else:
             raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
             self.ds.read_batch(indices, size=s, out=raw.numpy())
