@@ -209,7 +209,7 @@ def test_float_output_contract_and_determinism(shards):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "uint8"])
-def test_views_of_both_containers_give_the_same_batches(shards, dtype):
+def test_views_of_both_containers_give_the_same_batches(shards, dtype, monkeypatch):
     """On the CPU, raw samples are cropped straight from views of the shards' maps (LMDB's
     while the batch's read transactions are held): the pixels of ``read_batch``'s copies, in
     the order asked for across shards, the same batches from both containers, and the shard
@@ -225,6 +225,10 @@ def test_views_of_both_containers_give_the_same_batches(shards, dtype):
             mapped = ds.raw_views([22, 0, 7, 0], size=16, hold=hold)
             assert np.array_equal(np.stack(mapped), ds.read_batch([22, 0, 7, 0], size=16))
     assert fastdata.open(shards["lmdb"]).raw_views([0]) is None     # no transaction to hold
+
+    def copied(*a, **k):
+        raise AssertionError("a batch was copied")
+    monkeypatch.setattr(fastdata.readers.ShardSet, "read_batch", copied)
     kw = dict(batch_size=5, size=32, crop=24, seed=4, device="cpu", num_workers=2,
               dtype=dtype, channels_last=True)
     h5, lm = (fastdata.Loader(shards[c], **kw) for c in ("hdf5", "lmdb"))
