@@ -99,9 +99,10 @@ class ShardReader:
         (locality) and with no intermediate buffer."""
         raise NotImplementedError
 
-    def raw_views(self, size: int, local: np.ndarray, hold: contextlib.ExitStack) -> list:
+    def raw_views(self, size: int, local: np.ndarray,
+                  hold: contextlib.ExitStack | None) -> list:
         """Raw samples ``local`` as (S, S, 3) uint8 views of the shard's memory map, valid until
-        ``hold`` closes."""
+        ``hold`` closes (a ``zero_copy`` reader's as long as the map)."""
         return [self.payload(size, int(i)) for i in local]
 
 
@@ -357,8 +358,7 @@ class ShardSet:
         elif out.shape != (len(local), s, s, 3) or out.dtype != np.uint8:
             raise ValueError(f"out must be uint8 {(len(local), s, s, 3)}, got "
                              f"{out.dtype} {out.shape}")
-        for sh in np.unique(shard):
-            rows = np.flatnonzero(shard == sh)
+        for sh, rows in _by_shard(shard):
             reader = self.shards[sh]
             if self.encoding == "raw":
                 reader.read_raw(s, local[rows], out, rows)
@@ -383,10 +383,8 @@ class ShardSet:
             return None
         s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
-        hold = hold if hold is not None else contextlib.ExitStack()
         views: list = [None] * len(local)
-        for sh in np.unique(shard):         # one transaction per shard
-            rows = np.flatnonzero(shard == sh)
+        for sh, rows in _by_shard(shard):       # LMDB: one transaction per shard
             for r, v in zip(rows.tolist(), self.shards[sh].raw_views(s, local[rows], hold)):
                 views[r] = v
         return views
@@ -404,6 +402,12 @@ class ShardSet:
 
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         return zip(self.manifest["shards"], self.shards)
+
+
+def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(shard, positions)`` for each shard that ``shard`` (a shard index per sample) names."""
+    for sh in np.unique(shard):
+        yield int(sh), np.flatnonzero(shard == sh)
 
 
 def page_aligned(shape: tuple[int, ...]) -> np.ndarray:
