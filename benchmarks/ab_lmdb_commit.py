@@ -1,6 +1,6 @@
 """A/B: the converter's LMDB writer (no ``writemap``; a commit per batch since stop 27, every
-~3 MiB since stop 31) vs the one before it (values written through the map, one transaction per
-shard), in whole conversions.
+~3 MiB since stop 31, ~64 KiB since stop 34) vs the one before it (values written through the
+map, one transaction per shard), in whole conversions.
 The sides alternate over rounds; the figures are in benchmarks/RESULTS.md.
 
     .venv/bin/python -W ignore benchmarks/ab_lmdb_commit.py /tmp/photos --rounds 6

@@ -27,7 +27,12 @@ import numpy as np
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_key, lmdb_key,
                              shard_checksum)
 
-COMMIT_BYTES = 3 << 20      # raw LMDB: payload bytes per transaction, about
+# raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value
+# into pages it mallocs and frees them all at the commit: kept under glibc's trim threshold
+# (128 KiB, or twice the largest block it has mapped and freed), they are reused; ~3 MiB went
+# back to the OS at each commit, and the next transaction's pages faulted in anew (22.5 faults
+# and ~0.2 ms of kernel time per 256 px sample in a fresh process; benchmarks/RESULTS.md)
+COMMIT_BYTES = 64 << 10
 
 
 class ShardWriter:
@@ -247,7 +252,7 @@ class LMDBWriter(ShardWriter):
     def _begin(self):
         if self.encoding == "raw":
             sample = sum(3 * s * s for s in self.sizes)
-            # a commit every ~3 MiB, at the same samples whatever batches the decoder hands
+            # a commit every ~64 KiB, at the same samples whatever batches the decoder hands
             # over: a resumed conversion writes the same file as one that was not interrupted
             self._every = max(1, COMMIT_BYTES // sample)
             self._open(self.capacity * sample)

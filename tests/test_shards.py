@@ -226,6 +226,34 @@ def test_raw_pixels_are_written_around_the_page_cache(folder, tmp_path, monkeypa
             assert f["images/64"].id.get_offset() % writers.PAGE == 0
 
 
+LMDB_FAULTS = """
+import resource, sys
+import numpy as np
+from converters.writers import LMDBWriter
+size, n = int(sys.argv[2]), 96
+w = LMDBWriter(sys.argv[1], sizes=(size,), encoding="raw", capacity=n)
+pixels = np.full(3 * size * size, 7, np.uint8)
+for i in range(n):
+    if i == n // 3:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    w.add(0, [pixels], [0])
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (n - n // 3))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.parametrize("size", [64, 256])
+def test_raw_lmdb_writes_reuse_their_memory(tmp_path, size):
+    """LMDB copies each value into pages it mallocs and frees them at the commit; freed all at
+    once, past glibc's trim threshold, they went back to the OS, and the next transaction's
+    pages faulted in anew: here 3.7 (64 px) and 48 (256 px) faults per sample with ~3 MiB
+    transactions, none now that one holds ~64 KiB or one sample."""
+    out = subprocess.run([sys.executable, "-c", LMDB_FAULTS, str(tmp_path / "s.lmdb"),
+                          str(size)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) < 1, f"{float(out.stdout)} minor page faults per sample"
+
+
 def test_refuses_nonempty_out_and_out_inside_src(folder, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
