@@ -6,7 +6,7 @@
 1. convert: ``fastdata`` (worker processes, JPEG draft, pillow-simd, one writer) vs the naive
    single-process loop a user would write (PIL open → RGB → resize shorter side → centre crop →
    write one by one into an h5py dataset), same images, same output size, same machine, one run
-   of interleaved rounds.
+   of interleaved rounds, each conversion in a fresh interpreter.
 2. read_batch: random batches of 64 from raw HDF5 and raw LMDB shards, as a fraction of a plain
    ``np.memmap`` over the same bytes (the HDF5 dataset), interleaved repeats, median. The
    copies go into one page-aligned array (``fastdata.readers.page_aligned``), both sides.
@@ -18,6 +18,8 @@ import functools
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -48,40 +50,52 @@ def naive(src: str, out: str, size: int) -> int:
     return len(files)
 
 
-def timed(fn, *args) -> tuple[float, object]:
+def convert_once(kind: str, src: str, out: str, size: int, workers: int) -> tuple[float, float]:
+    """One conversion (``naive``, ``hdf5`` or ``lmdb``): its seconds, and with the sync after."""
+    if kind == "naive":
+        fn = functools.partial(naive, src, out, size)
+    else:
+        fn = functools.partial(convert, src, out, container=kind, sizes=[size], workers=workers,
+                               progress=False)
     t = time.perf_counter()
-    r = fn(*args)
-    return time.perf_counter() - t, r
+    fn()
+    secs = time.perf_counter() - t
+    os.sync()
+    return secs, time.perf_counter() - t
 
 
 def bench_convert(src: str, tmp: str, size: int, workers: int, repeats: int) -> dict:
     """Rounds of naive, HDF5, LMDB in turn (this machine's speed drifts); medians and the
     median of each round's ratio.
 
-    Each run writes into a fresh place: the previous run's output is deleted and everything
-    synced before the clock starts. Deleting a file that is on disk took CPU and I/O waits
-    from the run that did it (this disk is mounted with ``discard``), and the kernel's
-    writeback of the run before took CPU from whichever run came next; both hit a run that
-    keeps both cores busy, not one that uses one. ``page cache`` figures time the call alone,
-    ``on disk`` figures add the sync that follows it.
+    Each run is a fresh interpreter (as ``fastdata convert`` is; the clock starts after the
+    imports): in one long process, earlier runs had raised glibc's malloc thresholds and hid
+    a cost that the command paid (raw LMDB, stop 34). Each run writes into a fresh place: the
+    previous run's output is deleted and everything synced before the clock starts. Deleting
+    a file that is on disk took CPU and I/O waits from the run that did it (this disk is
+    mounted with ``discard``), and the kernel's writeback of the run before took CPU from
+    whichever run came next; both hit a run that keeps both cores busy, not one that uses
+    one. ``page cache`` figures time the call alone, ``on disk`` figures add the sync that
+    follows it.
     """
     outs = {"naive": os.path.join(tmp, "naive.h5"),
             **{c: os.path.join(tmp, f"fd-{c}-{size}") for c in ("hdf5", "lmdb")}}
-    runs = {"naive": lambda: naive(src, outs["naive"], size),
-            **{c: functools.partial(convert, src, outs[c], container=c, sizes=[size],
-                                    workers=workers, progress=False) for c in ("hdf5", "lmdb")}}
     n = len(scan_folder(src).files)
-    secs: dict[str, list[float]] = {k: [] for k in runs}
-    synced: dict[str, list[float]] = {k: [] for k in runs}
+    secs: dict[str, list[float]] = {k: [] for k in outs}
+    synced: dict[str, list[float]] = {k: [] for k in outs}
     for _ in range(repeats):
-        for k, fn in runs.items():
-            if os.path.isdir(outs[k]):
-                shutil.rmtree(outs[k])
-            elif os.path.exists(outs[k]):
-                os.remove(outs[k])
+        for k, out in outs.items():
+            if os.path.isdir(out):
+                shutil.rmtree(out)
+            elif os.path.exists(out):
+                os.remove(out)
             os.sync()
-            secs[k].append(timed(fn)[0])
-            synced[k].append(secs[k][-1] + timed(os.sync)[0])
+            run = subprocess.run([sys.executable, "-W", "ignore", os.path.abspath(__file__), src,
+                                  "--child", k, out, str(size), str(workers)],
+                                 check=True, capture_output=True, text=True)
+            a, b = map(float, run.stdout.split())
+            secs[k].append(a)
+            synced[k].append(b)
     res = {"size": size, "images": n, "repeats": repeats}
     for when, times in (("", secs), ("disk_", synced)):
         res[f"{when}naive_img_s"] = n / statistics.median(times["naive"])
@@ -143,7 +157,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5, help="read_batch rounds")
     ap.add_argument("--convert-repeats", type=int, default=3, help="convert rounds")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        kind, out, size, workers = a.child
+        print(*convert_once(kind, a.photos, out, int(size), int(workers)))
+        return
     env = env_info()
     print(f"# env: {os.cpu_count()} cpus ({env['cpu']}), PIL {env['pil']} "
           f"(simd={env['pil_simd']}), h5py {env['h5py']}, lmdb {env['lmdb']}")
