@@ -6,6 +6,7 @@ import json
 import multiprocessing as mp
 import os
 import pickle
+import platform
 import subprocess
 import sys
 
@@ -241,7 +242,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / (n - n // 
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="counts on glibc's malloc")
 @pytest.mark.parametrize("size", [64, 256])
 def test_raw_lmdb_writes_reuse_their_memory(tmp_path, size):
     """LMDB copies each value into pages it mallocs and frees them at the commit; freed all at
