@@ -9,8 +9,9 @@ Each run is a fresh interpreter with its tree first on ``sys.path``.
 ``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` did before
 stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
 all its processes per image too; with ``--torch``, in an interpreter that imported torch first
-(as ``benchmarks/convert.py``'s does, and a notebook's); with ``--fresh``, the previous output
-deleted and synced before the clock (as ``benchmarks/convert.py`` does now), and also timed
+(as ``benchmarks/convert.py``'s did until stop 34, and a notebook's); with ``--fresh``, the
+previous output deleted and synced before the clock (as ``benchmarks/convert.py`` does, which
+since stop 34 also runs each conversion in a fresh interpreter, without torch), and also timed
 with the sync after it (its "on disk" figure). First, in this tree, the worker's
 per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
