@@ -71,6 +71,25 @@ def test_eval_exactly_once_and_pixels_untouched(shards, container):  # noqa: F81
     assert [len(b) for b in per_rank[2]] == [4, 3]      # partial last batch, not padded
 
 
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_raw_batches_are_read_into_a_few_reused_arrays(shards, container, monkeypatch):  # noqa: F811
+    """DALI copies each batch the source hands it, so the source reads later batches into the
+    same few arrays (a fresh one faults its pages in at every batch), pixels intact."""
+    from fastdata.loaders import dali_backend
+
+    made, real = [], dali_backend.page_aligned
+    monkeypatch.setattr(dali_backend, "page_aligned", lambda shape: made.append(shape) or
+                        real(shape))
+    ds = fastdata.open(shards[container])
+    ids = ids_of(ds)
+    loader = fastdata.Loader(ds, backend="dali", batch_size=2, train=False, size=16,
+                             dtype=torch.uint8, device="cpu")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert sorted(i for b in seen(loader, ids) for i in b) == list(range(N))
+    assert len(made) <= 2 * loader.prefetch + 4 < 3 * len(loader)
+
+
 @pytest.mark.parametrize("kind", ["hdf5", "jpeg-lmdb"])
 @pytest.mark.parametrize("opts", [dict(crop=24), dict(crop=12, size=16),
                                   dict(channels_last=True, dtype=torch.bfloat16, crop=20),

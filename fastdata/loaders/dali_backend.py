@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import queue
 import warnings
 import weakref
 
@@ -26,6 +27,7 @@ import torch
 from fastdata._optional import require
 from fastdata.augment import center_boxes
 from fastdata.loaders import Backend, ordered
+from fastdata.readers import page_aligned
 
 
 # A fork child inherits this process's DALI pipelines but not their threads: destroying one
@@ -45,24 +47,47 @@ os.register_at_fork(before=_hold, after_in_parent=_HELD.clear)
 
 
 class _Source:
-    """Batch-mode source: ``(images, labels)`` per call, raises StopIteration at epoch end."""
+    """Batch-mode source: ``(images, labels)`` per call, raises StopIteration at epoch end.
+
+    Raw batches are read into page-aligned arrays that are used again: DALI copies what a
+    call returns before it calls again (``external_source``'s ``no_copy=False``), so the
+    previous call's array is free then. A fresh array per batch is mapped anew by malloc from
+    32 MiB up (a batch of 171 at 256 px), and its pages fault in at every batch:
+    ``read_batch`` of 256 samples at 256 px ran 1.4-2.0x as fast into a reused array
+    (``benchmarks/ab_out_array.py``)."""
 
     def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int):
         self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
         self.batches = iter(())
+        self._spare: queue.SimpleQueue = queue.SimpleQueue()     # raw arrays DALI has copied
+        self._given = None                  # the array the last call returned
 
     def start(self, batches) -> None:
+        self._recycle(None)
         self.batches = ordered(self.pool, self._read, ((b,) for b in batches), self.depth)
+
+    def _recycle(self, given) -> None:
+        if self._given is not None:
+            self._spare.put(self._given)
+        self._given = given
 
     def _read(self, idx: np.ndarray):
         labels = self.ds.labels[idx]
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
-                labels
-        return self.ds.read_batch(idx, size=self.size), labels     # a page-aligned array
+                labels, None
+        try:
+            buf = self._spare.get_nowait()
+        except queue.Empty:
+            buf = None
+        if buf is None or len(buf) < len(idx):      # none spare, or a partial batch's
+            buf = page_aligned((len(idx), self.size, self.size, 3))
+        return self.ds.read_batch(idx, size=self.size, out=buf[:len(idx)]), labels, buf
 
     def __call__(self):
-        return next(self.batches)           # StopIteration at the epoch's end, as DALI wants
+        images, labels, buf = next(self.batches)    # StopIteration at the epoch's end
+        self._recycle(buf)
+        return images, labels
 
 
 class DaliBackend(Backend):
