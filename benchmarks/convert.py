@@ -5,8 +5,8 @@
 
 1. convert: ``fastdata`` (worker processes, JPEG draft, pillow-simd, one writer) vs the naive
    single-process loop a user would write (PIL open → RGB → resize shorter side → centre crop →
-   write one by one into an h5py dataset), same images, same output size, same machine, one run
-   of interleaved rounds, each conversion in a fresh interpreter.
+   write one by one into an h5py dataset), same images, same output size, same machine, one
+   run of interleaved rounds, each conversion in a fresh interpreter.
 2. read_batch: random batches of 64 from raw HDF5 and raw LMDB shards, as a fraction of a plain
    ``np.memmap`` over the same bytes (the HDF5 dataset), interleaved repeats, median. The
    copies go into one page-aligned array (``fastdata.readers.page_aligned``), both sides.

@@ -72,7 +72,7 @@ def test_eval_exactly_once_and_pixels_untouched(shards, container):  # noqa: F81
 
 
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
-def test_raw_batches_are_read_into_a_few_reused_arrays(shards, container, monkeypatch):  # noqa: F811
+def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):  # noqa: F811
     """DALI copies each batch the source hands it, so the source reads later batches into the
     same few arrays (a fresh one faults its pages in at every batch), pixels intact."""
     from fastdata.loaders import dali_backend
