@@ -1,6 +1,7 @@
 """The DALI backend (CPU-only mode, real shard files) against the torch backend."""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -88,6 +89,23 @@ def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):  # noqa
         loader.set_epoch(epoch)
         assert sorted(i for b in seen(loader, ids) for i in b) == list(range(N))
     assert len(made) <= 2 * loader.prefetch + 4 < 3 * len(loader)
+
+
+def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):  # noqa: F811
+    """In CPU-only mode the output tensors are pooled: a batch the caller still holds is never
+    written again, and one it let go of is used again."""
+    ds = fastdata.open(shards["hdf5"])
+    ids = ids_of(ds)
+    loader = fastdata.Loader(ds, backend="dali", batch_size=2, train=False, size=16,
+                             dtype=torch.uint8, device="cpu")
+    held = list(loader)         # every batch alive at once: none may share memory
+    assert len({x.data_ptr() for x, _ in held}) == len(held)
+    order = [ids[hashlib.md5(x.permute(1, 2, 0).contiguous().numpy().tobytes()).hexdigest()]
+             for images, _ in held for x in images]
+    assert order == list(range(N))
+    del held
+    ptrs = {x.data_ptr() for x, _ in loader}     # let go as it goes: a few buffers, reused
+    assert len(ptrs) <= 2 * loader.prefetch + 4 < len(loader)
 
 
 @pytest.mark.parametrize("kind", ["hdf5", "jpeg-lmdb"])

@@ -27,6 +27,7 @@ import torch
 from fastdata._optional import require
 from fastdata.augment import center_boxes
 from fastdata.loaders import Backend, ordered
+from fastdata.loaders.torch_backend import BufferPool
 from fastdata.readers import page_aligned
 
 
@@ -107,6 +108,7 @@ class DaliBackend(Backend):
                           f"are ignored here", stacklevel=3)
         self._reads: cf.ThreadPoolExecutor | None = None
         self._pipes: dict[tuple, tuple] = {}
+        self._host: dict[tuple, BufferPool] = {}
 
     # ---- pipeline ----
     def _build(self, size: int):
@@ -192,8 +194,13 @@ class DaliBackend(Backend):
         l = self.loader
         t = tl.as_tensor()
         on_gpu = isinstance(t, self.plugin.TensorGPU)
-        out = torch.empty(list(t.shape()), dtype=self.plugin.to_torch_type[t.dtype],
-                          device=l.device if on_gpu else "cpu")
+        shape, dtype = tuple(t.shape()), self.plugin.to_torch_type[t.dtype]
+        if on_gpu:
+            out = torch.empty(shape, dtype=dtype, device=l.device)
+        else:   # CPU-only mode: from a pool (a fresh batch of 32 MiB or more faults in anew)
+            if (shape, dtype) not in self._host:
+                self._host[shape, dtype] = BufferPool(shape, dtype)
+            out = self._host[shape, dtype].get()
         self.plugin.feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(l.device)
                                  if on_gpu else None)
         if out.dim() != 4:                                   # labels
