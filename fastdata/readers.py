@@ -206,21 +206,22 @@ class LMDBShardReader(ShardReader):
         return v
 
     def read_raw(self, size, local, out, rows):
+        order = np.argsort(local, kind="stable")
         with self.h["env"].begin(buffers=True) as txn:     # one transaction per shard
-            for k in np.argsort(local, kind="stable"):
-                v = txn.get(lmdb_key(size, int(local[k])))
-                out[rows[k]] = np.frombuffer(v, np.uint8).reshape(size, size, 3)
+            for r, v in zip(rows[order].tolist(), self._values(txn, size, local[order])):
+                out[r] = v
 
     def raw_views(self, size, local, hold):
         # a value lives as long as its transaction: ``hold`` keeps it open
-        txn = hold.enter_context(self.h["env"].begin(buffers=True))
-        out = []
+        return list(self._values(hold.enter_context(self.h["env"].begin(buffers=True)), size,
+                                 local))
+
+    def _values(self, txn, size, local):
         for i in local.tolist():
             v = txn.get(lmdb_key(size, i))
             if v is None:
                 raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
-            out.append(np.frombuffer(v, np.uint8).reshape(size, size, 3))
-        return out
+            yield np.frombuffer(v, np.uint8).reshape(size, size, 3)
 
 
 READERS: dict[str, type[ShardReader]] = {r.container: r for r in (HDF5ShardReader,
