@@ -17,11 +17,14 @@ from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_bo
 
 
 class PILFolder(torch.utils.data.Dataset):
-    def __init__(self, root: str, *, crop: int = 224):
+    def __init__(self, root: str, *, crop: int = 224, exclude=()):
+        """``exclude``: paths (relative to ``root``) left out, such as the inputs a conversion
+        of ``root`` skipped as unreadable, so the baseline reads the images the shards hold."""
         from converters.scan import scan_folder
 
-        scan = scan_folder(root)
-        self.root, self.files, self.classes, self.crop = root, scan.files, scan.classes, crop
+        scan, exclude = scan_folder(root), set(exclude)
+        self.root, self.classes, self.crop = root, scan.classes, crop
+        self.files = [f for f in scan.files if f[0] not in exclude]
         try:
             from torchvision import transforms as T
             self.tf = T.Compose([T.RandomResizedCrop(crop), T.RandomHorizontalFlip(),
@@ -54,9 +57,9 @@ class PILFolder(torch.utils.data.Dataset):
 
 
 def baseline_loader(root: str, *, batch_size: int, crop: int = 224, num_workers: int = 2,
-                    device: torch.device = torch.device("cpu"), seed: int = 0):
+                    device: torch.device = torch.device("cpu"), seed: int = 0, exclude=()):
     """A shuffled DataLoader over ``root`` (full batches), and the dataset (for ``kind``)."""
-    ds = PILFolder(root, crop=crop)
+    ds = PILFolder(root, crop=crop, exclude=exclude)
     dl = torch.utils.data.DataLoader(
         ds, batch_size=batch_size, shuffle=True, num_workers=num_workers, drop_last=True,
         pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,

@@ -158,10 +158,17 @@ class Bench:
             if self.source is None:
                 raise _Skip(f"no source image folder: give --source (the manifest's "
                             f"{self.ds.manifest.get('source')!r} is not there)")
+            # the inputs a conversion of this folder skipped as unreadable: not read here
+            # either (they would stop the baseline), so it reads the images the shards hold
+            real = os.path.realpath(self.source)
+            skipped = {s["path"] for d in self.sets if d.manifest.get("source")
+                       and os.path.realpath(d.manifest["source"]) == real
+                       for s in d.manifest.get("skipped", ())}
             dl, ds = baseline_loader(self.source, batch_size=self.batch_size, crop=self.crop,
                                      num_workers=self.num_workers, device=self.device,
-                                     seed=self.seed)
-            return dl, ds.kind
+                                     seed=self.seed, exclude=skipped)
+            return dl, ds.kind + (f", {len(skipped)} unreadable input(s) left out as in the "
+                                  f"shards" if skipped else "")
         if backend == "dali":
             ok, why = available("nvidia.dali")
             if not ok:

@@ -123,6 +123,23 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     assert f"--plot {txt}: matplotlib cannot write 'txt' files; use one of" in caplog.text
 
 
+def test_baseline_leaves_out_the_inputs_the_conversion_skipped(bench_set, tmp_path, caplog):
+    src = shutil.copytree(bench_set[0], tmp_path / "src")
+    (src / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a JPEG")
+    convert(str(src), str(tmp_path / "shards"), sizes=[16], workers=1, progress=False)
+    js = tmp_path / "b.json"
+    argv = ["-q", "bench", str(tmp_path / "shards"), "--backends", "baseline", "--batch-size",
+            "18", "--warmup", "0", "--batches", "1", "--repeat", "1", "--workers", "1",
+            "--device", "cpu", "--json", str(js)]
+    assert main(argv) == 0          # the baseline read all 18 images the shards hold
+    row = json.loads(js.read_text())["results"][0]
+    assert row["status"] == "ok" and row["what"].endswith("1 unreadable input(s) left out as "
+                                                           "in the shards")
+    copy = shutil.copytree(src, tmp_path / "copy")         # another folder: nothing known
+    assert main(argv[:-2] + ["--source", str(copy)]) == 2
+    assert f"cannot identify image file '{copy / 'a' / 'broken.jpg'}'" in caplog.text
+
+
 def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
     src, shards = bench_set
     jpeg = str(tmp_path / "jpeg")
