@@ -17,6 +17,11 @@
 #   5: DALI installed: its tests, host syncs, bench torch vs dali (ResNet-50/18, 512 px,
 #      no model),
 #      `train --backend dali`
+# Issue 7's GPU table alone (every loader on one run per model, with its plot), six calls:
+#   7a (carry .p1): tests marked gpu, photos, raw HDF5 / raw LMDB / JPEG HDF5 shards at 256;
+#   7b, 7c, 7d (carry .p2, .p3, .p4): DALI's parts only; 7e (carry .p5): DALI installed, bench
+#   baseline, torch and dali on the three sets, ResNet-50 (table, JSON, plot); 7f: the same
+#   for ResNet-18.
 # Figures land in $OUT (the device tool's). Without gpu_fed.py and the no-model row, the five
 # parts held the machine 17 of a session's 30 minutes (RESULTS.md, "GPU").
 set -u
@@ -38,8 +43,22 @@ setup() {     # parts 1 and fed: wheels, photos (in the background), tests marke
     > /tmp/photos.log 2>&1) &
   T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
 }
-[ "${1:-}" = prepare ] || { mkdir -p /tmp/pay && cp ".p${1/fed/1}"/* /tmp/pay/; }
-[ "${1:-}" = 1 ] || [ "${1:-}" = fed ] || [ "${1:-}" = prepare ] || [ -d /tmp/raw ] || echo "!! a fresh machine: run part 1 first"
+case "${1:-}" in       # the carried folder of this part: its files go to /tmp/pay
+  1|fed|7a) carried=.p1 ;; 2|7b) carried=.p2 ;; 3|7c) carried=.p3 ;; 4|7d) carried=.p4 ;;
+  5|7e) carried=.p5 ;; *) carried= ;;
+esac
+[ -z "$carried" ] || { mkdir -p /tmp/pay && cp "$carried"/* /tmp/pay/; }
+case "${1:-}" in 1|fed|7a|prepare) ;; *) [ -d /tmp/raw ] || echo "!! a fresh machine: run part 1 (or 7a) first" ;; esac
+install_dali() {
+  cat /tmp/pay/dali.part[0-3] > /tmp/dali.tar && md5sum /tmp/dali.tar && tar xf /tmp/dali.tar -C /tmp/pay
+  (cd /tmp/pay && python3 -m pip install -q --no-index --no-deps --no-compile nvidia_dali*.whl \
+    nvidia_libnvcomp*.whl nvidia_nvimgcodec*.whl nvidia_nvjpeg*.whl astunparse*.whl gast*.whl \
+    libcst*.whl makefun*.whl nvtx*.whl optree*.whl)
+}
+table() {     # issue 7's table for one model: every loader on the three sets, one run
+  bench /tmp/raw /tmp/lmdb /tmp/jpg --source /tmp/photos --backends baseline,torch,dali \
+    --model "resnet$1" --json "$OUT/table$1.json" --plot "$OUT/table$1.png" | tee "$OUT/table$1.txt"
+}
 
 case "${1:-}" in
 prepare)
@@ -96,10 +115,7 @@ fed)
   T compile; timeout 240 $FD train /tmp/raw --model resnet50 --epochs 2 --batch-size 256 \
     --crop 224 --compile --log-every 5 2>&1 | grep -v '%|' | tail -6 ;;
 5)
-  cat /tmp/pay/dali.part[0-3] > /tmp/dali.tar && md5sum /tmp/dali.tar && tar xf /tmp/dali.tar -C /tmp/pay
-  (cd /tmp/pay && python3 -m pip install -q --no-index --no-deps --no-compile nvidia_dali*.whl \
-    nvidia_libnvcomp*.whl nvidia_nvimgcodec*.whl nvidia_nvjpeg*.whl astunparse*.whl gast*.whl \
-    libcst*.whl makefun*.whl nvtx*.whl optree*.whl)
+  install_dali
   T dalitests; python3 -m pytest -q tests/test_dali.py -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_dali.txt" | tail -5
   T dalisync; python3 benchmarks/gpu_sync.py /tmp/raw dali 2>&1 | grep -v -i -E "nvjpeg2k|nvtiff" | tee "$OUT/sync_dali.txt"
   for m in 50 18; do T "benchdali resnet$m"; bench /tmp/raw /tmp/jpg --backends torch,dali \
@@ -110,6 +126,15 @@ fed)
     --model none --json "$OUT/none.json" | tee "$OUT/none.txt"
   T traindali; train /tmp/jpg --backend dali --val /tmp/raw --model resnet18 --epochs 2 \
     --batch-size 128 --crop 224 ;;
-*) echo "usage: $0 prepare|1|fed|2|3|4|5" >&2; exit 2 ;;
+7a)
+  setup
+  wait; T convert
+  $FD -q convert /tmp/photos /tmp/raw --size 256
+  $FD -q convert /tmp/photos /tmp/lmdb --size 256 --format lmdb
+  $FD -q convert /tmp/photos /tmp/jpg --size 256 --encoding jpeg ;;
+7b|7c|7d) ls -l /tmp/pay/dali.part* ;;
+7e) install_dali; T table50; table 50 ;;
+7f) T table18; table 18 ;;
+*) echo "usage: $0 prepare|1|fed|2|3|4|5|7a|7b|7c|7d|7e|7f" >&2; exit 2 ;;
 esac
 T done
