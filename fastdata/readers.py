@@ -157,6 +157,10 @@ _LMDB_ENVS: dict[tuple, list] = {}
 
 class LMDBShardReader(ShardReader):
     container = "lmdb"
+    #: whether the kernel reads ahead of the map: for one pass over the file (``verify``);
+    #: training reads at random, where it would read pages no one asked for. Set before the
+    #: shard opens (an open env is shared by the readers of its file in a process)
+    readahead = False
 
     def _open(self):
         import lmdb
@@ -172,7 +176,7 @@ class LMDBShardReader(ShardReader):
                 raise OSError("empty file (0 bytes)")
             try:
                 env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
-                                readahead=False, max_readers=1024)
+                                readahead=self.readahead, max_readers=1024)
             except lmdb.Error as e:         # not an OSError: callers catch that for damage
                 raise OSError(str(e).removeprefix(f"{self.path}: ")) from e
             # reading a page past a truncated file's end through the map is SIGBUS: refuse it
