@@ -1,5 +1,6 @@
 """A first pass over shard sets that are not in the page cache, then a second one (figures in
-benchmarks/RESULTS.md, stop 32; the README's "Reading" section quotes them).
+benchmarks/RESULTS.md, stop 32 and "Reads in file order out of the page cache"; the README's
+"Reading" section quotes them).
 
     python -W ignore benchmarks/cold_read.py OUT [OUT ...] --rounds 3
 
@@ -7,7 +8,8 @@ Each round, per set: its shard files are dropped from the page cache
 (``posix_fadvise(POSIX_FADV_DONTNEED)``, as a conversion with ``O_DIRECT`` or a set larger than
 memory leaves them), it is opened afresh, and every sample is read once through ``read_batch``
 in random batches of 64 (each batch sorted, as the loaders sort theirs); then again, cached.
-Linux only.
+``--order file``: an unshuffled ``fastdata.Loader`` (eval: uint8 as stored, on the CPU)
+reads the set in file order instead. Linux only.
 """
 from __future__ import annotations
 
@@ -39,16 +41,31 @@ def one_pass(ds, order: np.ndarray, batch: int) -> float:
     return len(order) / (time.perf_counter() - t)
 
 
+def loader_pass(root: str, batch: int) -> float:
+    loader = fastdata.Loader(root, train=False, batch_size=batch, device="cpu",
+                             dtype="uint8", augment=False)
+    t = time.perf_counter()
+    n = sum(len(y) for _, y in loader)
+    rate = n / (time.perf_counter() - t)
+    loader.dataset.close()
+    return rate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sets", nargs="+", help="shard sets (raw, as `fastdata convert` writes them)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--order", choices=("random", "file"), default="random")
     a = ap.parse_args()
     rates: dict[tuple[str, str], list[float]] = {}
     for r in range(a.rounds):
         for root in a.sets:
             drop_from_cache(root)
+            if a.order == "file":
+                rates.setdefault((root, "cold"), []).append(loader_pass(root, a.batch))
+                rates.setdefault((root, "cached"), []).append(loader_pass(root, a.batch))
+                continue
             ds = fastdata.open(root)
             order = np.random.default_rng(r).permutation(len(ds))
             rates.setdefault((root, "cold"), []).append(one_pass(ds, order, a.batch))

@@ -42,6 +42,11 @@ class ShardReader:
 
     container = ""
     zero_copy = False       # ``payload`` of a raw sample is an (S, S, 3) view of a memory map
+    #: reads go in file order (``verify``, an unshuffled loader): LMDB then has the kernel read
+    #: ahead of its map, which it does not for reads at random (they would bring in pages no
+    #: one asked for); HDF5's maps always read ahead. Set it before the shard opens: an open
+    #: LMDB env serves every reader of its file in the process
+    readahead = False
 
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
@@ -157,10 +162,6 @@ _LMDB_ENVS: dict[tuple, list] = {}
 
 class LMDBShardReader(ShardReader):
     container = "lmdb"
-    #: whether the kernel reads ahead of the map: for one pass over the file (``verify``);
-    #: training reads at random, where it would read pages no one asked for. Set before the
-    #: shard opens (an open env is shared by the readers of its file in a process)
-    readahead = False
 
     def _open(self):
         import lmdb

@@ -23,7 +23,7 @@ class Problem:
 
 def verify_shard(reader: ShardReader, entry: dict) -> list[Problem]:
     """Check one shard against its manifest ``entry`` (count, start, sha256), reading it once
-    in file order: with readahead (a raw LMDB set out of the page cache: ~10x as fast)."""
+    in file order, with readahead (a raw LMDB set out of the page cache: ~10x as fast)."""
     name, start = os.path.basename(reader.path), entry["start"]
     reader.readahead = True
     try:

@@ -69,6 +69,23 @@ def smooth(w: int, h: int, seed: int) -> Image.Image:
     return Image.fromarray(small).resize((w, h), Image.BICUBIC)
 
 
+def major_faults_reading(path, read) -> int:
+    """Major page faults of this process while ``read()`` runs, after the file ``path`` was
+    dropped from the page cache (each page then comes from the disk: a fault per page where
+    nothing reads ahead). 0 where the file system keeps no separate cache (tmpfs)."""
+    import resource
+
+    os.sync()                                   # dirty pages are not dropped
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    read()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
+
+
 def plain_folder(root, classes=("a", "b", "c"), per_class=7, seed=0, size=(40, 30)):
     """root/<class>/img_i.{jpg,png}: smooth random pictures, every payload unique."""
     k = 0

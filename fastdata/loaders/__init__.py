@@ -91,6 +91,8 @@ class Loader:
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
+        for reader in self.dataset.shards:      # unshuffled: one pass in file order
+            reader.readahead = not self.order.shuffle
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
