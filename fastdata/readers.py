@@ -11,6 +11,7 @@ import contextlib
 import errno
 import io
 import logging
+import mmap
 import os
 import threading
 from typing import Iterator, Sequence
@@ -18,6 +19,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import simplejpeg
 
+from fastdata.env import usable_memory
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, check_size,
                              lmdb_crc_key, lmdb_key, read_manifest)
 
@@ -42,10 +44,9 @@ class ShardReader:
 
     container = ""
     zero_copy = False       # ``payload`` of a raw sample is an (S, S, 3) view of a memory map
-    #: reads go in file order (``verify``, an unshuffled loader): LMDB then has the kernel read
-    #: ahead of its map, which it does not for reads at random (they would bring in pages no
-    #: one asked for); HDF5's maps always read ahead. Set it before the shard opens: an open
-    #: LMDB env serves every reader of its file in the process
+    #: whether the kernel reads ahead of the shard's maps. Set before the shard opens (an open
+    #: LMDB env serves every reader of its file in the process); ``ShardSet`` and ``Loader``
+    #: choose it (see ``ShardSet.__init__``)
     readahead = False
 
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
@@ -133,14 +134,26 @@ class HDF5ShardReader(ShardReader):
                 if off is None or ds.chunks is not None or ds.compression is not None:
                     raise ValueError(f"{self.path}: dataset {name} is not contiguous and "
                                      f"uncompressed; re-convert with fastdata")
-                # a plain ndarray view: np.memmap's Python-level __getitem__ ran per row
-                # (benchmarks/ab_cpu.py, "map"). Copy-on-write, so that its views can become
-                # torch tensors (torch warns on read-only arrays); nothing writes through them.
-                maps[s] = np.memmap(self.path, np.uint8, "c", offset=off,
-                                    shape=ds.shape).view(np.ndarray)
+                maps[s] = self._map(off, ds.shape)
                 if self.encoding == "jpeg":
                     offsets[s] = f[f"offsets/{s}"][()]
         return {"meta": meta, "labels": labels, "crc32": crcs, "maps": maps, "offsets": offsets}
+
+    def _map(self, offset: int, shape) -> np.ndarray:
+        """A plain ndarray over the file's bytes (np.memmap's Python-level __getitem__ ran per
+        row: benchmarks/ab_cpu.py, "map"). Copy-on-write, so that its views can become torch
+        tensors (torch warns on read-only arrays); nothing writes through them. Without
+        ``readahead``, a fault reads just its page (reads at random: RESULTS.md)."""
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        n = int(np.prod(shape))
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            mm = mmap.mmap(fd, offset - start + n, access=mmap.ACCESS_COPY, offset=start)
+        finally:
+            os.close(fd)
+        if not self.readahead and hasattr(mmap, "MADV_RANDOM"):
+            mm.madvise(mmap.MADV_RANDOM)
+        return np.frombuffer(mm, np.uint8, n, offset - start).reshape(shape)
 
     def payload(self, size, i):
         if self.encoding == "raw":
@@ -305,6 +318,16 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
+        # Read ahead where it pays (RESULTS.md, "Reads in file order out of the page cache"):
+        # on a set that fits in half the memory, whose first pass at random then comes from
+        # the disk in large windows (raw 256 px here: ~5000 img/s instead of ~330); not on a
+        # larger set, where each window (8 MiB on this project's VM) would read many times
+        # the bytes wanted and push out what is cached. Reads in file order always read ahead
+        # (``verify``, an unshuffled ``Loader``).
+        memory = usable_memory()
+        nbytes = sum(s.get("bytes", 0) for s in m["shards"])
+        for reader in self.shards:
+            reader.readahead = memory is not None and nbytes <= memory // 2
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""

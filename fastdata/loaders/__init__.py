@@ -91,8 +91,9 @@ class Loader:
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
-        for reader in self.dataset.shards:      # unshuffled: one pass in file order
-            reader.readahead = not self.order.shuffle
+        if not self.order.shuffle:              # one pass in file order: read ahead
+            for reader in self.dataset.shards:
+                reader.readahead = True
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
