@@ -318,7 +318,7 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
-        # Read ahead where it pays (RESULTS.md, "Reads in file order out of the page cache"):
+        # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"):
         # on a set that fits in half the memory, whose first pass at random then comes from
         # the disk in large windows (raw 256 px here: ~5000 img/s instead of ~330); not on a
         # larger set, where each window (8 MiB on this project's VM) would read many times

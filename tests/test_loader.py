@@ -279,7 +279,7 @@ def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, mon
     for c, path in sets.items():
         assert first_pass(path, False)[0] <= pages[c] // 4      # file order still reads ahead
         faults, n = first_pass(path, True)
-        assert faults >= 2 * n, (c, faults)     # every page of the 3 of each sample, or so
+        assert faults >= 2 * n, (c, faults)     # a sample spans 3 pages: a fault each
 
 
 @pytest.mark.parametrize("train", [True, False])
