@@ -318,16 +318,16 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
-        # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"):
-        # on a set that fits in half the memory, whose first pass at random then comes from
-        # the disk in large windows (raw 256 px here: ~5000 img/s instead of ~330); not on a
-        # larger set, where each window (8 MiB on this project's VM) would read many times
-        # the bytes wanted and push out what is cached. Reads in file order always read ahead
-        # (``verify``, an unshuffled ``Loader``).
+        # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"): on a set that
+        # fits in memory, whose first pass at random then comes from the disk in large windows
+        # (raw 256 px here: ~5000 img/s instead of ~330); not on a larger set, where each
+        # window (8 MiB on this project's VM) reads many times the bytes wanted and pushes
+        # out what is cached (a set 2.8x the memory: 150-180 img/s instead of 320-340). Reads
+        # in file order always read ahead (``verify``, an unshuffled ``Loader``).
         memory = usable_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
         for reader in self.shards:
-            reader.readahead = memory is not None and nbytes <= memory // 2
+            reader.readahead = memory is not None and nbytes <= memory
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""
