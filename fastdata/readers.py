@@ -326,8 +326,9 @@ class ShardSet:
         # in file order always read ahead (``verify``, an unshuffled ``Loader``).
         memory = usable_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
+        self.readahead = memory is not None and nbytes <= memory     # at random
         for reader in self.shards:
-            reader.readahead = memory is not None and nbytes <= memory
+            reader.readahead = self.readahead
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""

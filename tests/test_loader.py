@@ -280,6 +280,9 @@ def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, mon
         assert first_pass(path, False)[0] <= pages[c] // 4      # file order still reads ahead
         faults, n = first_pass(path, True)
         assert faults >= 2 * n, (c, faults)     # a sample spans 3 pages: a fault each
+    shared = fastdata.open(sets["lmdb"])        # an eval loader's choice is not kept by
+    fastdata.Loader(shared, train=False, **kw)  # a shuffled one built on the same set next
+    assert not any(r.readahead for r in fastdata.Loader(shared, **kw).dataset.shards)
 
 
 @pytest.mark.parametrize("train", [True, False])

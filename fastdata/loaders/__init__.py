@@ -91,9 +91,10 @@ class Loader:
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
-        if not self.order.shuffle:              # one pass in file order: read ahead
-            for reader in self.dataset.shards:
-                reader.readahead = True
+        # read ahead in file order, and at random where the set fits in memory (ShardSet);
+        # a set shared by loaders takes the latest one's choice for the shards it opens next
+        for reader in self.dataset.shards:
+            reader.readahead = self.dataset.readahead or not self.order.shuffle
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
