@@ -83,6 +83,7 @@ def info_dict(path: str) -> dict:
         "shards": len(m["shards"]), "bytes": sum(s["bytes"] for s in m["shards"]),
         "skipped": m["skipped"], "ignored": m["ignored"], "empty_classes": m["empty_classes"],
         "source": m["source"], "format_version": m["version"],
+        "readahead_at_random": ds.readahead,
     }
 
 
@@ -106,6 +107,10 @@ def print_info(d: dict) -> None:
         echo(f"    {s['path']}: {s['reason']}")
     if d["ignored"]:
         echo("  ignored: " + ", ".join(f"{k}: {v}" for k, v in d["ignored"].items()))
+    echo("  out of the page cache, read at random: " + (
+        "with readahead (the set fits in the memory this process may use)"
+        if d["readahead_at_random"] else "without readahead (the set is larger than the "
+        "memory this process may use): each shuffled epoch reads its samples from the disk"))
 
 
 def cmd_info(a) -> int:

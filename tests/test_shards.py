@@ -295,9 +295,11 @@ def test_cli_convert_info_verify(folder, tmp_path, capsys, caplog):
     info = json.loads(capsys.readouterr().out)
     assert info["sizes"] == [8, 16, 32] and info["classes"] == {"a": 7, "b": 7, "c": 7}
     assert info["container"] == "lmdb" and info["shards"] == 3 and info["bytes"] > 0
+    assert info["readahead_at_random"] is True          # a few KiB fit in any memory
     assert cli(["info", out]) == 0
     text = capsys.readouterr().out
     assert f"(from {folder})" in text and "21 samples in 3 lmdb shards" in text, text
+    assert "read at random: with readahead (the set fits" in text
     assert cli(["verify", out]) == 0 and "verify:" in capsys.readouterr().err   # progress bar
     for argv in (["-q", "verify", out], ["verify", out, "-q"]):    # before or after the command
         assert cli(argv) == 0 and "verify:" not in capsys.readouterr().err
