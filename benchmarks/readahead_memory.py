@@ -17,11 +17,10 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
+from cold_read import drop_from_cache, one_pass     # this script's folder is on sys.path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _read_bytes() -> int:
@@ -38,10 +37,8 @@ def child(root: str, mode: str, samples: int) -> None:
         for r in ds.shards:
             r.readahead = mode == "on"
     order = np.random.default_rng(1).permutation(len(ds))[:samples]
-    before, t = _read_bytes(), time.perf_counter()
-    for i in range(0, samples, 64):
-        ds.read_batch(np.sort(order[i:i + 64]))
-    rate = samples / (time.perf_counter() - t)
+    before = _read_bytes()
+    rate = one_pass(ds, order, 64)
     amplification = (_read_bytes() - before) / (samples * ds.size ** 2 * 3)
     print(f"  {mode:4} (auto chooses {'on' if chosen else 'off'}): {rate:6.0f} img/s, "
           f"{amplification:4.1f}x the bytes wanted")
@@ -68,9 +65,6 @@ def main() -> None:
         return child(a.child[0], a.child[1], int(a.child[2]))
     if not a.sets:
         p.error("give at least one shard set")
-    sys.path.insert(0, HERE)
-    from cold_read import drop_from_cache
-
     for limit in (int(x) for x in a.limit_mib.split(",")):
         cgroup = make_cgroup(limit << 20)
         for root in a.sets:
