@@ -9,7 +9,9 @@ Each round, per set: its shard files are dropped from the page cache
 memory leaves them), it is opened afresh, and every sample is read once through ``read_batch``
 in random batches of 64 (each batch sorted, as the loaders sort theirs); then again, cached.
 ``--order file``: an unshuffled ``fastdata.Loader`` (eval: uint8 as stored, on the CPU)
-reads the set in file order instead. Linux only.
+reads the set in file order instead. ``--readahead on|off``: random reads with readahead
+forced on or off, instead of as ``ShardSet`` chooses it (off: as on a set larger than the
+memory). Linux only.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--order", choices=("random", "file"), default="random")
+    ap.add_argument("--readahead", choices=("auto", "on", "off"), default="auto")
     a = ap.parse_args()
     rates: dict[tuple[str, str], list[float]] = {}
     for r in range(a.rounds):
@@ -67,6 +70,8 @@ def main() -> None:
                 rates.setdefault((root, "cached"), []).append(loader_pass(root, a.batch))
                 continue
             ds = fastdata.open(root)
+            for reader in ds.shards:
+                reader.readahead = {"on": True, "off": False}.get(a.readahead, ds.readahead)
             order = np.random.default_rng(r).permutation(len(ds))
             rates.setdefault((root, "cold"), []).append(one_pass(ds, order, a.batch))
             rates.setdefault((root, "cached"), []).append(one_pass(ds, order, a.batch))

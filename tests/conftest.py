@@ -78,11 +78,21 @@ def _drop_from_page_cache(path) -> None:
         os.close(fd)
 
 
-def major_faults_reading(path, read) -> int:
-    """Major page faults of this process while ``read()`` runs, after the file ``path`` was
-    dropped from the page cache (each page read in is one, unless the kernel reads ahead).
-    Skips the test where that cannot tell readahead from none: where dropped pages do not
-    fault (tmpfs keeps no separate cache), or where the device reads nothing ahead."""
+def _bytes_read() -> int | None:
+    """Bytes this process has had read from storage (``/proc/self/io``; None without it)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
+    except (OSError, StopIteration):
+        return None
+
+
+def cold_read_cost(path, read) -> tuple[int, int | None]:
+    """(major page faults, bytes read from storage or None) of this process while ``read()``
+    runs, after the file ``path`` was dropped from the page cache (each page read in is one
+    fault, unless the kernel reads ahead or was asked for it). Skips the test where that
+    cannot tell readahead from none: where dropped pages do not fault (tmpfs keeps no separate
+    cache), or where the device reads nothing ahead."""
     import mmap
     import resource
 
@@ -101,9 +111,10 @@ def major_faults_reading(path, read) -> int:
     if faults > pages // 4:
         pytest.skip(f"this file system reads nothing ahead ({faults} faults for {pages} pages)")
     _drop_from_page_cache(path)
-    before = majflt()
+    before, nbytes = majflt(), _bytes_read()
     read()
-    return majflt() - before
+    after = _bytes_read()
+    return majflt() - before, None if nbytes is None or after is None else after - nbytes
 
 
 def plain_folder(root, classes=("a", "b", "c"), per_class=7, seed=0, size=(40, 30)):

@@ -17,7 +17,7 @@ from converters.convert import convert
 from fastdata._optional import available
 from fastdata.cli import main as cli
 from fastdata.verify import verify
-from tests.conftest import major_faults_reading, plain_folder
+from tests.conftest import cold_read_cost, plain_folder
 
 # A converting child that is slow per image, so it can be killed between shard writes.
 CHILD = """
@@ -251,7 +251,7 @@ def test_verify_reads_lmdb_shards_out_of_the_page_cache_with_readahead(folder, t
     shard = str(out / fastdata.open(out).manifest["shards"][0]["file"])
     pages = os.path.getsize(shard) // 4096
     found: list = []
-    faults = major_faults_reading(shard, lambda: found.extend(verify(str(out))))
+    faults = cold_read_cost(shard, lambda: found.extend(verify(str(out))))[0]
     assert found == [] and faults <= pages // 4, f"{faults} major faults for {pages} pages"
 
 
