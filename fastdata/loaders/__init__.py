@@ -7,6 +7,7 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections import deque
 
 import numpy as np
@@ -95,6 +96,13 @@ class Loader:
         # a set shared by loaders takes the latest one's choice for the shards it opens next
         for reader in self.dataset.shards:
             reader.readahead = self.dataset.readahead or not self.order.shuffle
+        if self.order.shuffle and not self.dataset.readahead \
+                and (self.dataset.container, self.dataset.encoding) == ("lmdb", "raw"):
+            warnings.warn(f"{self.dataset.root} is larger than the memory this process may use, "
+                          f"so shuffled epochs read it from the disk, and a raw LMDB set comes "
+                          f"one 4 KiB page at a time (~12x slower than HDF5 in "
+                          f"benchmarks/RESULTS.md): convert it with --format hdf5",
+                          stacklevel=2)
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
