@@ -361,10 +361,12 @@ class ShardSet:
         self._labels: np.ndarray | None = None
         # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"): on a set that
         # fits in memory, whose first pass at random then comes from the disk in large windows
-        # (raw 256 px here: ~5000 img/s instead of ~330); not on a larger set, where each
+        # (raw 256 px LMDB here: ~5000 img/s instead of ~330); not on a larger set, where each
         # window (8 MiB on this project's VM) reads many times the bytes wanted and pushes
-        # out what is cached (a set 2.8x the memory: 150-180 img/s instead of 320-340). Reads
-        # in file order always read ahead (``verify``, an unshuffled ``Loader``).
+        # out what is cached (a set 2.8x the memory: 150-180 img/s instead of LMDB's 320-340;
+        # HDF5 there asks for each batch's pages at once, 3400-4100, a call that would cost
+        # every cached epoch of a set that fits ~5 us a sample). Reads in file order always
+        # read ahead (``verify``, an unshuffled ``Loader``).
         memory = usable_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
         self.readahead = memory is not None and nbytes <= memory     # at random
