@@ -1,7 +1,8 @@
-"""A first random pass over shard sets out of the page cache, inside a memory cgroup smaller or
+"""Random passes over shard sets out of the page cache, inside a memory cgroup smaller or
 larger than the set: readahead as ``ShardSet`` chooses it ("auto"), forced on, forced off
-(where an HDF5 reader asks for each batch's pages at once instead, since stop 36; figures in
-benchmarks/RESULTS.md, "Reads out of the page cache").
+(where a reader asks for each batch's pages at once instead, since stop 36: HDF5 from the
+first pass, raw LMDB from the second; figures in benchmarks/RESULTS.md, "Reads out of the page
+cache").
 
     sudo python benchmarks/readahead_memory.py OUT [OUT ...] --limit-mib 100,200,400,600
 
@@ -9,7 +10,8 @@ The page cache a process fills is charged to its memory cgroup, so a limit below
 stands in for a set larger than the machine's memory (``usable_memory()`` reads the limit
 too). Each run is a fresh process moved into the cgroup, after the set's files were dropped
 from the page cache; it reads ``--samples`` samples of a random order in sorted batches of
-64 and reports img/s and the bytes read from the disk (``/proc/self/io``) per byte wanted.
+64 and reports img/s and the bytes read from the disk (``/proc/self/io``) per byte wanted;
+``--passes N``: N such passes in the process, each in another random order, as epochs.
 Linux, root, cgroup v1 (``/sys/fs/cgroup/memory``) or v2 (with the memory controller).
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ def _read_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
 
 
-def child(root: str, mode: str, samples: int) -> None:
+def child(root: str, mode: str, samples: int, passes: int) -> None:
     import fastdata
 
     ds = fastdata.open(root)
@@ -37,12 +39,14 @@ def child(root: str, mode: str, samples: int) -> None:
     if mode != "auto":
         for r in ds.shards:
             r.readahead = mode == "on"
-    order = np.random.default_rng(1).permutation(len(ds))[:samples]
-    before = _read_bytes()
-    rate = one_pass(ds, order, 64)
-    amplification = (_read_bytes() - before) / (samples * ds.size ** 2 * 3)
-    print(f"  {mode:4} (auto chooses {'on' if chosen else 'off'}): {rate:6.0f} img/s, "
-          f"{amplification:4.1f}x the bytes wanted")
+    figures = []
+    for p in range(passes):     # another random order each pass, as epochs
+        order = np.random.default_rng(1 + p).permutation(len(ds))[:samples]
+        before = _read_bytes()
+        rate = one_pass(ds, order, 64)
+        amplification = (_read_bytes() - before) / (samples * ds.size ** 2 * 3)
+        figures.append(f"{rate:6.0f} img/s, {amplification:4.1f}x the bytes wanted")
+    print(f"  {mode:4} (auto chooses {'on' if chosen else 'off'}): " + "; ".join(figures))
 
 
 def make_cgroup(limit: int) -> str:
@@ -60,10 +64,11 @@ def main() -> None:
     p.add_argument("sets", nargs="*")
     p.add_argument("--limit-mib", default="100,200,400,600")
     p.add_argument("--samples", type=int, default=1500)
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--passes", type=int, default=1, help="passes in one process, as epochs")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        return child(a.child[0], a.child[1], int(a.child[2]))
+        return child(a.child[0], a.child[1], int(a.child[2]), int(a.child[3]))
     if not a.sets:
         p.error("give at least one shard set")
     for limit in (int(x) for x in a.limit_mib.split(",")):
@@ -75,7 +80,7 @@ def main() -> None:
                 drop_from_cache(root)
                 subprocess.run(["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh",
                                 sys.executable, "-W", "ignore", __file__, "--child", root, mode,
-                                str(a.samples)], check=True)
+                                str(a.samples), str(a.passes)], check=True)
 
 
 if __name__ == "__main__":

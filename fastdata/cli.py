@@ -111,9 +111,9 @@ def print_info(d: dict) -> None:
         "with readahead (the set fits in the memory this process may use)"
         if d["readahead_at_random"] else "without readahead (the set is larger than the "
         "memory this process may use): each shuffled epoch reads its samples from the disk"
-        + (", LMDB's one 4 KiB page at a time (HDF5 asks for a batch's pages at once: ~12x "
-           "as fast from the disk in benchmarks/RESULTS.md)" if d["container"] == "lmdb"
-           else ", a batch's pages asked for at once")))
+        + (", a batch's pages asked for at once; raw LMDB's first epoch in a process one 4 KiB "
+           "page at a time (~15x slower than HDF5 there in benchmarks/RESULTS.md)"
+           if d["container"] == "lmdb" else ", a batch's pages asked for at once")))
 
 
 def cmd_info(a) -> int:

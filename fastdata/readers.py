@@ -169,7 +169,7 @@ class HDF5ShardReader(ShardReader):
     def payloads(self, size, local):
         views = super().payloads(size, local)
         if not self.readahead:      # else a copy or decode faults them in one page at a time
-            will_need(views)
+            will_need((_address(v), v.nbytes) for v in views)
         return views
 
     def read_raw(self, size, local, out, rows):
@@ -216,7 +216,10 @@ class LMDBShardReader(ShardReader):
             meta = ShardMeta.from_json(txn.get(LMDB_META))
             labels = np.frombuffer(txn.get(LMDB_LABELS), np.int64)
             crcs = {s: np.frombuffer(txn.get(lmdb_crc_key(s)), np.uint32) for s in self.sizes}
-        return {"env": env, "key": key, "meta": meta, "labels": labels, "crc32": crcs}
+        # where each raw value lies in this process's map of the file, once read (0: not yet)
+        where = {s: np.zeros(self.count, np.int64) for s in self.sizes}
+        return {"env": env, "key": key, "meta": meta, "labels": labels, "crc32": crcs,
+                "where": where}
 
     def close(self):
         entry = _LMDB_ENVS.get(self._h["key"]) if self._h is not None else None
@@ -246,11 +249,21 @@ class LMDBShardReader(ShardReader):
                                  local))
 
     def _values(self, txn, size, local):
+        """Where nothing reads ahead, the pages of the values read before (an earlier epoch)
+        are asked for at once first: py-lmdb's ``get`` touches every page of a value before it
+        returns, one 4 KiB fault at a time, so only a value's earlier read can say where its
+        pages are."""
+        where = None if self.readahead else self.h["where"][size]
+        if where is not None:
+            will_need((a, size * size * 3) for a in where[local].tolist() if a)
         for i in local.tolist():
             v = txn.get(lmdb_key(size, i))
             if v is None:
                 raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
-            yield np.frombuffer(v, np.uint8).reshape(size, size, 3)
+            v = np.frombuffer(v, np.uint8).reshape(size, size, 3)
+            if where is not None:
+                where[i] = _address(v)
+            yield v
 
 
 READERS: dict[str, type[ShardReader]] = {r.container: r for r in (HDF5ShardReader,
@@ -278,20 +291,23 @@ def decode_jpeg(buf, out: np.ndarray) -> None:
         out[...] = np.asarray(im.convert("RGB") if im.mode != "RGB" else im)
 
 
-def will_need(views: list) -> None:
-    """Tell the kernel that the pages under ``views`` (arrays over memory maps) are wanted now
-    (``madvise(MADV_WILLNEED)``): it starts reading them all at once, so that the reads
-    overlap, where touching them would fault them in one 4 KiB page at a time, each read
-    waiting for the one before (raw 256 px at random, out of the page cache: 3400-5600
-    img/s instead of ~350; RESULTS.md, "Reads out of the page cache"). Advice only: nothing where
-    the platform lacks it."""
+def will_need(spans) -> None:
+    """Tell the kernel that the pages under ``spans`` (``(address, bytes)`` in memory maps) are
+    wanted now (``madvise(MADV_WILLNEED)``): it starts reading them all at once, so that the
+    reads overlap, where touching them would fault them in one 4 KiB page at a time, each read
+    waiting for the one before (raw 256 px at random, out of the page cache: 3400-5600 img/s
+    instead of ~350; RESULTS.md, "Reads out of the page cache"). Advice only: nothing where
+    the platform lacks it; an address no longer mapped is refused, not a fault."""
     madvise = _madvise()
     if madvise is None:
         return
-    for v in views:
-        a = v.__array_interface__["data"][0]
+    for a, n in spans:
         start = a - a % mmap.PAGESIZE
-        madvise(start, a + v.nbytes - start, mmap.MADV_WILLNEED)
+        madvise(start, a + n - start, mmap.MADV_WILLNEED)
+
+
+def _address(v: np.ndarray) -> int:
+    return v.__array_interface__["data"][0]
 
 
 @functools.cache
@@ -363,10 +379,11 @@ class ShardSet:
         # fits in memory, whose first pass at random then comes from the disk in large windows
         # (raw 256 px LMDB here: ~5000 img/s instead of ~330); not on a larger set, where each
         # window (8 MiB on this project's VM) reads many times the bytes wanted and pushes
-        # out what is cached (a set 2.8x the memory: 150-180 img/s instead of LMDB's 320-340;
-        # HDF5 there asks for each batch's pages at once, 3400-4100, a call that would cost
-        # every cached epoch of a set that fits ~5 us a sample). Reads in file order always
-        # read ahead (``verify``, an unshuffled ``Loader``).
+        # out what is cached (a set 2.8x the memory: 150-200 img/s); there a batch asks for
+        # its samples' pages at once instead (HDF5, and raw LMDB from its second epoch in a
+        # process: ~4500-5700 instead of ~340), a call that would cost every cached epoch of
+        # a set that fits ~5 us a sample. Reads in file order always read ahead (``verify``,
+        # an unshuffled ``Loader``).
         memory = usable_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
         self.readahead = memory is not None and nbytes <= memory     # at random

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import hashlib
 import io
+import mmap
 import os
 import sys
 
@@ -70,7 +72,20 @@ def smooth(w: int, h: int, seed: int) -> Image.Image:
 
 
 def _drop_from_page_cache(path) -> None:
+    """Out of the page cache, and out of this process's maps of the file (a mapped page is
+    not dropped: as if memory pressure had taken it)."""
     os.sync()                                   # dirty pages are not dropped
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps") as f:
+            spans = [line.split()[0] for line in f if line.rstrip().endswith(" " + real)]
+    except OSError:                             # not Linux
+        spans = []
+    madvise = ctypes.CDLL(None).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    for span in spans:                          # nothing writes the shards' maps
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        madvise(lo, hi - lo, mmap.MADV_DONTNEED)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -93,7 +108,6 @@ def cold_read_cost(path, read) -> tuple[int, int | None]:
     fault, unless the kernel reads ahead or was asked for it). Skips the test where that
     cannot tell readahead from none: where dropped pages do not fault (tmpfs keeps no separate
     cache), or where the device reads nothing ahead."""
-    import mmap
     import resource
 
     def majflt():

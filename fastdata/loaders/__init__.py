@@ -99,10 +99,10 @@ class Loader:
         if self.order.shuffle and not self.dataset.readahead \
                 and (self.dataset.container, self.dataset.encoding) == ("lmdb", "raw"):
             warnings.warn(f"{self.dataset.root} is larger than the memory this process may use, "
-                          f"so shuffled epochs read it from the disk, and a raw LMDB set comes "
-                          f"one 4 KiB page at a time (~12x slower than HDF5 in "
-                          f"benchmarks/RESULTS.md): convert it with --format hdf5",
-                          stacklevel=2)
+                          f"so shuffled epochs read it from the disk, and a raw LMDB set's "
+                          f"first epoch (every epoch with workers='process') comes one 4 KiB "
+                          f"page at a time, ~15x slower than HDF5 in benchmarks/RESULTS.md: "
+                          f"convert it with --format hdf5", stacklevel=2)
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
