@@ -11,7 +11,8 @@ stands in for a set larger than the machine's memory (``usable_memory()`` reads 
 too). Each run is a fresh process moved into the cgroup, after the set's files were dropped
 from the page cache; it reads ``--samples`` samples of a random order in sorted batches of
 64 and reports img/s and the bytes read from the disk (``/proc/self/io``) per byte wanted;
-``--passes N``: N such passes in the process, each in another random order, as epochs.
+``--passes N``: N such passes in the process, each in another random order, as epochs;
+``--loader``: each pass is an epoch of a shuffled ``fastdata.Loader`` instead.
 Linux, root, cgroup v1 (``/sys/fs/cgroup/memory``) or v2 (with the memory controller).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 from cold_read import drop_from_cache, one_pass     # this script's folder is on sys.path
@@ -31,20 +33,28 @@ def _read_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
 
 
-def child(root: str, mode: str, samples: int, passes: int) -> None:
+def child(root: str, mode: str, samples: int, passes: int, loader: bool) -> None:
     import fastdata
 
     ds = fastdata.open(root)
-    chosen = ds.shards[0].readahead
+    chosen = ds.readahead
     if mode != "auto":
+        ds.readahead = mode == "on"     # a Loader's choice for its readers
         for r in ds.shards:
-            r.readahead = mode == "on"
+            r.readahead = ds.readahead
+    if loader:
+        loader = fastdata.Loader(ds, train=True, batch_size=64, device="cpu")
     figures = []
     for p in range(passes):     # another random order each pass, as epochs
-        order = np.random.default_rng(1 + p).permutation(len(ds))[:samples]
-        before = _read_bytes()
-        rate = one_pass(ds, order, 64)
-        amplification = (_read_bytes() - before) / (samples * ds.size ** 2 * 3)
+        before, t = _read_bytes(), time.perf_counter()
+        if loader:
+            loader.set_epoch(p)
+            n = sum(len(y) for _, y in loader)
+            rate = n / (time.perf_counter() - t)
+        else:
+            n = samples
+            rate = one_pass(ds, np.random.default_rng(1 + p).permutation(len(ds))[:n], 64)
+        amplification = (_read_bytes() - before) / (n * ds.size ** 2 * 3)
         figures.append(f"{rate:6.0f} img/s, {amplification:4.1f}x the bytes wanted")
     print(f"  {mode:4} (auto chooses {'on' if chosen else 'off'}): " + "; ".join(figures))
 
@@ -65,10 +75,14 @@ def main() -> None:
     p.add_argument("--limit-mib", default="100,200,400,600")
     p.add_argument("--samples", type=int, default=1500)
     p.add_argument("--passes", type=int, default=1, help="passes in one process, as epochs")
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--loader", action="store_true",
+                   help="each pass an epoch of a shuffled float32 Loader (RandomResizedCrop "
+                        "224, default threads) over the whole set")
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        return child(a.child[0], a.child[1], int(a.child[2]), int(a.child[3]))
+        return child(a.child[0], a.child[1], int(a.child[2]), int(a.child[3]),
+                     a.child[4] == "1")
     if not a.sets:
         p.error("give at least one shard set")
     for limit in (int(x) for x in a.limit_mib.split(",")):
@@ -80,7 +94,8 @@ def main() -> None:
                 drop_from_cache(root)
                 subprocess.run(["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh",
                                 sys.executable, "-W", "ignore", __file__, "--child", root, mode,
-                                str(a.samples), str(a.passes)], check=True)
+                                str(a.samples), str(a.passes), str(int(a.loader))],
+                               check=True)
 
 
 if __name__ == "__main__":

@@ -108,9 +108,9 @@ def print_info(d: dict) -> None:
     if d["ignored"]:
         echo("  ignored: " + ", ".join(f"{k}: {v}" for k, v in d["ignored"].items()))
     echo("  out of the page cache, read at random: " + (
-        "with readahead (the set fits in the memory this process may use)"
-        if d["readahead_at_random"] else "without readahead (the set is larger than the "
-        "memory this process may use): each shuffled epoch reads its samples from the disk"
+        "with readahead (the set fits in half the memory available now)"
+        if d["readahead_at_random"] else "without readahead (the set is larger than half the "
+        "memory available now): each shuffled epoch reads its samples from the disk"
         + (", a batch's pages asked for at once; raw LMDB's first epoch in a process one 4 KiB "
            "page at a time (~15x slower than HDF5 there in benchmarks/RESULTS.md)"
            if d["container"] == "lmdb" else ", a batch's pages asked for at once")))

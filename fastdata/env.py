@@ -82,6 +82,28 @@ def usable_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
     return memory
 
 
+def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes that more page cache could take without pushing out anything but page cache:
+    the machine's ``MemAvailable``, capped at each cgroup level by its limit less what the
+    cgroup holds besides file pages (the program's own memory, other processes'). Where
+    /proc/meminfo is missing, ``usable_memory()``."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f if ":" in line)
+        memory = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return usable_memory(cgroup_root)
+    for words in _cgroup_files(cgroup_root, "memory", ("memory.max", "memory.current",
+                                                       "memory.stat"),
+                               ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                "memory.stat")):
+        stat = dict(zip(words[2::2], words[3::2]))
+        file = stat.get("file", stat.get("total_cache", stat.get("cache", "0")))  # v2, v1
+        if words[0].isdigit() and words[1].isdigit() and file.isdigit():
+            memory = min(memory, int(words[0]) - int(words[1]) + int(file))
+    return max(memory, 0)
+
+
 def _cgroup_cpu_quota(root: str) -> int | None:
     """ceil(quota / period) of this process's cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_*``): the
     smallest on its way to the root."""

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import simplejpeg
 
-from fastdata.env import usable_memory
+from fastdata.env import available_memory
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, check_size,
                              lmdb_crc_key, lmdb_key, read_manifest)
 
@@ -376,17 +376,19 @@ class ShardSet:
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
         # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"): on a set that
-        # fits in memory, whose first pass at random then comes from the disk in large windows
-        # (raw 256 px LMDB here: ~5000 img/s instead of ~330); not on a larger set, where each
-        # window (8 MiB on this project's VM) reads many times the bytes wanted and pushes
-        # out what is cached (a set 2.8x the memory: 150-200 img/s); there a batch asks for
-        # its samples' pages at once instead (HDF5, and raw LMDB from its second epoch in a
-        # process: ~4500-5700 instead of ~340), a call that would cost every cached epoch of
-        # a set that fits ~5 us a sample. Reads in file order always read ahead (``verify``,
-        # an unshuffled ``Loader``).
-        memory = usable_memory()
+        # fits in half the memory available when it opens (the rest is room for what the
+        # program holds later: a 563 MiB set that a 700 MiB cgroup's limit let read ahead,
+        # with a loader holding ~300 MB, read 10-15x the bytes at 360-500 img/s). Its first
+        # pass at random then comes from the disk in large windows (raw 256 px LMDB here:
+        # ~5000 img/s instead of ~330). Not on a larger set, where each window (8 MiB on this
+        # project's VM) reads many times the bytes wanted and pushes out what is cached (a set
+        # 2.8x the memory: 150-200 img/s); there a batch asks for its samples' pages at once
+        # instead (HDF5, and raw LMDB from its second epoch in a process: ~4500-5700 instead
+        # of ~340), a call that would cost every cached epoch of a set that fits ~5 us a
+        # sample. Reads in file order always read ahead (``verify``, an unshuffled ``Loader``).
+        memory = available_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
-        self.readahead = memory is not None and nbytes <= memory     # at random
+        self.readahead = memory is not None and 2 * nbytes <= memory     # at random
         for reader in self.shards:
             reader.readahead = self.readahead
 

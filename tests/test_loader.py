@@ -250,7 +250,7 @@ def test_lmdb_views_become_tensors_without_a_warning(shards):
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="drops pages with posix_fadvise")
-@pytest.mark.filterwarnings("ignore:.*larger than the memory")  # checked at the end
+@pytest.mark.filterwarnings("ignore:.*larger than half the memory")  # checked at the end
 def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, monkeypatch):
     """Out of the page cache, one 4 KiB fault at a time, raw 256 px ran ~330 img/s here: the
     kernel reads ahead where that pays, in file order (eval) and at random over a set that
@@ -280,7 +280,7 @@ def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, mon
         for train in (False, True):         # in file order; at random over a set that fits
             faults, _, n = cold(path, train)
             assert n == (20 if train else 21) and faults <= pages[c] // 4, (c, train, faults)
-    monkeypatch.setattr(fastdata.readers, "usable_memory", lambda: 64 << 10)  # now they don't
+    monkeypatch.setattr(fastdata.readers, "available_memory", lambda: 64 << 10)  # now they don't
     for c, path in sets.items():
         assert cold(path, False)[0] <= pages[c] // 4        # file order still reads ahead
         faults, nbytes, n = cold(path, True, batches=1)     # at random: the samples' pages
@@ -296,7 +296,7 @@ def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, mon
     assert faults < len(batch), faults
     shared = fastdata.open(sets["lmdb"])        # an eval loader's choice is not kept by
     fastdata.Loader(shared, train=False, **kw)  # a shuffled one built on the same set next
-    with pytest.warns(UserWarning, match="larger than the memory.*--format hdf5"):
+    with pytest.warns(UserWarning, match="larger than half the memory.*--format hdf5"):
         assert not any(r.readahead for r in fastdata.Loader(shared, **kw).dataset.shards)
 
 
@@ -606,3 +606,21 @@ def test_usable_memory_follows_a_cgroup_memory_limit(tmp_path):
         if leaf is not None and leaf != root / ("memory" if v1 else ""):
             (leaf.parent / name).write_text("1073741824\n")
             assert usable_memory(str(root)) == min(machine, 2**30), v1
+
+
+def test_available_memory_leaves_out_what_a_cgroup_holds_besides_file_pages(tmp_path):
+    """Whether a set is read ahead at random depends on the memory more page cache could
+    take: in a 2 GiB cgroup whose processes hold 1.5 GiB, 1 GiB of it file pages (which the
+    cache gives up), that is 1.5 GiB, not the limit."""
+    from fastdata.env import available_memory
+
+    machine = available_memory(str(tmp_path / "none"))          # MemAvailable
+    assert 0 < machine <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for v1 in (False, True):
+        files = ({"memory.limit_in_bytes": str(2 << 30), "memory.usage_in_bytes": str(3 << 29),
+                  "memory.stat": f"cache 4096\nrss {1 << 29}\ntotal_cache {1 << 30}"} if v1 else
+                 {"memory.max": str(2 << 30), "memory.current": str(3 << 29),
+                  "memory.stat": f"anon {1 << 29}\nfile {1 << 30}"})
+        if _stand_in_cgroups(tmp_path / f"v1-{v1}", "memory" if v1 else "", files):
+            got = available_memory(str(tmp_path / f"v1-{v1}"))
+            assert got == 3 << 29 or (got < 3 << 29 and machine < 2 << 30), (v1, got)

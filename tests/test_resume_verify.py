@@ -245,7 +245,7 @@ def test_verify_reads_lmdb_shards_out_of_the_page_cache_with_readahead(folder, t
     shard out of the page cache comes in one 4 KiB fault at a time: verify of 3000 raw 256 px
     images took ~8.5 s instead of ~0.7 (RESULTS.md). Verify reads in file order, with
     readahead, whatever the set's size."""
-    monkeypatch.setattr(fastdata.readers, "usable_memory", lambda: 64 << 10)
+    monkeypatch.setattr(fastdata.readers, "available_memory", lambda: 64 << 10)
     out = tmp_path / "l"
     convert(folder, str(out), container="lmdb", sizes=[64], workers=1, progress=False)
     shard = str(out / fastdata.open(out).manifest["shards"][0]["file"])

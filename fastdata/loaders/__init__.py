@@ -98,8 +98,8 @@ class Loader:
             reader.readahead = self.dataset.readahead or not self.order.shuffle
         if self.order.shuffle and not self.dataset.readahead \
                 and (self.dataset.container, self.dataset.encoding) == ("lmdb", "raw"):
-            warnings.warn(f"{self.dataset.root} is larger than the memory this process may use, "
-                          f"so shuffled epochs read it from the disk, and a raw LMDB set's "
+            warnings.warn(f"{self.dataset.root} is larger than half the memory available, so "
+                          f"shuffled epochs read it from the disk, and a raw LMDB set's "
                           f"first epoch (every epoch with workers='process') comes one 4 KiB "
                           f"page at a time, ~15x slower than HDF5 in benchmarks/RESULTS.md: "
                           f"convert it with --format hdf5", stacklevel=2)
