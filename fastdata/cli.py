@@ -111,9 +111,10 @@ def print_info(d: dict) -> None:
         "with readahead (the set fits in half the memory available now)"
         if d["readahead_at_random"] else "without readahead (the set is larger than half the "
         "memory available now): each shuffled epoch reads its samples from the disk"
-        + (", a batch's pages asked for at once; raw LMDB's first epoch in a process one 4 KiB "
-           "page at a time (~15x slower than HDF5 there in benchmarks/RESULTS.md)"
-           if d["container"] == "lmdb" else ", a batch's pages asked for at once")))
+        + {"hdf5": ", a batch's pages asked for at once",
+           "lmdb": "" if d["encoding"] != "raw" else ", the first epoch in a process one 4 KiB "
+           "page at a time (~15x slower than HDF5 in benchmarks/RESULTS.md), later ones a "
+           "batch's pages at once"}[d["container"]]))
 
 
 def cmd_info(a) -> int:
