@@ -67,11 +67,12 @@ class BufferPool:
 
     Each ``get()`` returns a new *view* of a pooled tensor: a view holds its storage, so while
     the caller (or a batch derived from it, or a queued result) is alive the storage's use count
-    stays above idle and the buffer is not handed out again. Thread-safe.
+    stays above idle and the buffer is not handed out again. ``shared``: each tensor in shared
+    memory from the start (a worker process's result, which would be copied there). Thread-safe.
     """
 
-    def __init__(self, shape, dtype, *, pin: bool = False):
-        self.shape, self.dtype, self.pin = tuple(shape), dtype, pin
+    def __init__(self, shape, dtype, *, pin: bool = False, shared: bool = False):
+        self.shape, self.dtype, self.pin, self.shared = tuple(shape), dtype, pin, shared
         self._all: list[torch.Tensor] = []
         self._idle = 0
         self._lock = threading.Lock()
@@ -84,6 +85,8 @@ class BufferPool:
                     if _use_count(t) == self._idle:
                         return t.view(self.shape)
             t = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
+            if self.shared:
+                t.share_memory_()
             if self.recycle and len(self._all) < 64:
                 self._all.append(t)
                 self._idle = _use_count(t)    # only the pool's own tensor holds it
@@ -114,11 +117,14 @@ class _BatchReader:
 
     def _pool(self, key, shape, dtype):
         if key not in self._pools:
-            # in a DataLoader worker process: its result moves into shared memory still read
-            # by the parent (no recycling), and the DataLoader pins it in the parent (pinning
-            # here would touch CUDA, which a forked worker cannot)
+            # in a DataLoader worker process: its result is made in shared memory, where the
+            # parent reads it (no recycling: the worker cannot tell when the parent is done;
+            # made elsewhere, it would be copied there: 1.3x the loader's speed, RESULTS.md),
+            # and the DataLoader pins it in the parent (pinning here would touch CUDA, which a
+            # forked worker cannot)
             worker = torch.utils.data.get_worker_info() is not None
-            self._pools[key] = BufferPool(shape, dtype, pin=self.pin and not worker)
+            self._pools[key] = BufferPool(shape, dtype, pin=self.pin and not worker,
+                                          shared=worker)
             self._pools[key].recycle &= not worker
         return self._pools[key]
 
