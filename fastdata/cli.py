@@ -112,9 +112,8 @@ def print_info(d: dict) -> None:
         if d["readahead_at_random"] else "without readahead (the set is larger than half the "
         "memory available now): each shuffled epoch reads its samples from the disk"
         + {"hdf5": ", a batch's pages asked for at once",
-           "lmdb": "" if d["encoding"] != "raw" else ", the first epoch in a process one 4 KiB "
-           "page at a time (~15x slower than HDF5 in benchmarks/RESULTS.md), later ones a "
-           "batch's pages at once"}[d["container"]]))
+           "lmdb": ", a batch's pages asked for at once where earlier reads place them"
+           if d["encoding"] == "raw" else ""}[d["container"]]))
 
 
 def cmd_info(a) -> int:

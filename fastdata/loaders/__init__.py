@@ -7,7 +7,6 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
-import warnings
 from collections import deque
 
 import numpy as np
@@ -96,13 +95,6 @@ class Loader:
         # a set shared by loaders takes the latest one's choice for the shards it opens next
         for reader in self.dataset.shards:
             reader.readahead = self.dataset.readahead or not self.order.shuffle
-        if self.order.shuffle and not self.dataset.readahead \
-                and (self.dataset.container, self.dataset.encoding) == ("lmdb", "raw"):
-            warnings.warn(f"{self.dataset.root} is larger than half the memory available, so "
-                          f"shuffled epochs read it from the disk, and a raw LMDB set's "
-                          f"first epoch (every epoch with workers='process') comes one 4 KiB "
-                          f"page at a time, ~15x slower than HDF5 in benchmarks/RESULTS.md: "
-                          f"convert it with --format hdf5", stacklevel=2)
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:
