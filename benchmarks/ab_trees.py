@@ -17,7 +17,8 @@ per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
 mode) over raw shards stored at ``--size`` (made by this tree; ``--container``, HDF5 by default),
-RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads, NCHW and
+RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads (or processes:
+``--workers process``), NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)); with
 ``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm).
 """
@@ -74,7 +75,8 @@ sys.path.insert(0, sys.argv[1])
 import torch, fastdata
 torch.set_num_threads(1)
 loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
-                         channels_last=sys.argv[3] == "channels_last", backend=sys.argv[5])
+                         channels_last=sys.argv[3] == "channels_last", backend=sys.argv[5],
+                         workers=sys.argv[6])
 epochs, t, n = int(sys.argv[4]), None, 0
 for e in range(epochs):
     loader.set_epoch(e)
@@ -153,6 +155,8 @@ def main() -> None:
                     help="loader: the shards' container")
     ap.add_argument("--backend", choices=("torch", "dali"), default="torch",
                     help="loader: the backend")
+    ap.add_argument("--workers", choices=("thread", "process"), default="thread",
+                    help="loader: the torch backend's workers")
     ap.add_argument("--epochs", type=int, default=1,
                     help="loader: epochs per run; with more than one, the first is untimed")
     a = ap.parse_args()
@@ -182,7 +186,8 @@ def main() -> None:
         convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)
         for layout in ("NCHW", "channels_last"):
             interleaved(trees, a.rounds, f"loader {a.backend} {a.container} RRC224 float32 "
-                        f"{layout}", LOADER, shards, layout, str(a.epochs), a.backend)
+                        f"{layout}, {a.workers} workers", LOADER, shards, layout, str(a.epochs),
+                        a.backend, a.workers)
     finally:
         shutil.rmtree(tmp)
 

@@ -32,7 +32,7 @@ def _read_bytes() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
 
 
-def child(root: str, mode: str, samples: int, passes: int, loader: bool) -> None:
+def child(root: str, mode: str, samples: int, passes: int, use_loader: bool) -> None:
     import fastdata
 
     ds = fastdata.open(root)
@@ -41,12 +41,11 @@ def child(root: str, mode: str, samples: int, passes: int, loader: bool) -> None
         ds.readahead = mode == "on"     # a Loader's choice for its readers
         for r in ds.shards:
             r.readahead = ds.readahead
-    if loader:
-        loader = fastdata.Loader(ds, train=True, batch_size=64, device="cpu")
+    loader = fastdata.Loader(ds, train=True, batch_size=64, device="cpu") if use_loader else None
     figures = []
     for p in range(passes):     # another random order each pass, as epochs
         before, t = _read_bytes(), time.perf_counter()
-        if loader:
+        if loader is not None:
             loader.set_epoch(p)
             n = sum(len(y) for _, y in loader)
             rate = n / (time.perf_counter() - t)

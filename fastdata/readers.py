@@ -408,9 +408,9 @@ class ShardSet:
         # ~5000 img/s instead of ~330). Not on a larger set, where each window (8 MiB on this
         # project's VM) reads many times the bytes wanted and pushes out what is cached (a set
         # 2.8x the memory: 150-200 img/s); there a batch asks for its samples' pages at once
-        # instead (HDF5, and raw LMDB from its second epoch in a process: ~4500-5700 instead
-        # of ~340), a call that would cost every cached epoch of a set that fits ~5 us a
-        # sample. Reads in file order always read ahead (``verify``, an unshuffled ``Loader``).
+        # instead (raw LMDB from a shard's second batch in a process: ~3000-5700 img/s
+        # instead of ~340), a call that would cost every cached epoch of a set that fits ~5 us
+        # a sample. Reads in file order always read ahead (``verify``, an unshuffled ``Loader``).
         memory = available_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
         self.readahead = memory is not None and 2 * nbytes <= memory     # at random

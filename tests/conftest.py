@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import hashlib
 import io
@@ -13,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 from PIL import Image, features
+
+import fastdata.readers
 
 RED, BLUE = (255, 0, 0), (0, 0, 255)
 
@@ -81,8 +82,7 @@ def _drop_from_page_cache(path) -> None:
             spans = [line.split()[0] for line in f if line.rstrip().endswith(" " + real)]
     except OSError:                             # not Linux
         spans = []
-    madvise = ctypes.CDLL(None).madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    madvise = fastdata.readers._madvise()       # the readers' libc madvise
     for span in spans:                          # nothing writes the shards' maps
         lo, hi = (int(x, 16) for x in span.split("-"))
         madvise(lo, hi - lo, mmap.MADV_DONTNEED)
