@@ -138,6 +138,36 @@ def test_process_workers_fork_and_spawn(shards, method):
     assert got == ref
 
 
+@pytest.mark.parametrize("opts", [dict(), dict(dtype=torch.float32, crop=12),
+                                  dict(channels_last=True)])
+def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(shards, opts):
+    """Worker processes make each batch in a shared buffer the parent lent: a batch still held
+    is never written again (past the buffers there are, batches come in fresh memory), one let
+    go of is, from one pass to the next; a pass left unfinished keeps its buffers."""
+    ds = fastdata.open(shards["hdf5"])
+    kw = dict(batch_size=2, train=False, **opts)
+    ref = [x.clone() for x, _ in make(ds, **kw)]
+    loader = make(ds, num_workers=2, workers="process", mp_context="fork", **kw)
+    lent = 2 * loader.prefetch + 2
+    held = list(loader)
+    assert len(held) == len(ref) > lent
+    assert all(torch.equal(x, r) for (x, _), r in zip(held, ref))
+    assert len({x.untyped_storage().data_ptr() for x, _ in held}) == len(held)
+    del held
+    ptrs = set()
+    for _ in range(2):
+        same = [torch.equal(x, r) for (x, _), r in zip(loader, ref)]
+        assert same == [True] * len(ref)
+        ptrs |= {x.untyped_storage().data_ptr() for x, _ in loader}
+    ring = {s.data_ptr() for s in loader._backend._ring.storages}
+    assert ptrs <= ring and len(ring) == lent
+    left = iter(loader)
+    first = next(left)[0]
+    assert [torch.equal(x, r) for (x, _), r in zip(loader, ref)] == [True] * len(ref)
+    assert torch.equal(first, ref[0])
+    del left
+
+
 @pytest.mark.parametrize("frozen_by_the_program", [False, True])
 def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
                                                           frozen_by_the_program):

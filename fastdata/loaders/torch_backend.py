@@ -6,7 +6,8 @@ inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform run
 task, so it is spread over the workers (raw shards: it crops views of the memory maps, LMDB's
 while the batch's read transactions are held, with no batch copy). On CUDA the buffer, the
 labels and the crop parameters are pinned, copied ``non_blocking`` on a side stream and
-transformed there, ``prefetch`` batches ahead of the consumer.
+transformed there, ``prefetch`` batches ahead of the consumer. Worker processes make a CPU
+device's batches in shared buffers the parent lends them (``_Ring``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import concurrent.futures as cf
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import threading
 from collections import deque
@@ -58,8 +60,9 @@ def one_intraop_thread() -> None:
         lib.omp_set_num_threads(1)
 
 
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+def _use_count(t: torch.Tensor | torch.UntypedStorage) -> int:
+    storage = t if isinstance(t, torch.UntypedStorage) else t.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata)
 
 
 class BufferPool:
@@ -93,6 +96,53 @@ class BufferPool:
             return t.view(self.shape)
 
 
+class _Ring:
+    """Shared-memory buffers that worker processes make their batches in, one job at a time.
+
+    Made in the parent before the workers start (a forked worker inherits them, a spawned one
+    receives them), lent to a job when it is sent, and lent again only once nothing in the
+    parent references the batch made in it (as ``BufferPool``). Fresh shared memory for each
+    result took 33-63 ms of a worker's 44-72 ms per batch (RandomResizedCrop 224 float32, 64
+    images; benchmarks/RESULTS.md, stop 37).
+    """
+
+    def __init__(self, count: int, nbytes: int):
+        self.key = (count, nbytes)
+        self.storages = [torch.empty(nbytes, dtype=torch.uint8).share_memory_().untyped_storage()
+                         for _ in range(count)]
+        self._idle = [_use_count(s) for s in self.storages]
+        self._lent = [False] * count
+
+    def lend(self) -> int | None:
+        """A free buffer's number (now lent), or None when every one is in use."""
+        for k, storage in enumerate(self.storages):
+            if not self._lent[k] and _use_count(storage) == self._idle[k]:
+                self._lent[k] = True
+                return k
+        return None
+
+    def give_back(self, slot: int, images):
+        """A job's result: ``images`` as a tensor over buffer ``slot`` where the worker made
+        it there (it sent ``(dtype, shape, stride, offset)``), else as the worker sent it."""
+        if isinstance(images, tuple):
+            dtype, shape, stride, offset = images
+            images = torch.empty(0, dtype=dtype).set_(self.storages[slot], offset, shape, stride)
+        self._lent[slot] = False
+        return images
+
+    @property
+    def whole(self) -> bool:
+        """Whether every lent buffer came back (an abandoned pass's may still be written)."""
+        return not any(self._lent)
+
+
+def _in(storage: torch.UntypedStorage | None, shape, dtype) -> torch.Tensor | None:
+    """A contiguous tensor at the start of ``storage``, None if it does not fit there."""
+    if storage is None or math.prod(shape) * dtype.itemsize > storage.nbytes():
+        return None
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+
 def _tensor(view: np.ndarray) -> torch.Tensor:
     """A tensor over a view of a shard's map. LMDB's map is read-only, and torch warns on such
     arrays: it is aliased through ctypes instead, which is sound because the transform only
@@ -115,27 +165,46 @@ class _BatchReader:
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
 
-    def _pool(self, key, shape, dtype):
+    def _pool(self, key, shape, dtype, result: bool = True):
         if key not in self._pools:
-            # in a DataLoader worker process: its result is made in shared memory, where the
-            # parent reads it (no recycling: the worker cannot tell when the parent is done;
-            # made elsewhere, it would be copied there: 1.3x the loader's speed, RESULTS.md),
-            # and the DataLoader pins it in the parent (pinning here would touch CUDA, which a
-            # forked worker cannot)
+            # in a DataLoader worker process, a result made outside a lent ring buffer is made
+            # in shared memory, where the parent reads it (no recycling: the worker cannot tell
+            # when the parent is done; made elsewhere, it would be copied there), and the
+            # DataLoader pins it in the parent (pinning here would touch CUDA, which a forked
+            # worker cannot); what stays in the worker is recycled there
             worker = torch.utils.data.get_worker_info() is not None
+            shared = worker and result
             self._pools[key] = BufferPool(shape, dtype, pin=self.pin and not worker,
-                                          shared=worker)
-            self._pools[key].recycle &= not worker
+                                          shared=shared)
+            self._pools[key].recycle &= not shared
         return self._pools[key]
+
+    def _buffer(self, key, shape, dtype, ring: torch.UntypedStorage | None = None,
+                result: bool = True) -> torch.Tensor:
+        """A buffer for a result (in ``ring``, a worker process's lent buffer, where it fits)
+        or, with ``result=False``, for a step before it."""
+        t = _in(ring, shape, dtype) if result else None
+        return self._pool(key, shape, dtype, result).get() if t is None else t
+
+    def ring_bytes(self, batch: int) -> int | None:
+        """The bytes of a batch made in a buffer of ``_buffer``'s (see ``_read``); None where
+        it is not (on a CUDA device; uint8 output made by the transform)."""
+        t = self.transform
+        if not self.on_host or (self.needs_transform and t.dtype == torch.uint8):
+            return None
+        side = (t.crop or self.size) if self.needs_transform else self.size
+        return batch * 3 * side * side * t.dtype.itemsize
 
     def __getstate__(self):
         return {**self.__dict__, "_pools": {}}
 
-    def __call__(self, indices: np.ndarray, epoch: int, position: int):
+    def __call__(self, indices: np.ndarray, epoch: int, position: int,
+                 ring: torch.UntypedStorage | None = None):
+        """``(images, labels, params)``; ``ring``: a buffer to make the images in."""
         with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
-            return self._read(indices, epoch, position, hold)
+            return self._read(indices, epoch, position, hold, ring)
 
-    def _read(self, indices, epoch, position, hold):
+    def _read(self, indices, epoch, position, hold, ring):
         b, s = len(indices), self.size
         labels = torch.from_numpy(self.ds.labels[indices])
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
@@ -143,7 +212,9 @@ class _BatchReader:
         if views is not None:   # each image's crop is read from the map: no batch copy first
             raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md, stop 33
         else:
-            raw = self._pool((b, s), (b, s, s, 3), torch.uint8).get()
+            # the stored pixels are the result on a device, and as channels_last uint8
+            as_is = not self.on_host or not self.needs_transform and self.transform.channels_last
+            raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
             self.ds.read_batch(indices, size=s, out=raw.numpy())
         if not self.on_host:
             return self._for_device(raw, labels, epoch, position)
@@ -151,7 +222,7 @@ class _BatchReader:
             nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
             if self.transform.channels_last:
                 return nchw, labels, None
-            out = self._pool(("out", b, s), (b, 3, s, s), torch.uint8).get()
+            out = self._buffer(("out", b, s), (b, 3, s, s), torch.uint8, ring)
             return out.copy_(nchw), labels, None
         g = torch.Generator().manual_seed(self.seed_of(epoch, position))
         t = self.transform
@@ -159,9 +230,9 @@ class _BatchReader:
         if t.dtype == torch.uint8:
             return t(raw, g), labels, None
         if t.channels_last:
-            out = self._pool(("out", b, o), (b, o, o, 3), t.dtype).get().permute(0, 3, 1, 2)
+            out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:
-            out = self._pool(("out", b, o), (b, 3, o, o), t.dtype).get()
+            out = self._buffer(("out", b, o), (b, 3, o, o), t.dtype, ring)
         return t(raw, g, out=out), labels, None
 
     def _for_device(self, raw, labels, epoch, position):
@@ -188,6 +259,7 @@ class TorchBackend(Backend):
         super().__init__(loader)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._reader: _BatchReader | None = None
+        self._ring: _Ring | None = None      # worker processes' buffers, kept across passes
         self._stream = None         # the side stream that copies and augments on CUDA
 
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
@@ -203,7 +275,21 @@ class TorchBackend(Backend):
                                                    initializer=one_intraop_thread)
             yield from ordered(self._pool, reader, jobs, l.num_workers + l.prefetch)
         else:
-            yield from _process_batches(reader, jobs, l)
+            yield from _process_batches(reader, jobs, l, self._lendable(reader))
+
+    def _lendable(self, reader) -> _Ring | None:
+        """The ring for worker processes' batches: the last pass's where all of it came back
+        and the batches still fit."""
+        l = self.loader
+        nbytes = reader.ring_bytes(l.order.batch_size)
+        if nbytes is None or not hasattr(torch._C, "_storage_Use_Count"):
+            return None
+        # the jobs in flight, the batch the consumer holds, and one it has just been handed
+        key = (l.num_workers * l.prefetch + 2, nbytes)
+        if self._ring is None or self._ring.key != key or not self._ring.whole:
+            self._ring = None   # first: the old one's memory goes once its batches are let go
+            self._ring = _Ring(*key)
+        return self._ring
 
     def iterate(self, batches, epoch, start):
         l = self.loader
@@ -266,26 +352,57 @@ class TorchBackend(Backend):
             self._pool.shutdown(wait=True)
             self._pool = None
         self._reader = None
+        self._ring = None
 
 
 class _BatchDataset(torch.utils.data.Dataset):
-    def __init__(self, reader, jobs):
+    """Job ``(k, slot)``: batch ``jobs[k]``, made in ring buffer ``slot`` where one was lent;
+    the result is ``(slot, images, labels, params)``, with ``images`` as ``(dtype, shape,
+    stride, offset)`` where it was made there (the parent has that memory already)."""
+
+    def __init__(self, reader, jobs, ring: _Ring | None):
         self.reader, self.jobs = reader, jobs
+        self.storages = ring.storages if ring is not None else []
+
+    def __getitem__(self, job):
+        k, slot = job
+        buffer = None if slot is None else self.storages[slot]
+        images, labels, params = self.reader(*self.jobs[k], ring=buffer)
+        if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
+            images = (images.dtype, images.shape, images.stride(), images.storage_offset())
+        return slot, images, labels, params
+
+
+class _Lending(torch.utils.data.Sampler):
+    """The jobs in order, each with a ring buffer lent as the DataLoader sends it (None when
+    none is free: the worker then makes the batch in fresh shared memory)."""
+
+    def __init__(self, n: int, ring: _Ring | None):
+        self.n, self.ring = n, ring
 
     def __len__(self):
-        return len(self.jobs)
+        return self.n
 
-    def __getitem__(self, k):
-        return self.reader(*self.jobs[k])
+    def __iter__(self):
+        for k in range(self.n):
+            yield k, None if self.ring is None else self.ring.lend()
 
 
-def _process_batches(reader, jobs, loader):
+def _as_sent(item):
+    return item     # not the default's conversion, which makes the tuples lists
+
+
+def _process_batches(reader, jobs, loader, ring: _Ring | None):
     """Worker processes through torch's DataLoader (one item = one whole batch)."""
     dl = torch.utils.data.DataLoader(
-        _BatchDataset(reader, jobs), batch_size=None, shuffle=False,
+        _BatchDataset(reader, jobs, ring), batch_size=None, sampler=_Lending(len(jobs), ring),
+        collate_fn=_as_sent,
         num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
         multiprocessing_context=loader.mp_context,
         pin_memory=loader.device.type == "cuda")     # pins for the current CUDA device
     with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs to free
         batches = iter(dl)                          # the workers start here
-    yield from batches
+    for slot, images, labels, params in batches:
+        if slot is not None:
+            images = ring.give_back(slot, images)
+        yield images, labels, params
