@@ -18,7 +18,7 @@ per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
 mode) over raw shards stored at ``--size`` (made by this tree; ``--container``, HDF5 by default),
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads (or processes:
-``--workers process``), NCHW and
+``--workers process``, started as ``--mp-context`` says), NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)); with
 ``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm).
 """
@@ -76,7 +76,7 @@ import torch, fastdata
 torch.set_num_threads(1)
 loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
                          channels_last=sys.argv[3] == "channels_last", backend=sys.argv[5],
-                         workers=sys.argv[6])
+                         workers=sys.argv[6], mp_context=sys.argv[7] or None)
 epochs, t, n = int(sys.argv[4]), None, 0
 for e in range(epochs):
     loader.set_epoch(e)
@@ -157,6 +157,8 @@ def main() -> None:
                     help="loader: the backend")
     ap.add_argument("--workers", choices=("thread", "process"), default="thread",
                     help="loader: the torch backend's workers")
+    ap.add_argument("--mp-context", choices=("fork", "spawn", "forkserver"), default=None,
+                    help="loader: how worker processes start (default: Python's)")
     ap.add_argument("--epochs", type=int, default=1,
                     help="loader: epochs per run; with more than one, the first is untimed")
     a = ap.parse_args()
@@ -187,7 +189,7 @@ def main() -> None:
         for layout in ("NCHW", "channels_last"):
             interleaved(trees, a.rounds, f"loader {a.backend} {a.container} RRC224 float32 "
                         f"{layout}, {a.workers} workers", LOADER, shards, layout, str(a.epochs),
-                        a.backend, a.workers)
+                        a.backend, a.workers, a.mp_context or "")
     finally:
         shutil.rmtree(tmp)
 

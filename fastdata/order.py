@@ -48,6 +48,11 @@ class Order:
             self.position = 0
         self.epoch = epoch
 
+    def batch_seed(self, epoch: int, position: int) -> int:
+        """Seed of one batch's augmentation: independent of which worker runs it."""
+        return int(np.random.SeedSequence([self.seed, epoch, self.rank, position])
+                   .generate_state(1)[0])
+
     def permutation(self) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)

@@ -138,34 +138,72 @@ def test_process_workers_fork_and_spawn(shards, method):
     assert got == ref
 
 
+def children() -> set[int]:
+    """This process's child processes."""
+    pids = set()
+    for path in glob.glob("/proc/self/task/*/children"):
+        with contextlib.suppress(FileNotFoundError):    # a thread that has ended since
+            pids |= set(map(int, Path(path).read_text().split()))
+    return pids
+
+
 @pytest.mark.parametrize("opts", [dict(), dict(dtype=torch.float32, crop=12),
                                   dict(channels_last=True)])
 def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(shards, opts):
-    """Worker processes make each batch in a shared buffer the parent lent: a batch still held
-    is never written again (past the buffers there are, batches come in fresh memory), one let
-    go of is, from one pass to the next; a pass left unfinished keeps its buffers."""
+    """Worker processes, kept from pass to pass, make each batch in a shared buffer the parent
+    lent: a batch still held is never written again (past the buffers there are, batches come
+    in fresh memory), one let go of is; a pass left unfinished gives its buffers back."""
     ds = fastdata.open(shards["hdf5"])
     kw = dict(batch_size=2, train=False, **opts)
     ref = [x.clone() for x, _ in make(ds, **kw)]
+    before = children()
     loader = make(ds, num_workers=2, workers="process", mp_context="fork", **kw)
     lent = 2 * loader.prefetch + 2
     held = list(loader)
+    workers = children() - before
+    assert len(workers) == 2
     assert len(held) == len(ref) > lent
     assert all(torch.equal(x, r) for (x, _), r in zip(held, ref))
     assert len({x.untyped_storage().data_ptr() for x, _ in held}) == len(held)
     del held
-    ptrs = set()
-    for _ in range(2):
-        same = [torch.equal(x, r) for (x, _), r in zip(loader, ref)]
+    ring = {s.data_ptr() for s in loader._backend._workers.ring.storages}
+    assert len(ring) == lent
+
+    def one_pass():
+        same, ptrs = [], set()
+        for (x, _), r in zip(loader, ref):
+            same.append(torch.equal(x, r))
+            ptrs.add(x.untyped_storage().data_ptr())
         assert same == [True] * len(ref)
-        ptrs |= {x.untyped_storage().data_ptr() for x, _ in loader}
-    ring = {s.data_ptr() for s in loader._backend._ring.storages}
-    assert ptrs <= ring and len(ring) == lent
+        return ptrs
+
+    assert one_pass() | one_pass() <= ring
     left = iter(loader)
     first = next(left)[0]
-    assert [torch.equal(x, r) for (x, _), r in zip(loader, ref)] == [True] * len(ref)
+    assert one_pass() - ring        # meanwhile a pass of its own, in fresh memory
     assert torch.equal(first, ref[0])
-    del left
+    del left, first
+    assert one_pass() <= ring       # the unfinished pass's buffers are back
+    assert children() - before == workers
+    del loader                      # not closed: its workers go with it all the same
+    assert not children() - before
+
+
+def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards):
+    """Workers started under one seed make the batches of another loaded afterwards."""
+    kw = dict(dtype=torch.float32, augment=True, crop=12, train=True)
+    other = make(shards["hdf5"], seed=7, **kw)
+    other.set_epoch(2)
+    rest = iter(other)
+    next(rest)
+    state = other.state_dict()
+    want = [x for x, _ in rest]
+    loader = make(shards["hdf5"], seed=1, num_workers=2, workers="process", mp_context="fork",
+                  **kw)
+    assert len(list(loader)) == len(loader)
+    loader.load_state_dict(state)
+    got = [x for x, _ in loader]
+    assert len(got) == len(want) > 0 and all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 @pytest.mark.parametrize("frozen_by_the_program", [False, True])

@@ -7,6 +7,7 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
+import weakref
 from collections import deque
 
 import numpy as np
@@ -50,7 +51,9 @@ class Backend:
     name = ""
 
     def __init__(self, loader: "Loader"):
-        self.loader = loader
+        # a weak reference: a loader dropped without close() goes at once, and its backend's
+        # threads, worker processes and buffers with it (a cycle would wait for the collector)
+        self.loader = weakref.proxy(loader)
 
     def iterate(self, batches: list[np.ndarray], epoch: int, start: int):
         """``batches[k]`` is batch number ``start + k`` of ``epoch`` for this rank."""
@@ -134,11 +137,6 @@ class Loader:
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
         return self.augment or self.crop is not None or self.dtype != torch.uint8
-
-    def batch_seed(self, epoch: int, position: int) -> int:
-        """Seed of one batch's augmentation: independent of which worker runs it."""
-        o = self.order
-        return int(np.random.SeedSequence([o.seed, epoch, o.rank, position]).generate_state(1)[0])
 
     def __len__(self) -> int:
         return len(self.order)

@@ -107,7 +107,6 @@ class _Ring:
     """
 
     def __init__(self, count: int, nbytes: int):
-        self.key = (count, nbytes)
         self.storages = [torch.empty(nbytes, dtype=torch.uint8).share_memory_().untyped_storage()
                          for _ in range(count)]
         self._idle = [_use_count(s) for s in self.storages]
@@ -130,10 +129,10 @@ class _Ring:
         self._lent[slot] = False
         return images
 
-    @property
-    def whole(self) -> bool:
-        """Whether every lent buffer came back (an abandoned pass's may still be written)."""
-        return not any(self._lent)
+    def reclaim(self) -> None:
+        """Every buffer back, those of jobs whose results were never taken included: only
+        once no worker may still be making a batch in one."""
+        self._lent = [False] * len(self._lent)
 
 
 def _in(storage: torch.UntypedStorage | None, shape, dtype) -> torch.Tensor | None:
@@ -160,7 +159,6 @@ class _BatchReader:
         self.ds, self.size, self.transform = loader.dataset, size, loader.transform
         self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
         self.needs_transform = loader.needs_transform()
-        self.seed_of = loader.batch_seed
         self.key = (size, self.transform.crop)
         self.pin = loader.device.type == "cuda"
         self._pools: dict = {}
@@ -198,13 +196,13 @@ class _BatchReader:
     def __getstate__(self):
         return {**self.__dict__, "_pools": {}}
 
-    def __call__(self, indices: np.ndarray, epoch: int, position: int,
-                 ring: torch.UntypedStorage | None = None):
-        """``(images, labels, params)``; ``ring``: a buffer to make the images in."""
+    def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
+        """``(images, labels, params)``; ``seed``: the batch's augmentation's
+        (``Order.batch_seed``); ``ring``: a buffer to make the images in."""
         with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
-            return self._read(indices, epoch, position, hold, ring)
+            return self._read(indices, seed, hold, ring)
 
-    def _read(self, indices, epoch, position, hold, ring):
+    def _read(self, indices, seed, hold, ring):
         b, s = len(indices), self.size
         labels = torch.from_numpy(self.ds.labels[indices])
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
@@ -217,14 +215,14 @@ class _BatchReader:
             raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
             self.ds.read_batch(indices, size=s, out=raw.numpy())
         if not self.on_host:
-            return self._for_device(raw, labels, epoch, position)
+            return self._for_device(raw, labels, seed)
         if not self.needs_transform:         # the stored uint8 as is, as (B,3,S,S)
             nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
             if self.transform.channels_last:
                 return nchw, labels, None
             out = self._buffer(("out", b, s), (b, 3, s, s), torch.uint8, ring)
             return out.copy_(nchw), labels, None
-        g = torch.Generator().manual_seed(self.seed_of(epoch, position))
+        g = torch.Generator().manual_seed(seed)
         t = self.transform
         o = t.crop or s
         if t.dtype == torch.uint8:
@@ -235,7 +233,7 @@ class _BatchReader:
             out = self._buffer(("out", b, o), (b, 3, o, o), t.dtype, ring)
         return t(raw, g, out=out), labels, None
 
-    def _for_device(self, raw, labels, epoch, position):
+    def _for_device(self, raw, labels, seed):
         """``(raw, labels, params)``, all pinned (in a worker process the DataLoader pins
         them): a copy from pageable memory makes the host wait for the copying stream's earlier
         work (CUDA's rule for such copies), which made the training loop wait for the previous
@@ -245,7 +243,7 @@ class _BatchReader:
         pinned = self._pool(("labels", b), (b,), labels.dtype).get().copy_(labels)
         if not self.needs_transform:
             return raw, pinned, None
-        g = torch.Generator().manual_seed(self.seed_of(epoch, position))
+        g = torch.Generator().manual_seed(seed)
         boxes, flips = self.transform.params(b, self.size, self.size, g)
         params = packed_params(boxes, flips, out=self._pool(("params", b), (b, 5),
                                                              torch.int64).get())
@@ -259,13 +257,13 @@ class TorchBackend(Backend):
         super().__init__(loader)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._reader: _BatchReader | None = None
-        self._ring: _Ring | None = None      # worker processes' buffers, kept across passes
+        self._workers: _WorkerProcesses | None = None   # kept from one pass to the next
         self._stream = None         # the side stream that copies and augments on CUDA
 
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
     def _host(self, reader, batches, epoch, start):
         l = self.loader
-        jobs = [(idx, epoch, start + k) for k, idx in enumerate(batches)]
+        jobs = [(idx, l.order.batch_seed(epoch, start + k)) for k, idx in enumerate(batches)]
         if l.num_workers == 0:
             for job in jobs:
                 yield reader(*job)
@@ -275,21 +273,18 @@ class TorchBackend(Backend):
                                                    initializer=one_intraop_thread)
             yield from ordered(self._pool, reader, jobs, l.num_workers + l.prefetch)
         else:
-            yield from _process_batches(reader, jobs, l, self._lendable(reader))
+            yield from self._processes(reader, jobs)
 
-    def _lendable(self, reader) -> _Ring | None:
-        """The ring for worker processes' batches: the last pass's where all of it came back
-        and the batches still fit."""
+    def _processes(self, reader, jobs):
         l = self.loader
-        nbytes = reader.ring_bytes(l.order.batch_size)
-        if nbytes is None or not hasattr(torch._C, "_storage_Use_Count"):
-            return None
-        # the jobs in flight, the batch the consumer holds, and one it has just been handed
-        key = (l.num_workers * l.prefetch + 2, nbytes)
-        if self._ring is None or self._ring.key != key or not self._ring.whole:
-            self._ring = None   # first: the old one's memory goes once its batches are let go
-            self._ring = _Ring(*key)
-        return self._ring
+        w = self._workers
+        if w is not None and w.busy:    # a pass still under way has them: this one its own
+            yield from _WorkerProcesses(reader, l, persistent=False).run(jobs)
+            return
+        if w is None or w.broken or w.key != (reader, l.num_workers, l.prefetch, l.mp_context):
+            self._workers = None        # first: the old ones stop before new ones start
+            w = self._workers = _WorkerProcesses(reader, l, persistent=True)
+        yield from w.run(jobs)
 
     def iterate(self, batches, epoch, start):
         l = self.loader
@@ -352,57 +347,85 @@ class TorchBackend(Backend):
             self._pool.shutdown(wait=True)
             self._pool = None
         self._reader = None
-        self._ring = None
+        self._workers = None
 
 
 class _BatchDataset(torch.utils.data.Dataset):
-    """Job ``(k, slot)``: batch ``jobs[k]``, made in ring buffer ``slot`` where one was lent;
-    the result is ``(slot, images, labels, params)``, with ``images`` as ``(dtype, shape,
-    stride, offset)`` where it was made there (the parent has that memory already)."""
+    """Job ``(indices, seed, slot)``: that batch, made in ring buffer ``slot`` where
+    one was lent; the result is ``(slot, images, labels, params)``, with ``images`` as
+    ``(dtype, shape, stride, offset)`` where it was made there (the parent has that memory)."""
 
-    def __init__(self, reader, jobs, ring: _Ring | None):
-        self.reader, self.jobs = reader, jobs
+    def __init__(self, reader, ring: _Ring | None):
+        self.reader = reader
         self.storages = ring.storages if ring is not None else []
 
     def __getitem__(self, job):
-        k, slot = job
+        *batch, slot = job
         buffer = None if slot is None else self.storages[slot]
-        images, labels, params = self.reader(*self.jobs[k], ring=buffer)
+        images, labels, params = self.reader(*batch, ring=buffer)
         if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
             images = (images.dtype, images.shape, images.stride(), images.storage_offset())
         return slot, images, labels, params
 
 
 class _Lending(torch.utils.data.Sampler):
-    """The jobs in order, each with a ring buffer lent as the DataLoader sends it (None when
-    none is free: the worker then makes the batch in fresh shared memory)."""
+    """A pass's jobs, each with a ring buffer lent as the DataLoader sends it (None when none
+    is free: the worker then makes the batch in fresh shared memory)."""
 
-    def __init__(self, n: int, ring: _Ring | None):
-        self.n, self.ring = n, ring
+    def __init__(self, ring: _Ring | None):
+        self.ring, self.jobs = ring, []
 
     def __len__(self):
-        return self.n
+        return len(self.jobs)
 
     def __iter__(self):
-        for k in range(self.n):
-            yield k, None if self.ring is None else self.ring.lend()
+        # first run as the DataLoader sends a pass's first job, which it does after waiting
+        # for its workers to finish the jobs of a pass left unfinished (persistent workers:
+        # ``_reset``); those jobs' buffers come back (tests/test_loader.py checks both)
+        if self.ring is not None:
+            self.ring.reclaim()
+        for job in self.jobs:
+            yield *job, None if self.ring is None else self.ring.lend()
 
 
 def _as_sent(item):
     return item     # not the default's conversion, which makes the tuples lists
 
 
-def _process_batches(reader, jobs, loader, ring: _Ring | None):
-    """Worker processes through torch's DataLoader (one item = one whole batch)."""
-    dl = torch.utils.data.DataLoader(
-        _BatchDataset(reader, jobs, ring), batch_size=None, sampler=_Lending(len(jobs), ring),
-        collate_fn=_as_sent,
-        num_workers=loader.num_workers, prefetch_factor=loader.prefetch,
-        multiprocessing_context=loader.mp_context,
-        pin_memory=loader.device.type == "cuda")     # pins for the current CUDA device
-    with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs to free
-        batches = iter(dl)                          # the workers start here
-    for slot, images, labels, params in batches:
-        if slot is not None:
-            images = ring.give_back(slot, images)
-        yield images, labels, params
+class _WorkerProcesses:
+    """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
+    their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
+    them again cost ~80 ms a pass with fork, ~1.1 s with spawn: RESULTS.md, stop 37)."""
+
+    def __init__(self, reader, loader, *, persistent: bool):
+        l = loader
+        nbytes = reader.ring_bytes(l.order.batch_size)
+        self.ring = None
+        if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
+            # the jobs in flight, the batch the consumer holds, one it has just been handed
+            self.ring = _Ring(l.num_workers * l.prefetch + 2, nbytes)
+        self.key = (reader, l.num_workers, l.prefetch, l.mp_context)
+        self.busy = self.broken = False
+        self._lending = _Lending(self.ring)
+        self._dl = torch.utils.data.DataLoader(
+            _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
+            collate_fn=_as_sent, num_workers=l.num_workers, prefetch_factor=l.prefetch,
+            multiprocessing_context=l.mp_context, persistent_workers=persistent,
+            pin_memory=l.device.type == "cuda")     # pins for the current CUDA device
+
+    def run(self, jobs):
+        """The pass's ``(images, labels, params)``; one pass at a time (see ``busy``)."""
+        self.busy = True
+        try:
+            self._lending.jobs = jobs
+            with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs
+                batches = iter(self._dl)    # the workers start here, or resume
+            for slot, images, labels, params in batches:
+                if slot is not None:
+                    images = self.ring.give_back(slot, images)
+                yield images, labels, params
+        except BaseException as e:          # a worker's error, one that died, Ctrl-C...
+            self.broken = not isinstance(e, GeneratorExit)  # ...then not used again
+            raise
+        finally:
+            self.busy = False
