@@ -7,6 +7,7 @@ import glob
 import hashlib
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +205,27 @@ def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards)
     loader.load_state_dict(state)
     got = [x for x, _ in loader]
     assert len(got) == len(want) > 0 and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_worker_process_killed_mid_pass_is_an_error_and_the_next_pass_has_new_ones(shards):
+    """Whatever the main thread is doing when a worker is killed, later passes run."""
+    before = children()
+    loader = make(shards["hdf5"], batch_size=2, train=False, num_workers=2, workers="process",
+                  mp_context="fork")
+    assert len(list(loader)) == len(loader)
+    workers = children() - before
+    rest = iter(loader)
+    next(rest)
+    with pytest.raises(RuntimeError, match="DataLoader worker"):   # torch's SIGCHLD handler
+        os.kill(min(workers), signal.SIGKILL)
+        time.sleep(30)          # raised here, with the pass open: it is not the loader's error
+    ids = ids_of(loader.dataset)
+    whole = list(range(N))
+    assert sorted(i for b in seen(loader, ids) for i in b) == whole     # beside the open pass
+    del rest
+    assert sorted(i for b in seen(loader, ids) for i in b) == whole
+    now = children() - before
+    assert len(now) == 2 and not now & workers      # new ones, kept; the old ones gone
 
 
 @pytest.mark.parametrize("frozen_by_the_program", [False, True])

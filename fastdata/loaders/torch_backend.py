@@ -281,7 +281,7 @@ class TorchBackend(Backend):
         if w is not None and w.busy:    # a pass still under way has them: this one its own
             yield from _WorkerProcesses(reader, l, persistent=False).run(jobs)
             return
-        if w is None or w.broken or w.key != (reader, l.num_workers, l.prefetch, l.mp_context):
+        if w is None or not w.usable((reader, l.num_workers, l.prefetch, l.mp_context)):
             self._workers = None        # first: the old ones stop before new ones start
             w = self._workers = _WorkerProcesses(reader, l, persistent=True)
         yield from w.run(jobs)
@@ -412,6 +412,13 @@ class _WorkerProcesses:
             collate_fn=_as_sent, num_workers=l.num_workers, prefetch_factor=l.prefetch,
             multiprocessing_context=l.mp_context, persistent_workers=persistent,
             pin_memory=l.device.type == "cuda")     # pins for the current CUDA device
+
+    def usable(self, key) -> bool:
+        """Whether a pass may use these workers: made for ``key``, and none has failed or died
+        (a killed one is noticed when it happens, wherever the main thread then is)."""
+        it = getattr(self._dl, "_iterator", None)   # DataLoader's own, when persistent
+        return (key == self.key and not self.broken
+                and all(p.is_alive() for p in getattr(it, "_workers", ())))
 
     def run(self, jobs):
         """The pass's ``(images, labels, params)``; one pass at a time (see ``busy``)."""
