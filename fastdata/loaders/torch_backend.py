@@ -263,7 +263,9 @@ class TorchBackend(Backend):
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
     def _host(self, reader, batches, epoch, start):
         l = self.loader
-        jobs = [(idx, l.order.batch_seed(epoch, start + k)) for k, idx in enumerate(batches)]
+        # each batch's augmentation seed drawn as it is sent (~8 us a batch, for an epoch of
+        # tens of thousands of batches a wait before its first)
+        jobs = ((idx, l.order.batch_seed(epoch, start + k)) for k, idx in enumerate(batches))
         if l.num_workers == 0:
             for job in jobs:
                 yield reader(*job)
@@ -373,10 +375,7 @@ class _Lending(torch.utils.data.Sampler):
     is free: the worker then makes the batch in fresh shared memory)."""
 
     def __init__(self, ring: _Ring | None):
-        self.ring, self.jobs = ring, []
-
-    def __len__(self):
-        return len(self.jobs)
+        self.ring, self.jobs = ring, iter(())
 
     def __iter__(self):
         # first run as the DataLoader sends a pass's first job, which it does after waiting
