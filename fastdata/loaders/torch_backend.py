@@ -355,7 +355,8 @@ class TorchBackend(Backend):
 class _BatchDataset(torch.utils.data.Dataset):
     """Job ``(indices, seed, slot)``: that batch, made in ring buffer ``slot`` where
     one was lent; the result is ``(slot, images, labels, params)``, with ``images`` as
-    ``(dtype, shape, stride, offset)`` where it was made there (the parent has that memory)."""
+    ``(dtype, shape, stride, offset)`` where it was made there (the parent has that memory),
+    and on CPU ``labels`` as a numpy array."""
 
     def __init__(self, reader, ring: _Ring | None):
         self.reader = reader
@@ -367,6 +368,8 @@ class _BatchDataset(torch.utils.data.Dataset):
         images, labels, params = self.reader(*batch, ring=buffer)
         if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
             images = (images.dtype, images.shape, images.stride(), images.storage_offset())
+        if self.reader.on_host:     # pickled as bytes: as a tensor it would take a shared
+            labels = labels.numpy()     # memory segment of its own (~1.2x the loader's speed)
         return slot, images, labels, params
 
 
@@ -429,7 +432,7 @@ class _WorkerProcesses:
             for slot, images, labels, params in batches:
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
-                yield images, labels, params
+                yield images, torch.as_tensor(labels), params
         except BaseException as e:          # a worker's error, one that died, Ctrl-C...
             self.broken = not isinstance(e, GeneratorExit)  # ...then not used again
             raise
