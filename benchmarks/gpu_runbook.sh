@@ -17,7 +17,8 @@
 #   5: DALI installed: its tests, host syncs, bench torch vs dali (ResNet-50/18, 512 px,
 #      no model),
 #      `train --backend dali`
-# Issue 7's GPU table alone (every loader on one run per model, with its plot), six calls:
+# Issue 7's GPU table alone (every loader on one run per model, with its plot), six calls
+# (`NOTESTS=1 bash benchmarks/gpu_runbook.sh 7a` leaves out the tests, where device time is short):
 #   7a (carry .p1): tests marked gpu, photos, raw HDF5 / raw LMDB / JPEG HDF5 shards at 256;
 #   7b, 7c, 7d (carry .p2, .p3, .p4): DALI's parts only; 7e (carry .p5): DALI installed, bench
 #   baseline, torch and dali on the three sets, ResNet-50 (table, JSON, plot); 7f: the same
@@ -41,6 +42,7 @@ setup() {     # parts 1 and fed: wheels, photos (in the background), tests marke
   $FD info --env
   (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
     > /tmp/photos.log 2>&1) &
+  [ -n "${NOTESTS:-}" ] && return   # NOTESTS=1: time is short (issue 7's table needs none)
   T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
 }
 case "${1:-}" in       # the carried folder of this part: its files go to /tmp/pay
