@@ -109,6 +109,7 @@ class DaliBackend(Backend):
         self._reads: cf.ThreadPoolExecutor | None = None
         self._pipes: dict[tuple, tuple] = {}
         self._host: dict[tuple, BufferPool] = {}
+        self._copies = None         # the side stream DALI's GPU outputs are copied out on
 
     # ---- pipeline ----
     def _build(self, size: int):
@@ -190,19 +191,29 @@ class DaliBackend(Backend):
                 self._pipes = {key: (pipe, source)}
 
     def _to_torch(self, tl) -> torch.Tensor:
-        """A DALI batch → a torch tensor on the loader's device (one copy, on this stream)."""
+        """A DALI batch → a torch tensor on the loader's device (one copy). A GPU batch is
+        copied on a side stream, which the training stream then waits for: copied on the
+        training stream, it queued behind the step, and DALI, which hands that output buffer
+        out again at a later ``run()``, made the host wait for the step (the GPU test
+        ``test_cuda_batches_never_make_the_host_wait_for_the_gpu[dali]``)."""
         l = self.loader
         t = tl.as_tensor()
         on_gpu = isinstance(t, self.plugin.TensorGPU)
         shape, dtype = tuple(t.shape()), self.plugin.to_torch_type[t.dtype]
         if on_gpu:
-            out = torch.empty(shape, dtype=dtype, device=l.device)
+            if self._copies is None or self._copies.device != l.device:
+                self._copies = torch.cuda.Stream(l.device)
+            with torch.cuda.stream(self._copies):
+                out = torch.empty(shape, dtype=dtype, device=l.device)
+                self.plugin.feed_ndarray(t, out, cuda_stream=self._copies)
+            current = torch.cuda.current_stream(l.device)
+            current.wait_stream(self._copies)
+            out.record_stream(current)
         else:   # CPU-only mode: from a pool (a fresh batch of 32 MiB or more faults in anew)
             if (shape, dtype) not in self._host:
                 self._host[shape, dtype] = BufferPool(shape, dtype)
             out = self._host[shape, dtype].get()
-        self.plugin.feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(l.device)
-                                 if on_gpu else None)
+            self.plugin.feed_ndarray(t, out)
         if out.dim() != 4:                                   # labels
             return out.reshape(-1).to(l.device, non_blocking=True)
         out = out.to(l.device, non_blocking=True)
