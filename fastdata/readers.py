@@ -497,23 +497,22 @@ class ShardSet:
         as long as its transaction, which ``hold`` keeps open)."""
         if self.encoding != "raw" or (hold is None and not READERS[self.container].zero_copy):
             return None
-        s = self.size if size is None else self.stored_size(size)
-        shard, local = self.locate(indices)
-        views: list = [None] * len(local)
-        for sh, rows in _by_shard(shard):       # LMDB: one transaction per shard
-            for r, v in zip(rows.tolist(), self.shards[sh].raw_views(s, local[rows], hold)):
-                views[r] = v
-        return views
+        # LMDB: one transaction per shard
+        return self._per_shard(indices, size, lambda sh, s, local: sh.raw_views(s, local, hold))
 
     def read_encoded(self, indices, size: int | None = None) -> list:
         """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""
+        return self._per_shard(indices, size, lambda sh, s, local: sh.payloads(s, local))
+
+    def _per_shard(self, indices, size, fetch) -> list:
+        """``fetch(reader, size, local)`` for each shard's share of ``indices``, in their order."""
         s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
-        payloads: list = [None] * len(local)
+        out: list = [None] * len(local)
         for sh, rows in _by_shard(shard):
-            for r, buf in zip(rows.tolist(), self.shards[sh].payloads(s, local[rows])):
-                payloads[r] = buf
-        return payloads
+            for r, v in zip(rows.tolist(), fetch(self.shards[sh], s, local[rows])):
+                out[r] = v
+        return out
 
     def close(self) -> None:
         """Drop every shard's handles and memory maps (they reopen on the next read)."""
