@@ -9,17 +9,18 @@ last. ``resume=True`` keeps every complete shard whose checksum verifies and con
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
-import shutil
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from converters.decode import DecodeOptions
 from converters.pool import Decoder, in_flight
-from converters.scan import scan_folder
+from converters.scan import Scan, scan_folder
 from converters.writers import WRITERS
 from fastdata.checks import choice, integer
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
@@ -27,6 +28,8 @@ from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VE
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
                              write_json_atomic)
 from fastdata.interrupt import SigintLatch
+from fastdata.outdir import (CONVERT_NAMES, LOCK, FolderLock, foreign_at_own_names,
+                             leftover_temps, remove_own)
 from fastdata.readers import READERS
 from fastdata.verify import verify_shard
 
@@ -78,25 +81,32 @@ def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> 
 
 
 def _prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
+    """Check ``out`` (locked by the caller) for this run: empty, or resumable, or emptied of
+    what fastdata wrote there with ``overwrite``."""
     real_out, real_src = os.path.realpath(out), os.path.realpath(src)
     if real_out == real_src or real_out.startswith(real_src + os.sep):
         raise ValueError(f"output {out!r} is inside the source folder {src!r}; "
                          f"choose a directory outside it (the source is never modified)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise NotADirectoryError(f"output {out!r} is a file; give a directory")
-    os.makedirs(out, exist_ok=True)
-    ours = [n for n in os.listdir(out) if n.startswith(("shard-", MANIFEST))]
-    if not os.listdir(out) or resume:
+    foreign = foreign_at_own_names(out)
+    if foreign:
+        raise ValueError(f"{out}: {', '.join(foreign[:3])} {'is' if len(foreign) == 1 else 'are'} "
+                         f"not a file fastdata wrote (a link, a folder or a special file at a "
+                         f"name it writes): move {'it' if len(foreign) == 1 else 'them'} away "
+                         f"or choose another output folder")
+    entries = [n for n in os.listdir(out) if n != LOCK]
+    if not entries or resume:
         return
     if not overwrite:
         raise FileExistsError(f"output {out!r} is not empty; pass --overwrite to replace it or "
                               f"--resume to finish an interrupted conversion")
-    for n in ours:
-        p = os.path.join(out, n)
-        os.remove(p) if os.path.isfile(p) else shutil.rmtree(p)
-    others = set(os.listdir(out))
+    gone = remove_own(out, [n for n in entries if CONVERT_NAMES.fullmatch(n)])
+    log.info("--overwrite removed %d file%s fastdata had written in %s%s", len(gone),
+             "" if len(gone) == 1 else "s", out, f": {', '.join(gone[:5])}" +
+             (", ..." if len(gone) > 5 else "") if gone else "")
+    others = [n for n in os.listdir(out) if n != LOCK]
     if others:
-        log.warning("--overwrite left %d files in %s that fastdata did not write", len(others), out)
+        log.warning("--overwrite left %d entr%s in %s that fastdata did not write (e.g. %s)",
+                    len(others), "y" if len(others) == 1 else "ies", out, others[0])
 
 
 def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> list[ShardMeta]:
@@ -115,10 +125,9 @@ def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) ->
         path = os.path.join(out, shard_file(container, len(kept)))
         if not os.path.isfile(path):
             break
-        reader = READERS[container](path, sizes=sizes, encoding=encoding, count=0)
+        reader = READERS[container](path, sizes=sizes, encoding=encoding, count=None)
         try:
             meta = reader.meta()
-            reader.count = meta.count
         except Exception:   # noqa: BLE001 - an unreadable shard is simply redone
             break
         finally:
@@ -130,10 +139,15 @@ def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) ->
                                  "sha256": meta.sha256}):
             break
         kept.append(meta)
-    for name in os.listdir(out):     # drop partial files and shards after the first bad one
-        if name.startswith("shard-") and name.endswith((".tmp", SHARD_SUFFIX[container])):
-            if name.endswith(".tmp") or int(name[6:11]) >= len(kept):
-                os.remove(os.path.join(out, name))
+    # drop what an interrupted run left half-written, and the shards after the first bad one
+    later = [n for n in os.listdir(out) if CONVERT_NAMES.fullmatch(n) and n.startswith("shard-")
+             and n.endswith(SHARD_SUFFIX[container]) and int(n[6:-len(SHARD_SUFFIX[container])])
+             >= len(kept)]
+    gone = remove_own(out, leftover_temps(out) + later)
+    if gone:
+        log.info("removed %d unfinished file%s of the interrupted run: %s", len(gone),
+                 "" if len(gone) == 1 else "s", ", ".join(gone[:5]) +
+                 (", ..." if len(gone) > 5 else ""))
     return kept
 
 
@@ -142,7 +156,7 @@ def _job_of(path: str, container: str) -> str | None:
     read (a damaged shard is redone)."""
     if not os.path.isfile(path):
         return None
-    reader = READERS[container](path, sizes=(), encoding="raw", count=0)
+    reader = READERS[container](path, sizes=(), encoding="raw", count=None)
     try:
         return reader.meta().config
     except Exception:       # noqa: BLE001
@@ -216,27 +230,76 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
 
     scan = scan_folder(src, progress=progress)
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
-    opts = DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality)
-    fp = _fingerprint(scan, opts, container, shard_size)
-    _prepare_out(out, src, overwrite=overwrite, resume=resume)
-    done = _finished_manifest(out) if resume else None
-    if done is not None:
-        if done.get("config") != fp:
-            raise ValueError(f"{out} holds a finished conversion with other options or inputs "
-                             f"({_what_differs(done, container, opts, scan)}); use --overwrite "
-                             f"to replace it")
-        gone = _changed_shards(out, done)
-        if not gone:
-            log.info("%s is already complete", out)
+    job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
+               opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality))
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"output {out!r} is a file; give a directory")
+    created = not os.path.lexists(out)
+    os.makedirs(out, exist_ok=True)
+    lock = FolderLock(out, "fastdata convert")
+    try:
+        lock.acquire()
+        _prepare_out(out, src, overwrite=overwrite, resume=resume)
+        done = _finished(job) if resume else None
+        if done is not None:
             return done
-        log.warning("%s: %s; redoing from there (the shards before it are reused if they "
-                    "verify)", out, gone)
-        os.remove(os.path.join(out, MANIFEST))      # a manifest means complete: not now
-    kept = _reusable_shards(out, container, sizes, encoding, fp) if resume else []
-    if kept:
-        log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
-                 kept[-1].start + kept[-1].count)
+        kept = _reusable_shards(out, container, sizes, encoding, job.fp) if resume else []
+        if kept:
+            log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
+                     kept[-1].start + kept[-1].count)
+        shards, skipped = _write_shards(job, kept, workers=workers, on_error=on_error,
+                                        progress=progress)
+        return _write_manifest(job, shards, skipped)
+    except BaseException:
+        lock.release()
+        if created:         # leave no empty folder behind that this run made
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
+        raise
+    finally:
+        lock.release()
 
+
+@dataclass
+class _Job:
+    """What one conversion writes: its inputs, options and their fingerprint."""
+    src: str
+    out: str
+    scan: Scan
+    container: str
+    shard_size: int
+    opts: DecodeOptions
+    fp: str = ""
+
+    def __post_init__(self):
+        self.fp = _fingerprint(self.scan, self.opts, self.container, self.shard_size)
+
+
+def _finished(job: _Job) -> dict | None:
+    """The manifest of ``job`` if ``out`` holds it complete already; else None, with a
+    manifest of an incomplete set removed (a manifest means complete)."""
+    done = _finished_manifest(job.out)
+    if done is None:
+        return None
+    if done.get("config") != job.fp:
+        raise ValueError(f"{job.out} holds a finished conversion with other options or inputs "
+                         f"({_what_differs(done, job.container, job.opts, job.scan)}); use "
+                         f"--overwrite to replace it")
+    gone = _changed_shards(job.out, done)
+    if not gone:
+        log.info("%s is already complete", job.out)
+        return done
+    log.warning("%s: %s; redoing from there (the shards before it are reused if they "
+                "verify)", job.out, gone)
+    remove_own(job.out, [MANIFEST])
+    return None
+
+
+def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: str,
+                  progress: bool) -> tuple[list[dict], list[dict]]:
+    """Decode the files after the ``kept`` shards and write them into shards; returns the
+    manifest's ``shards`` and ``skipped`` entries."""
+    files, out, container = job.scan.files, job.out, job.container
     shards = [{"file": shard_file(container, m.index), "start": m.start, "count": m.count,
                "sha256": m.sha256, "bytes": os.path.getsize(os.path.join(out, shard_file(
                    container, m.index)))} for m in kept]
@@ -248,7 +311,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     def flush(end: int) -> None:
         nonlocal shard, shard_skipped, shard_first, n_done
         meta = ShardMeta(index=len(shards), start=n_done, count=len(shard),
-                         sha256=shard.checksum(), config=fp, sources=(shard_first, end),
+                         sha256=shard.checksum(), config=job.fp, sources=(shard_first, end),
                          skipped=shard_skipped)
         nbytes = shard.finish(meta)
         shards.append({"file": os.path.basename(shard.path), "start": meta.start,
@@ -258,9 +321,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         shard, shard_skipped, shard_first = None, [], end
 
     latch = SigintLatch()
-    decoder = Decoder(workers, opts)
-    jobs = ((i, os.path.join(src, scan.files[i][0])) for i in range(first, len(scan.files)))
-    bar = tqdm(total=len(scan.files), initial=first, unit="img", desc="convert",
+    decoder = Decoder(workers, job.opts)
+    jobs = ((i, os.path.join(job.src, files[i][0])) for i in range(first, len(files)))
+    bar = tqdm(total=len(files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)
     try:
         for results in decoder.run(jobs):
@@ -269,22 +332,22 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
             for pos, payloads, crcs, error in results:
                 if error is not None:
                     if on_error == "raise":
-                        raise ConversionError(f"cannot read {scan.files[pos][0]!r}: {error}")
-                    shard_skipped.append({"path": scan.files[pos][0], "reason": error})
+                        raise ConversionError(f"cannot read {files[pos][0]!r}: {error}")
+                    shard_skipped.append({"path": files[pos][0], "reason": error})
                     continue
                 if shard is None:   # sized for the files left: only the last shard ends short
                     shard = WRITERS[container](
-                        os.path.join(out, shard_file(container, len(shards))), sizes=sizes,
-                        encoding=encoding,
-                        capacity=min(shard_size, len(scan.files) - shard_first))
-                shard.add(scan.files[pos][1], payloads, crcs)
-                if len(shard) == shard_size:
+                        os.path.join(out, shard_file(container, len(shards))),
+                        sizes=job.opts.sizes, encoding=job.opts.encoding,
+                        capacity=min(job.shard_size, len(files) - shard_first))
+                shard.add(files[pos][1], payloads, crcs)
+                if len(shard) == job.shard_size:
                     flush(pos + 1)
             if shard is not None:   # before the next batch: its pixels reuse the ring's slots
                 shard.write_pending()
         decoder.stop()      # they exit while the last shard is written; joined below
         if shard is not None:
-            flush(len(scan.files))
+            flush(len(files))
         latch.check()
     except KeyboardInterrupt:
         log.error("interrupted: %d complete shards kept in %s; finish with --resume",
@@ -297,20 +360,28 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         decoder.close()
         bar.close()
     skipped.extend(shard_skipped)
+    return shards, skipped
+
+
+def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
+    """Write the finished set's manifest, last; log what was converted and what was not."""
+    scan, out, container, opts = job.scan, job.out, job.container, job.opts
     if not shards:
         examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
-        raise ConversionError(f"none of the {len(scan.files)} image files in {src!r} could be "
-                              f"read ({len(skipped)} skipped, e.g. {examples})")
+        raise ConversionError(f"none of the {len(scan.files)} image files in {job.src!r} could "
+                              f"be read ({len(skipped)} skipped, e.g. {examples})")
+    n_done = shards[-1]["start"] + shards[-1]["count"]
     # a class whose images were all unreadable is as empty as an empty folder
     dropped = {s["path"] for s in skipped}
     have = {label for path, label in scan.files if path not in dropped}
     empty = [c for i, c in enumerate(scan.classes) if i not in have]
     manifest = {
         "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": container,
-        "encoding": encoding, "quality": int(quality) if encoding == "jpeg" else None,
-        "sizes": list(sizes), "fit": fit, "classes": scan.classes, "num_samples": n_done,
-        "shards": shards, "skipped": skipped, "ignored": scan.ignored,
-        "empty_classes": empty, "source": src, "config": fp,
+        "encoding": opts.encoding,
+        "quality": int(opts.quality) if opts.encoding == "jpeg" else None,
+        "sizes": list(opts.sizes), "fit": opts.fit, "classes": scan.classes,
+        "num_samples": n_done, "shards": shards, "skipped": skipped, "ignored": scan.ignored,
+        "empty_classes": empty, "source": job.src, "config": job.fp,
     }
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     ignored = sum(scan.ignored.values())
@@ -326,5 +397,5 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
                     "names: %s (remove %s from %s and convert again to drop %s)", len(empty),
                     "" if len(empty) == 1 else "es", ", ".join(empty[:10]) +
                     (", ..." if len(empty) > 10 else ""), "it" if len(empty) == 1 else "them",
-                    src, "it" if len(empty) == 1 else "them")
+                    job.src, "it" if len(empty) == 1 else "them")
     return manifest

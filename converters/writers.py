@@ -1,8 +1,9 @@
 """Shard writers: one ``ShardWriter`` per container, registered by container name.
 
 The converter opens a writer per shard, ``add``s each sample as its worker returns it and
-``finish``es it, which writes labels, checksums and metadata into ``<file>.tmp`` and renames it
-into place, so a shard file on disk is always complete. Raw pixels go into the file as they
+``finish``es it, which writes labels, checksums and metadata into a fresh temporary file
+(``<file>.tmp-XXXXXXXX``, made with ``O_EXCL | O_NOFOLLOW``: no link planted in the folder is
+written through) and renames it into place, so a shard file on disk is always complete. Raw pixels go into the file as they
 come, a batch at a time (``write_pending``), straight from the workers' ring slots (no shard
 held in memory, no long serial write at the end of each shard while the workers wait); JPEG
 payloads, whose total size is known only at the end, are kept until then. Layouts are
@@ -26,6 +27,7 @@ import numpy as np
 
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_key, lmdb_key,
                              shard_checksum)
+from fastdata.outdir import temp_path
 
 # raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value
 # into pages it mallocs and frees them all at the commit: kept under glibc's trim threshold
@@ -33,15 +35,16 @@ from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_k
 # back to the OS at each commit, and the next transaction's pages faulted in anew (22.5 faults
 # and ~0.2 ms of kernel time per 256 px sample in a fresh process; benchmarks/RESULTS.md)
 COMMIT_BYTES = 64 << 10
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class ShardWriter:
-    """One shard, written to ``<path>.tmp``: ``add`` at most ``capacity`` samples, then
+    """One shard, written to a temporary file beside ``path``: ``add`` at most ``capacity`` samples, then
     ``finish`` (or ``abort``)."""
     container: str = ""
 
     def __init__(self, path: str, *, sizes: tuple[int, ...], encoding: str, capacity: int):
-        self.path, self.tmp = path, path + ".tmp"
+        self.path, self.tmp = path, temp_path(path)
         self.sizes, self.encoding, self.capacity = sizes, encoding, capacity
         self.labels: list[int] = []
         self.crcs = {s: np.zeros(capacity, np.uint32) for s in sizes}
@@ -94,9 +97,11 @@ class ShardWriter:
             yield
         except BaseException as e:      # e.g. a full disk: no partial file left taking space
             self.abort()
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            # h5py reports a failed write at its close as a RuntimeError with the errno inside
+            if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or (
+                    isinstance(e, RuntimeError) and f"errno = {errno.ENOSPC}," in str(e)):
                 free = shutil.disk_usage(os.path.dirname(self.path)).free >> 20
-                raise OSError(e.errno, f"no space left on the device to write "
+                raise OSError(errno.ENOSPC, f"no space left on the device to write "
                               f"{os.path.basename(self.path)} ({free} MiB free); the shards "
                               f"before it are complete: make room, then run the same "
                               f"command with --resume") from e
@@ -134,7 +139,7 @@ def _open_direct(path: str) -> int | None:
     """A second descriptor of ``path`` that writes around the page cache (``O_DIRECT``), or
     ``None`` where the OS or file system has none (macOS, tmpfs before Linux 6.6)."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+        return os.open(path, os.O_WRONLY | os.O_DIRECT | _NOFOLLOW)
     except (AttributeError, OSError):
         return None
 
@@ -181,7 +186,7 @@ class HDF5Writer(ShardWriter):
             self._offsets = {s: f.create_dataset(f"images/{s}", (self.capacity, s, s, 3), np.uint8,
                                                  dcpl=dcpl, track_times=False).id.get_offset()
                              for s in self.sizes}
-        self._fd = os.open(self.tmp, os.O_WRONLY)
+        self._fd = os.open(self.tmp, os.O_WRONLY | _NOFOLLOW)
         self._direct = _open_direct(self.tmp)
         for s in self.sizes:
             _allocate(self._fd, self._offsets[s], self.capacity * 3 * s * s)
@@ -232,17 +237,33 @@ class HDF5Writer(ShardWriter):
         first ``n`` samples into a file of exactly that size, 64 MiB at a time."""
         import h5py
 
-        part = self.tmp + ".part"
-        with h5py.File(self.tmp, "r", locking=False) as src, \
-                h5py.File(part, "w", locking=False) as dst:
-            for s in self.sizes:
-                old = src[f"images/{s}"]
-                new = dst.create_dataset(f"images/{s}", (n, s, s, 3), np.uint8, track_times=False)
-                step = max(1, (64 << 20) // (3 * s * s))
-                for a in range(0, n, step):
-                    b = min(n, a + step)
-                    new[a:b] = old[a:b]
-        os.replace(part, self.tmp)
+        part = temp_path(self.path)
+        try:
+            with h5py.File(self.tmp, "r", locking=False) as src, \
+                    h5py.File(part, "w", locking=False) as dst:
+                for s in self.sizes:
+                    old = src[f"images/{s}"]
+                    new = dst.create_dataset(f"images/{s}", (n, s, s, 3), np.uint8,
+                                             track_times=False)
+                    step = max(1, (64 << 20) // (3 * s * s))
+                    for a in range(0, n, step):
+                        b = min(n, a + step)
+                        new[a:b] = old[a:b]
+            os.replace(part, self.tmp)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(part)
+            raise
+
+
+def _lmdb_bytes(values) -> int:
+    """About the bytes an LMDB file takes for ``values`` (their lengths): a large value fills
+    whole overflow pages after a 16-byte header, a small one shares a leaf page (its key and
+    node header with it); then the tree's pages and the two meta pages."""
+    total = 0
+    for n in values:
+        total += -(-(n + 16) // PAGE) * PAGE if n > PAGE // 2 else n + 32
+    return total + total // 64 + 4 * PAGE
 
 
 class LMDBWriter(ShardWriter):
@@ -255,23 +276,25 @@ class LMDBWriter(ShardWriter):
             # a commit every ~64 KiB, at the same samples whatever batches the decoder hands
             # over: a resumed conversion writes the same file as one that was not interrupted
             self._every = max(1, COMMIT_BYTES // sample)
-            self._open(self.capacity * sample)
+            self._open(self.capacity * _lmdb_bytes(3 * s * s for s in self.sizes))
 
-    def _open(self, payload_bytes: int) -> None:
+    def _open(self, need: int) -> None:
         import lmdb
 
         # no writemap: values written through the map made the kernel read in (zero) the
         # file's pages on each write fault. A commit every few samples writes LMDB's dirty
         # pages with ``pwritev`` and frees them: 0.22 / 0.13 instead of 0.27 / 0.30 ms of the
         # writer's CPU per 256 px image (benchmarks/ab_lmdb_commit.py)
-        map_size = int(payload_bytes * 1.5) + (64 << 20)
+        # the map is address space only (no writemap: the file grows as pages are written);
+        # what the data needs is allocated on the disk (a small set fits a small disk)
+        map_size = int(need * 1.5) + (64 << 20)
         self._env = lmdb.open(self.tmp, subdir=False, map_size=map_size, lock=False, sync=False,
                               metasync=False)
         # allocated first: a full disk is an OSError now, not an LMDB error halfway, and ext4
         # writes into allocated blocks with less CPU. The file is cut back at the end.
-        fd = os.open(self.tmp, os.O_RDWR)
+        fd = os.open(self.tmp, os.O_RDWR | _NOFOLLOW)
         try:
-            _allocate(fd, 0, map_size)
+            _allocate(fd, 0, need)
         finally:
             os.close(fd)
         self._txn = self._env.begin(write=True)
@@ -293,7 +316,7 @@ class LMDBWriter(ShardWriter):
     def _finish(self, meta):
         n = len(self)
         if self.encoding == "jpeg":
-            self._open(sum(len(p) for s in self.sizes for p in self.encoded[s]))
+            self._open(_lmdb_bytes(len(p) for s in self.sizes for p in self.encoded[s]))
             for s in self.sizes:
                 for i, p in enumerate(self.encoded[s]):
                     self._txn.put(lmdb_key(s, i), p)

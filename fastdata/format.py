@@ -19,9 +19,14 @@ the writer avoids a second full pass over the pixels.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
+import functools
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,8 +103,31 @@ class ShardMeta:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "ShardMeta":
-        d = json.loads(text)
-        d["sources"] = tuple(d["sources"])
+        """Raises ShardFormatError naming the field that is missing or mistyped."""
+        try:
+            d = json.loads(text)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise ShardFormatError(f"shard metadata is not readable JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ShardFormatError(f"shard metadata is {_short(d)}, not an object")
+        for name in ("index", "start", "count"):
+            if not _is_int(d.get(name)) or d[name] < 0:
+                raise ShardFormatError(f"shard metadata field {name} is {_short(d.get(name))}, "
+                                       f"expected an integer >= 0")
+        for name in ("sha256", "config"):
+            if not isinstance(d.get(name), str):
+                raise ShardFormatError(f"shard metadata field {name} is {_short(d.get(name))}, "
+                                       f"expected a string")
+        src = d.get("sources")
+        if not (isinstance(src, list) and len(src) == 2 and all(map(_is_int, src))):
+            raise ShardFormatError(f"shard metadata field sources is {_short(src)}, expected "
+                                   f"[first, end]")
+        if not isinstance(d.get("skipped", []), list):
+            raise ShardFormatError("shard metadata field skipped is not a list")
+        unknown = d.keys() - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ShardFormatError(f"shard metadata has unknown fields {sorted(unknown)}")
+        d["sources"] = tuple(src)
         return cls(**d)
 
 
@@ -112,6 +140,13 @@ def shard_checksum(labels, crcs_by_size) -> str:
 
 
 def read_manifest(root: str | os.PathLike) -> dict:
+    """The checked manifest of the shard set at ``root``.
+
+    Raises:
+        ShardFormatError: no manifest, or one that is not valid JSON, not fastdata's, of
+            another version, or whose fields are missing, mistyped or inconsistent (one line
+            naming the file and the field).
+    """
     path = os.path.join(os.fspath(root), MANIFEST)
     if not os.path.isfile(path):
         shards = os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root))
@@ -119,20 +154,98 @@ def read_manifest(root: str | os.PathLike) -> dict:
                 "`fastdata convert SRC OUT --resume`" if shards else
                 "convert an image folder with `fastdata convert SRC OUT`")
         raise ShardFormatError(f"{os.fspath(root)!r} is not a shard set: no {MANIFEST} ({hint})")
+    if os.path.getsize(path) > MAX_MANIFEST_BYTES:
+        raise ShardFormatError(f"{path}: {os.path.getsize(path)} bytes, more than a manifest "
+                               f"of fastdata's can be ({MAX_MANIFEST_BYTES})")
     try:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise ShardFormatError(f"{path}: not readable JSON ({e}); the manifest is damaged, "
                                f"convert again (`fastdata convert --resume` reuses sound "
                                f"shards)") from e
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise ShardFormatError(f"{path}: not a fastdata manifest (format="
-                               f"{(m.get('format') if isinstance(m, dict) else m)!r})")
+                               f"{(m.get('format') if isinstance(m, dict) else type(m).__name__)!r})")
     if m.get("version") != FORMAT_VERSION:
         raise ShardFormatError(f"{path}: format version {m.get('version')!r} is not supported "
                                f"by this fastdata (reads version {FORMAT_VERSION})")
+    check_manifest(m, path)
     return m
+
+
+#: a manifest lists shards, skipped files and classes: far below this even for 14 M images
+MAX_MANIFEST_BYTES = 1 << 30
+_SHARD_NAME = re.compile(r"shard-\d{5,}\.(h5|lmdb)")
+
+
+def _field(path: str, name: str, value, ok: bool, want: str) -> None:
+    if not ok:
+        raise ShardFormatError(f"{path}: field {name} is {_short(value)}, expected {want}; the "
+                               f"manifest is damaged or was not written by fastdata")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_manifest(m: dict, path: str) -> None:
+    """Check every field a reader uses, and their consistency with each other: the shards'
+    ranges follow one another from 0 and add up to ``num_samples``; each shard file is a
+    plain name in the set's folder. Raises ShardFormatError naming the field."""
+    f = functools.partial(_field, path)
+    f("container", m.get("container"), m.get("container") in CONTAINERS,
+      f"one of {', '.join(CONTAINERS)}")
+    f("encoding", m.get("encoding"), m.get("encoding") in ENCODINGS,
+      f"one of {', '.join(ENCODINGS)}")
+    f("fit", m.get("fit"), m.get("fit") in FITS, f"one of {', '.join(FITS)}")
+    sizes = m.get("sizes")
+    f("sizes", sizes, isinstance(sizes, list) and sizes and all(
+        _is_int(s) and s >= MIN_SIZE and not s & (s - 1) for s in sizes)
+      and sizes == sorted(set(sizes)), "ascending powers of two >= 8")
+    classes = m.get("classes")
+    f("classes", classes, isinstance(classes, list) and all(isinstance(c, str)
+                                                            for c in classes), "a list of names")
+    n = m.get("num_samples")
+    f("num_samples", n, _is_int(n) and n >= 0, "an integer >= 0")
+    shards = m.get("shards")
+    f("shards", shards, isinstance(shards, list), "a list")
+    end, names = 0, set()
+    suffix = SHARD_SUFFIX[m["container"]]
+    for k, s in enumerate(shards):
+        where = f"shards[{k}]"
+        f(where, s, isinstance(s, dict), "an object")
+        name = s.get("file")
+        f(f"{where}.file", name, isinstance(name, str) and _SHARD_NAME.fullmatch(name) is not None
+          and name.endswith(suffix) and name not in names,
+          f"a file name of this set's own (shard-NNNNN{suffix}), once")
+        names.add(name)
+        f(f"{where}.start", s.get("start"), s.get("start") == end,
+          f"{end}, where shards[{k - 1}] ends" if k else "0")
+        count = s.get("count")
+        f(f"{where}.count", count, _is_int(count) and count >= 0, "an integer >= 0")
+        end += count
+        f(f"{where}.bytes", s.get("bytes"), _is_int(s.get("bytes")) and s["bytes"] >= 0,
+          "an integer >= 0")
+        f(f"{where}.sha256", s.get("sha256"), isinstance(s.get("sha256"), str),
+          "a hex digest")
+    f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
+    skipped = m.get("skipped", [])
+    f("skipped", skipped, isinstance(skipped, list) and all(
+        isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
+        for x in skipped), "a list of {path, reason}")
+    ignored = m.get("ignored", {})
+    f("ignored", ignored, isinstance(ignored, dict) and all(
+        _is_int(v) for v in ignored.values()), "an object of counts")
+    empty = m.get("empty_classes", [])
+    f("empty_classes", empty, isinstance(empty, list) and all(isinstance(c, str) for c in empty),
+      "a list of names")
+    f("source", m.get("source"), isinstance(m.get("source", ""), str), "a path")
 
 
 def json_text(obj: Any, *, sort_keys: bool = False) -> str:
@@ -144,9 +257,27 @@ def json_text(obj: Any, *, sort_keys: bool = False) -> str:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json_text(obj, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``obj`` as JSON to ``path`` through a fresh temporary file renamed into place:
+    ``path`` is either the old file or the whole new one, and nothing is written through a
+    link planted at either name. A failure (a full disk) leaves no temporary file behind.
+
+    Raises:
+        OSError: the write failed; the message names ``path``.
+    """
+    from fastdata.outdir import temp_path
+
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json_text(obj, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if e.errno == errno.ENOSPC:
+            raise OSError(e.errno, f"no space left on the device to write {path}; make room, "
+                                   f"then run the same command again (a conversion: with "
+                                   f"--resume)") from e
+        raise

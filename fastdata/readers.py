@@ -14,6 +14,7 @@ import io
 import logging
 import mmap
 import os
+import stat
 import threading
 from typing import Iterator, Sequence
 
@@ -21,8 +22,8 @@ import numpy as np
 import simplejpeg
 
 from fastdata.env import available_memory
-from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, check_size,
-                             lmdb_crc_key, lmdb_key, read_manifest)
+from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardFormatError, ShardMeta,
+                             check_size, lmdb_crc_key, lmdb_key, read_manifest)
 
 
 log = logging.getLogger("fastdata")
@@ -50,7 +51,8 @@ class ShardReader:
     #: choose it (see ``ShardSet.__init__``)
     readahead = False
 
-    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int):
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None):
+        """``count``: the samples the manifest gives the shard (None: its own metadata's)."""
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
         self._h: dict | None = None
         self._pid = -1
@@ -61,31 +63,78 @@ class ShardReader:
         if h is None or self._pid != os.getpid():
             with _OPEN_LOCK:
                 if self._h is None or self._pid != os.getpid():
-                    try:
-                        self._h, self._pid = self._open(), os.getpid()
-                    except OSError as e:    # h5py's messages do not always name the file
-                        if not os.path.exists(self.path):
-                            raise FileNotFoundError(
-                                f"shard {self.path} is missing (the manifest lists it): restore "
-                                f"it, or run `fastdata convert SRC OUT --resume` with the "
-                                f"conversion's options, which redoes it") from None
-                        hint = ""
-                        if e.errno == errno.EMFILE or "Too many open files" in str(e):
-                            hint = (f" (each open shard keeps a file open: raise `ulimit -n`, "
-                                    f"now {_open_files_limit()}, or convert with a larger "
-                                    f"--shard-size)")
-                        raise OSError(f"cannot open shard {self.path}: {e}{hint}") from e
+                    self._h, self._pid = self._open_checked(), os.getpid()
                 h = self._h
         return h
+
+    def _open_checked(self) -> dict:
+        """``_open``, with every failure an OSError that names the shard."""
+        try:
+            fd = _open_regular(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"shard {self.path} is missing (the manifest lists it): restore it, or run "
+                f"`fastdata convert SRC OUT --resume`, which redoes it") from None
+        try:
+            return self._open(fd)
+        except OSError as e:    # h5py's messages do not always name the file
+            hint = ""
+            if e.errno == errno.EMFILE or "Too many open files" in str(e):
+                hint = (f" (each open shard keeps a file open: raise `ulimit -n`, now "
+                        f"{_open_files_limit()}, or convert with a larger --shard-size)")
+            os.close(fd)
+            raise OSError(f"cannot open shard {self.path}: {e}{hint}") from e
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign file: any library error
+            os.close(fd)
+            raise OSError(f"cannot open shard {self.path}: {type(e).__name__}: {e}") from e
+
+    def check_intact(self) -> None:
+        """Raise an OSError naming the shard if its file was cut short or written to since it
+        was opened: its memory maps would end in a SIGBUS that kills the process. One
+        ``fstat`` of the open file."""
+        h = self.h
+        st = os.fstat(h["fd"])
+        if st.st_size < h["end"] or st.st_mtime_ns != h["mtime"]:
+            raise OSError(f"shard {self.path} changed while it was read (now {st.st_size} "
+                          f"bytes, {h['end']} when opened): a shard set must not change "
+                          f"while a loader reads it; check it with `fastdata verify`")
 
     def __getstate__(self):
         return {**self.__dict__, "_h": None, "_pid": -1}
 
-    def _open(self) -> dict:
+    def _open(self, fd: int) -> dict:
+        """Per-process handles of the shard open as ``fd`` (a regular file, kept open for
+        ``check_intact``): a dict with at least ``fd``, ``end`` (the bytes the handles
+        read up to), ``mtime``, ``meta``, ``labels`` and ``crc32``."""
         raise NotImplementedError
 
     def close(self) -> None:
-        self._h = None
+        h, self._h = self._h, None
+        if h is not None and "fd" in h and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(h["fd"])
+
+    def _meta(self, text) -> ShardMeta:
+        meta = ShardMeta.from_json(text)
+        if self.count is None:          # a shard looked at on its own (convert --resume)
+            self.count = meta.count
+        return meta
+
+    def _checked(self, h: dict, fd: int, meta: ShardMeta, labels, crcs: dict) -> dict:
+        """``h`` with the records every container has, checked against the count the
+        manifest gives."""
+        n = self.count
+        if meta.count != n:
+            raise ShardFormatError(f"its metadata says {meta.count} samples, the manifest {n}")
+        if labels.shape != (n,):
+            raise ShardFormatError(f"labels: {labels.shape[0] if labels.ndim else 0} of them "
+                                   f"for {n} samples")
+        for s, c in crcs.items():
+            if c.shape != (n,):
+                raise ShardFormatError(f"crc32 at size {s}: {c.size} values for {n} samples")
+        st = os.fstat(fd)
+        return {**h, "fd": fd, "mtime": st.st_mtime_ns, "meta": meta, "labels": labels,
+                "crc32": crcs}
 
     # --- record access (all indices are local to the shard) ---
     def meta(self) -> ShardMeta:
@@ -121,41 +170,48 @@ class HDF5ShardReader(ShardReader):
     container = "hdf5"
     zero_copy = True
 
-    def _open(self):
+    def _open(self, fd):
         import h5py
 
-        maps = {}
+        maps, offsets, end = {}, {}, 0
+        size = os.fstat(fd).st_size
         # no HDF5 file lock: a finished shard never changes, and locking fails on many network
         # file systems ("unable to lock file, errno = 37") and while any process holds one
         with h5py.File(self.path, "r", locking=False) as f:
-            meta = ShardMeta.from_json(f.attrs["meta"])
-            labels = f["labels"][()]
-            crcs = {s: f[f"crc32/{s}"][()] for s in self.sizes}
-            offsets = {}
+            meta = self._meta(f.attrs["meta"])
+            labels = _dataset(f, "labels", np.int64, 1)[()]
+            crcs = {s: _dataset(f, f"crc32/{s}", np.uint32, 1)[()] for s in self.sizes}
             for s in self.sizes:
                 name = f"images/{s}" if self.encoding == "raw" else f"jpeg/{s}"
-                ds = f[name]
+                ds = _dataset(f, name, np.uint8, 4 if self.encoding == "raw" else 1)
                 off = ds.id.get_offset()
-                if off is None or ds.chunks is not None or ds.compression is not None:
-                    raise ValueError(f"{self.path}: dataset {name} is not contiguous and "
-                                     f"uncompressed; re-convert with fastdata")
-                maps[s] = self._map(off, ds.shape)
+                if self.encoding == "raw" and ds.shape != (self.count, s, s, 3):
+                    raise ShardFormatError(f"dataset {name} is {ds.shape}, expected "
+                                           f"{(self.count, s, s, 3)}")
+                if ds.size and (off is None or off + ds.size > size):
+                    raise ShardFormatError(f"dataset {name} lies past the file's end "
+                                           f"({size} bytes): the file is cut short")
+                end = max(end, (off or 0) + ds.size)
+                maps[s] = self._map(fd, off or 0, ds.shape)
                 if self.encoding == "jpeg":
-                    offsets[s] = f[f"offsets/{s}"][()]
-        return {"meta": meta, "labels": labels, "crc32": crcs, "maps": maps, "offsets": offsets}
+                    o = offsets[s] = _dataset(f, f"offsets/{s}", np.int64, 1)[()]
+                    if (o.shape != (self.count + 1,) or o[0] != 0 or o[-1] != ds.size
+                            or (np.diff(o) < 0).any()):
+                        raise ShardFormatError(f"offsets/{s} do not cut jpeg/{s} into "
+                                               f"{self.count} records")
+        return self._checked({"maps": maps, "offsets": offsets, "end": end}, fd, meta,
+                             labels, crcs)
 
-    def _map(self, offset: int, shape) -> np.ndarray:
+    def _map(self, fd: int, offset: int, shape) -> np.ndarray:
         """A plain ndarray over the file's bytes (np.memmap's Python-level __getitem__ ran per
-        row: benchmarks/ab_cpu.py, "map"). Copy-on-write, so that its views can become torch
-        tensors (torch warns on read-only arrays); nothing writes through them. Without
-        ``readahead``, a fault reads just its page (reads at random: RESULTS.md)."""
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        row). Copy-on-write, so that its views can become torch tensors (torch warns on
+        read-only arrays); nothing writes through them. Without ``readahead``, a fault reads
+        just its page (reads at random)."""
         n = int(np.prod(shape))
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            mm = mmap.mmap(fd, offset - start + n, access=mmap.ACCESS_COPY, offset=start)
-        finally:
-            os.close(fd)
+        if not n:
+            return np.zeros(shape, np.uint8)
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(fd, offset - start + n, access=mmap.ACCESS_COPY, offset=start)
         if not self.readahead and hasattr(mmap, "MADV_RANDOM"):
             mm.madvise(mmap.MADV_RANDOM)
         return np.frombuffer(mm, np.uint8, n, offset - start).reshape(shape)
@@ -187,10 +243,10 @@ _LMDB_ENVS: dict[tuple, list] = {}
 class LMDBShardReader(ShardReader):
     container = "lmdb"
 
-    def _open(self):
+    def _open(self, fd):
         import lmdb
 
-        st = os.stat(self.path)
+        st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         entry = _LMDB_ENVS.get(key)
         if entry is not None and entry[0] != os.getpid():
@@ -209,17 +265,22 @@ class LMDBShardReader(ShardReader):
             if st.st_size < end:
                 env.close()
                 raise OSError(f"truncated: {st.st_size} bytes, its last page ends at {end}")
-            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0]
+            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0, end]
         entry[2] += 1
         env = entry[1]
         with env.begin() as txn:
-            meta = ShardMeta.from_json(txn.get(LMDB_META))
-            labels = np.frombuffer(txn.get(LMDB_LABELS), np.int64)
-            crcs = {s: np.frombuffer(txn.get(lmdb_crc_key(s)), np.uint32) for s in self.sizes}
+            meta = self._meta(_value(txn, LMDB_META))
+            labels = _array(txn, LMDB_LABELS, np.int64)
+            crcs = {s: _array(txn, lmdb_crc_key(s), np.uint32) for s in self.sizes}
         # where each raw value lies in this process's map of the file, once read (0: not yet)
         where = {s: np.zeros(self.count, np.int64) for s in self.sizes}
-        return {"env": env, "key": key, "meta": meta, "labels": labels, "crc32": crcs,
-                "where": where}
+        try:
+            return self._checked({"env": env, "key": key, "where": where, "end": entry[3]}, fd,
+                                 meta, labels, crcs)
+        except ShardFormatError:
+            self._h, self._pid = {"key": key}, os.getpid()     # lets close() release the env
+            self.close()
+            raise
 
     def close(self):
         entry = _LMDB_ENVS.get(self._h["key"]) if self._h is not None else None
@@ -228,7 +289,7 @@ class LMDBShardReader(ShardReader):
             if entry[2] == 0:
                 entry[1].close()
                 del _LMDB_ENVS[self._h["key"]]
-        self._h = None
+        super().close()
 
     def payload(self, size, i):
         with self.h["env"].begin() as txn:
@@ -260,10 +321,68 @@ class LMDBShardReader(ShardReader):
             v = txn.get(lmdb_key(size, i))
             if v is None:
                 raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
+            if len(v) != 3 * size * size:
+                raise OSError(f"{self.path}: sample {i} at size {size} is {len(v)} bytes, not "
+                              f"{3 * size * size}; check the set with `fastdata verify`")
             v = np.frombuffer(v, np.uint8).reshape(size, size, 3)
             if where is not None:
                 where[i] = _address(v)
             yield v
+
+
+def _open_regular(path: str) -> int:
+    """``path`` open for reading, if it is a regular file: a FIFO or a device is refused
+    before anything reads it (a FIFO would block every reader)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"shard {path} is not a regular file")
+    return fd
+
+
+def _dataset(f, name: str, dtype, ndim: int):
+    """HDF5 dataset ``name`` of ``f``, if it is one the writer makes: stored in the shard file
+    itself, contiguous (or compact) and unfiltered, with ``dtype`` and ``ndim``. A link to
+    another file, external storage or a virtual dataset would make the reader read whatever
+    file it names (a FIFO there blocks)."""
+    import h5py
+
+    link = f.get(name, getlink=True)
+    if not isinstance(link, h5py.HardLink):
+        kind = "missing" if link is None else f"a {type(link).__name__}"
+        raise ShardFormatError(f"dataset {name} is {kind}, not a dataset in the shard file")
+    parent, _, leaf = name.rpartition("/")
+    if parent and not isinstance(f.get(parent, getlink=True), h5py.HardLink):
+        raise ShardFormatError(f"group {parent} is not a group in the shard file")
+    ds = f[name]
+    if not isinstance(ds, h5py.Dataset):
+        raise ShardFormatError(f"{name} is not a dataset")
+    dcpl = ds.id.get_create_plist()
+    layout = dcpl.get_layout()
+    if (layout not in (h5py.h5d.CONTIGUOUS, h5py.h5d.COMPACT) or dcpl.get_external_count()
+            or dcpl.get_nfilters()):
+        raise ShardFormatError(f"dataset {name} is not stored contiguously in the shard file "
+                               f"(external, virtual, chunked or filtered): not a shard "
+                               f"fastdata wrote")
+    if ds.dtype != dtype or ds.ndim != ndim:
+        raise ShardFormatError(f"dataset {name} is {ds.dtype} with {ds.ndim} dimensions, "
+                               f"expected {np.dtype(dtype)} with {ndim}")
+    return ds
+
+
+def _value(txn, key: bytes) -> bytes:
+    v = txn.get(key)
+    if v is None:
+        raise ShardFormatError(f"record {key.decode()} is missing")
+    return v
+
+
+def _array(txn, key: bytes, dtype) -> np.ndarray:
+    v = _value(txn, key)
+    if len(v) % np.dtype(dtype).itemsize:
+        raise ShardFormatError(f"record {key.decode()} is {len(v)} bytes, not a whole number "
+                               f"of {np.dtype(dtype)}")
+    return np.frombuffer(v, dtype)
 
 
 def _places(where: np.ndarray, local: np.ndarray, nbytes: int) -> list:
@@ -395,6 +514,7 @@ class ShardSet:
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
+        self._check_files()
         # an open shard keeps a file descriptor per memory map (HDF5: one per size) or LMDB env
         _make_room_for_files(len(self.shards) * (len(self.sizes) if self.container == "hdf5"
                                                  else 1))
@@ -416,6 +536,33 @@ class ShardSet:
         self.readahead = memory is not None and 2 * nbytes <= memory     # at random
         for reader in self.shards:
             reader.readahead = self.readahead
+
+    def _check_files(self) -> None:
+        """Each shard file that exists must be a regular file inside the set's folder (a link
+        within it is fine); no shard may claim more samples than its bytes can hold (labels and
+        CRCs at least): a damaged or hostile manifest is refused here, not read from another
+        set or allocated in TiB. A missing or damaged file is left to the read that needs it
+        (``verify`` lists them all)."""
+        real_root = os.path.realpath(self.root)
+        least = 8 + 4 * len(self.sizes)         # a label and a CRC per size, per sample
+        manifest = os.path.join(self.root, "manifest.json")
+        for reader, entry in zip(self.shards, self.manifest["shards"]):
+            name = entry["file"]
+            if reader.count * least > entry["bytes"]:
+                raise ShardFormatError(f"{manifest}: {name} cannot hold the {reader.count} "
+                                       f"samples it is given in {entry['bytes']} bytes")
+            try:
+                st = os.stat(reader.path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise ShardFormatError(f"shard {reader.path}: {e.strerror}") from None
+            real = os.path.realpath(reader.path)
+            if os.path.dirname(real) != real_root:
+                raise ShardFormatError(f"shard {reader.path} is a link to {real}, outside the "
+                                       f"set's folder: refused")
+            if not stat.S_ISREG(st.st_mode):
+                raise ShardFormatError(f"shard {reader.path} is not a regular file")
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""
@@ -477,6 +624,7 @@ class ShardSet:
                              f"{out.dtype} {out.shape}")
         for sh, rows in _by_shard(shard):
             reader = self.shards[sh]
+            reader.check_intact()
             if self.encoding == "raw":
                 reader.read_raw(s, local[rows], out, rows)
             else:                               # an unopenable shard says so
@@ -510,6 +658,7 @@ class ShardSet:
         shard, local = self.locate(indices)
         out: list = [None] * len(local)
         for sh, rows in _by_shard(shard):
+            self.shards[sh].check_intact()
             for r, v in zip(rows.tolist(), fetch(self.shards[sh], s, local[rows])):
                 out[r] = v
         return out

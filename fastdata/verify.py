@@ -21,25 +21,24 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-def verify_shard(reader: ShardReader, entry: dict) -> list[Problem]:
-    """Check one shard against its manifest ``entry`` (count, start, sha256), reading it once
-    in file order, with readahead (a raw LMDB set out of the page cache: ~10x as fast)."""
+def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None) -> list[Problem]:
+    """Check one shard against its manifest ``entry`` (count, start, sha256, bytes) and, given
+    ``classes``, its labels' range; read once in file order, with readahead (a raw LMDB set out
+    of the page cache: ~10x as fast)."""
     name, start = os.path.basename(reader.path), entry["start"]
     reader.readahead = True
     try:
+        problems = _entry_problems(reader, entry, classes)
         labels = reader.labels()
-        problems = []
-        if len(labels) != entry["count"]:
-            problems.append(Problem(name, None, f"holds {len(labels)} labels, "
-                                                f"manifest says {entry['count']}"))
         actual = []
         for s in reader.sizes:
+            reader.check_intact()
             crcs, pixels = reader.crcs(s), np.empty((s, s, 3), np.uint8)
             actual.append(np.zeros(entry["count"], np.uint32))
             for i in range(entry["count"]):
                 p = reader.payload(s, i)
                 actual[-1][i] = crc32(p)
-                if i >= len(crcs) or actual[-1][i] != crcs[i]:
+                if actual[-1][i] != crcs[i]:
                     problems.append(Problem(name, start + i, f"size {s}: CRC mismatch "
                                                              f"(damaged image data)"))
                 elif reader.encoding == "jpeg":
@@ -57,15 +56,46 @@ def verify_shard(reader: ShardReader, entry: dict) -> list[Problem]:
         reader.close()
 
 
+def _entry_problems(reader: ShardReader, entry: dict, classes: int | None) -> list[Problem]:
+    """What the shard's own records say against the manifest: size on disk, place in the
+    set, label range (opening the shard checks the counts)."""
+    name, problems = os.path.basename(reader.path), []
+    size = os.path.getsize(reader.path)
+    if "bytes" in entry and size != entry["bytes"]:
+        problems.append(Problem(name, None, f"{size} bytes, the manifest says {entry['bytes']}"))
+    meta = reader.meta()
+    if meta.start != entry["start"]:
+        problems.append(Problem(name, None, f"starts at sample {meta.start}, the manifest says "
+                                            f"{entry['start']}"))
+    labels = reader.labels()
+    if classes is not None and labels.size and not (0 <= labels.min()
+                                                    and labels.max() < classes):
+        bad = labels[(labels < 0) | (labels >= classes)][0]
+        problems.append(Problem(name, None, f"label {int(bad)} is outside the manifest's "
+                                            f"{classes} classes"))
+    return problems
+
+
 def verify(root: str, *, progress: bool = False) -> list[Problem]:
+    """Check a whole set: the manifest's own consistency (at open), then every shard.
+
+    Returns:
+        The problems found, one per damaged shard or sample; empty when the set is sound.
+
+    Raises:
+        ShardFormatError: the manifest is missing or damaged (names the file and field).
+    """
     from tqdm import tqdm
 
     ds = ShardSet(root)
     problems: list[Problem] = []
-    for entry, reader in tqdm(list(ds.iter_shards()), desc="verify", unit="shard",
-                              disable=not progress):
+    bar = tqdm(total=len(ds), desc="verify", unit="img", disable=not progress,
+               dynamic_ncols=True)
+    for entry, reader in ds.iter_shards():
         if not os.path.isfile(reader.path):
             problems.append(Problem(entry["file"], None, "missing shard file"))
-            continue
-        problems += verify_shard(reader, entry)
+        else:
+            problems += verify_shard(reader, entry, len(ds.classes))
+        bar.update(entry["count"])
+    bar.close()
     return problems
