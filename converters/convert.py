@@ -22,7 +22,7 @@ from converters.decode import DecodeOptions
 from converters.pool import Decoder, in_flight
 from converters.scan import Scan, scan_folder
 from converters.writers import WRITERS
-from fastdata.checks import choice, integer
+from fastdata.checks import choice, integer, printable
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
@@ -389,13 +389,13 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
              "other files ignored)", n_done, "" if n_done == 1 else "s", len(shards), container,
              "" if len(shards) == 1 else "s", out, len(skipped), ignored)
     for s in skipped[:20]:
-        log.warning("skipped %s: %s", s["path"], s["reason"])
+        log.warning("skipped %s: %s", printable(s["path"]), printable(s["reason"]))
     if len(skipped) > 20:
         log.warning("... and %d more skipped (see %s)", len(skipped) - 20, MANIFEST)
     if empty:       # a model built from len(classes) gets an output per folder
         log.warning("%d class%s without a readable image, kept so that labels match the folder "
                     "names: %s (remove %s from %s and convert again to drop %s)", len(empty),
-                    "" if len(empty) == 1 else "es", ", ".join(empty[:10]) +
+                    "" if len(empty) == 1 else "es", ", ".join(map(printable, empty[:10])) +
                     (", ..." if len(empty) > 10 else ""), "it" if len(empty) == 1 else "them",
                     job.src, "it" if len(empty) == 1 else "them")
     return manifest

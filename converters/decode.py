@@ -8,6 +8,7 @@ import io
 import math
 import mmap
 import os
+import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -147,8 +148,8 @@ def _packed_rgb(img: Image.Image) -> bytes:
         _, done, data = encoder.encode(n + 1)
         if done > 0 and len(data) == n:
             return data
-    except AttributeError:      # PIL's private encoder API changed: the public way
-        pass
+    except Exception:   # noqa: BLE001 - a private API: any change of it (Pillow 13 raises
+        pass            # TypeError here) falls back to the public way
     return img.tobytes("raw", "RGB")
 
 
@@ -209,13 +210,34 @@ def _decode_jpeg(data: bytes, opts: DecodeOptions,
     return out.transpose(method) if method is not None else out
 
 
+#: larger files are not read: PIL refuses images above twice ``Image.MAX_IMAGE_PIXELS`` (89 M)
+#: pixels anyway, and the largest such image in an uncompressed format is ~0.7 GiB
+MAX_FILE_BYTES = 1 << 30
+#: the first bytes of each format the converter takes (TIFF: classic and BigTIFF)
+_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\0",
+          b"MM\0*", b"II+\0", b"MM\0+")
+
+
 def _read(path: str) -> bytes:
-    """The file's bytes, as ``open(path, "rb").read()`` gives them without its buffered reader:
-    5.4 instead of 8 µs for a 19 KB JPEG (``benchmarks/convert_steps.py``)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    """The file's bytes, as ``open(path, "rb").read()`` gives them without its buffered reader
+    (5.4 instead of 8 µs for a 19 KB JPEG), once its first bytes show an image format and its
+    size is one an image can have: nothing else is loaded. A FIFO or a device is refused
+    before it is read (opened without blocking)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
-        parts = [os.read(fd, os.fstat(fd).st_size + 1)]
-        while parts[-1]:        # a file that grew since
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"file too large ({st.st_size / 2**30:.1f} GiB; images of up to "
+                             f"{MAX_FILE_BYTES >> 30} GiB are read)")
+        head = os.pread(fd, 12, 0)
+        if head and not (head.startswith(_MAGIC) or (head[:4] == b"RIFF"
+                                                     and head[8:12] == b"WEBP")):
+            raise ValueError(f"not an image: its first bytes ({head[:8].hex(' ')}) match no "
+                             f"image format the converter reads")
+        parts = [os.read(fd, st.st_size + 1)]
+        while parts[-1] and sum(map(len, parts)) <= MAX_FILE_BYTES:    # a file that grew since
             parts.append(os.read(fd, 1 << 20))
     finally:
         os.close(fd)
@@ -293,14 +315,16 @@ class Ring:
 
 
 def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions, ring: Ring | None = None,
-                  scratch: Scratch | None = None) -> list[tuple]:
+                  scratch: Scratch | None = None, on_item=None) -> list[tuple]:
     """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``.
 
     With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
-    the JPEGs are decoded into it.
+    the JPEGs are decoded into it; ``on_item()`` is called as each image starts.
     """
     out = []
     for pos, path in jobs:
+        if on_item is not None:
+            on_item()
         try:
             payloads = prepare(path, opts, None if ring is None else ring.get(pos), scratch)
             crcs = [crc32(p) for p in payloads]

@@ -24,6 +24,7 @@ MAX_BATCH = 16
 QUEUED = 2                          # batches a worker holds at most (the one it decodes too)
 WINDOW = 4                          # batches per worker between the workers and the writer
 ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
+POLL_S = 1.0                        # how often a wait for results looks for a hung worker
 
 
 def batch_size(sizes) -> int:
@@ -43,18 +44,24 @@ class _WorkerDied(Exception):
     pass
 
 
-def _worker_main(conn, opts: DecodeOptions, ring: Ring | None, parent: int) -> None:
-    """A decode worker: batches in from ``conn``, results out, in the order they came."""
+def _worker_main(conn, opts: DecodeOptions, ring: Ring | None, parent: int, beats,
+                 me: int) -> None:
+    """A decode worker: batches in from ``conn``, results out, in the order they came; the
+    time each image starts goes into ``beats[me]``, by which the parent tells a hung worker
+    from a busy one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     scratch = Scratch()
+
+    def beat():
+        beats[me] = time.monotonic()
     while True:
         try:
             batch = conn.recv()
         except EOFError:
             return
         try:
-            results = prepare_batch(batch, opts, ring, scratch)
+            results = prepare_batch(batch, opts, ring, scratch, on_item=beat)
         except Exception:       # noqa: BLE001 - a bug, not a bad image: the parent raises it
             results = RuntimeError(f"a decode worker failed:\n{traceback.format_exc()}")
         conn.send(results)
@@ -72,7 +79,9 @@ def _exit_with_parent(parent: int) -> None:
 class _Worker:
     process: mp.process.BaseProcess
     conn: Connection                # its pipe's end here
+    me: int                         # its slot in the beats
     batches: deque = field(default_factory=deque)     # the numbers of those it holds, in order
+    since: float = 0.0              # when it was last handed work while it held none
 
 
 class Decoder:
@@ -93,6 +102,7 @@ class Decoder:
         fork = "fork" in mp.get_all_start_methods()
         self._ctx = mp.get_context("fork" if fork else "spawn")
         self._pool: list[_Worker] = []
+        self._beats = None
         self.batch = batch_size(opts.sizes)
         self.ring = (Ring(self.window * self.batch, opts.sizes)
                      if fork and opts.encoding == "raw" else None)
@@ -103,14 +113,16 @@ class Decoder:
 
     def _start(self, n: int) -> None:
         self.close()
+        self._beats = self._ctx.RawArray("d", n)
         with parent_garbage_frozen():       # a notebook's CUDA garbage is not theirs to free
-            for _ in range(n):
+            for me in range(n):
                 here, there = self._ctx.Pipe()
                 p = self._ctx.Process(target=_worker_main, daemon=True,
-                                      args=(there, self.opts, self.ring, os.getpid()))
+                                      args=(there, self.opts, self.ring, os.getpid(),
+                                            self._beats, me))
                 p.start()
                 there.close()       # so that the worker's death is an EOF here
-                self._pool.append(_Worker(p, here))
+                self._pool.append(_Worker(p, here, me))
 
     def stop(self) -> None:
         """Kill the workers without waiting for them: they exit side by side, while the caller
@@ -133,14 +145,23 @@ class Decoder:
             w.conn.send(batch)
         except OSError:         # its pipe is broken: it died
             raise _WorkerDied("died") from None
+        if not w.batches:
+            w.since = time.monotonic()
         w.batches.append(number)
 
-    def _collect(self, done: dict, timeout: float) -> None:
-        """Wait for results, and file each in ``done`` under its batch's number."""
-        busy = {w.conn: w for w in self._pool if w.batches}
-        ready = wait(list(busy), timeout)
-        if not ready:
-            raise _WorkerDied("hung")
+    def _collect(self, done: dict) -> None:
+        """Wait for results, and file each in ``done`` under its batch's number. A worker that
+        has spent more than ``ITEM_TIMEOUT_S`` on one image is hung, whatever its batch's
+        size."""
+        while True:
+            busy = {w.conn: w for w in self._pool if w.batches}
+            ready = wait(list(busy), min(POLL_S, ITEM_TIMEOUT_S))
+            if ready:
+                break
+            now = time.monotonic()
+            if any(now - max(self._beats[w.me], w.since) > ITEM_TIMEOUT_S
+                   for w in busy.values()):
+                raise _WorkerDied("hung")
         for conn in ready:
             try:
                 results = conn.recv()
@@ -180,7 +201,7 @@ class Decoder:
                 if not sent:
                     return
                 if head not in done:
-                    self._collect(done, ITEM_TIMEOUT_S * len(sent[head]))
+                    self._collect(done)
                     continue
             except _WorkerDied as e:
                 pending = [j for n in sorted(sent) for j in sent[n]]
@@ -201,7 +222,7 @@ class Decoder:
             done: dict[int, list] = {}
             try:
                 self._send(self._pool[0], 0, [job])
-                self._collect(done, ITEM_TIMEOUT_S)
+                self._collect(done)
             except _WorkerDied as e:
                 yield [(job[0], None, None, f"worker process {e} while decoding this file")]
                 continue

@@ -4,8 +4,8 @@ Classes are the sorted names of the top-level directories (as torchvision's Imag
 are matched by extension case-insensitively, nested sub-directories and symlinks (to files and
 to directories) are followed, a folder reached twice within a class (a loop, or two links to
 it) is walked once, by the first path in name order. Dotfiles/dot-directories, non-image
-files, broken links, unreadable folders and images directly in ``root`` (in no class) are
-ignored and counted. A class directory without images keeps its index (so indices always
+files, broken links, special files (FIFOs, devices: never opened), unreadable folders and
+images directly in ``root`` (in no class) are ignored and counted. A class directory without images keeps its index (so indices always
 match sorted folder names, like ``ImageFolder(allow_empty=True)``); the converter reports it
 as empty. The listing's file types are used: no ``stat`` per file (but for links), which a
 network file system makes slow.
@@ -75,8 +75,10 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
                 elif e.is_file():
                     found.append(rel + e.name)
                     continue
-                else:
+                elif e.is_symlink() and not os.path.exists(e.path):
                     reason = "broken link"
+                else:               # a FIFO, a socket, a device: never opened
+                    reason = "not a regular file"
                 ignored[reason] = ignored.get(reason, 0) + 1
             stack += [(os.path.join(folder, d), rel + d + os.sep)     # popped in name order
                       for d in sorted(subfolders, reverse=True)]

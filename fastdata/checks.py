@@ -38,3 +38,13 @@ def choice(name: str, value: Any, choices) -> Any:
         raise ValueError(f"{name}={value!r} is not valid; choose one of "
                          f"{', '.join(map(str, choices))}")
     return value
+
+
+def printable(text) -> str:
+    """``text`` safe to print on a terminal: control characters (an escape sequence in a file
+    or class name could rewrite the screen or the window title) shown as ``\\x1b`` escapes."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else
+                   (f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}") for c in text)

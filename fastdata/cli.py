@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from fastdata.checks import printable
 from fastdata.env import keep_freed_memory
 from fastdata.format import CONTAINERS, ENCODINGS, FITS, check_size, json_text
 
@@ -89,24 +90,26 @@ def info_dict(path: str) -> dict:
 
 def print_info(d: dict) -> None:
     enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
-    echo(f"{d['path']}  (from {d['source']})")
+    p = printable       # names in a set are not trusted: no escape sequence reaches the terminal
+    echo(f"{p(d['path'])}  (from {p(d['source'])})")
     plural = "" if d["shards"] == 1 else "s"
     echo(f"  {d['samples']} sample{'' if d['samples'] == 1 else 's'} in {d['shards']} "
          f"{d['container']} shard{plural}, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{_human(d['bytes'])} on disk")
     echo(f"  {len(d['classes'])} class{'' if len(d['classes']) == 1 else 'es'}:")
-    width = max(map(len, d["classes"]), default=0)
-    for name, n in d["classes"].items():
+    names = {p(name): n for name, n in d["classes"].items()}
+    width = max(map(len, names), default=0)
+    for name, n in names.items():
         echo(f"    {name:<{width}}  {n}")
     if d["empty_classes"]:
         echo(f"  empty classes (kept so indices match folder names): "
-             f"{', '.join(d['empty_classes'])}")
+             f"{', '.join(map(p, d['empty_classes']))}")
     echo(f"  skipped (unreadable): {len(d['skipped'])}")
     for s in d["skipped"]:
-        echo(f"    {s['path']}: {s['reason']}")
+        echo(f"    {p(s['path'])}: {p(s['reason'])}")
     if d["ignored"]:
-        echo("  ignored: " + ", ".join(f"{k}: {v}" for k, v in d["ignored"].items()))
+        echo("  ignored: " + ", ".join(f"{p(k)}: {v}" for k, v in d["ignored"].items()))
     echo("  out of the page cache, read at random: " + (
         "with readahead (the set fits in half the memory available now)"
         if d["readahead_at_random"] else "without readahead (the set is larger than half the "
@@ -146,7 +149,7 @@ def cmd_verify(a) -> int:
 
     problems = verify(a.out, progress=not a.quiet)
     for p in problems:
-        echo(f"DAMAGED {p}")
+        echo(f"DAMAGED {printable(p)}")
     n = len(problems)
     echo(f"{a.out}: " + (f"{n} problem{'s' * (n > 1)} found" if n else "OK"))
     if problems:

@@ -32,6 +32,8 @@ LOCK = ".fastdata.lock"
 CONVERT_NAMES = re.compile(r"(manifest\.json|shard-\d{5,}\.(h5|lmdb))"
                            r"(\.tmp(\.part)?|\.tmp-[A-Za-z0-9_]{1,16}(\.part)?)?")
 TEMP_SUFFIX = re.compile(r"\.tmp(\.part)?$|\.tmp-[A-Za-z0-9_]{1,16}(\.part)?$")
+#: the names a conversion reads back (``--resume``) or renames a new file onto
+FINAL_NAMES = re.compile(r"manifest\.json|shard-\d{5,}\.(h5|lmdb)")
 
 
 class FolderBusyError(OSError):
@@ -131,10 +133,10 @@ def is_regular(path: str) -> bool:
         return False
 
 
-def foreign_at_own_names(folder: str, names=CONVERT_NAMES) -> list[str]:
-    """Entries of ``folder`` that have a name fastdata writes but are not regular files
-    (links, folders, FIFOs): fastdata did not make them, and will neither write through nor
-    delete them."""
+def foreign_at_own_names(folder: str, names=FINAL_NAMES) -> list[str]:
+    """Entries of ``folder`` at the names of a shard set's files that are not regular files
+    (links, folders, FIFOs): fastdata did not make them, and would read through or replace
+    them. (Temporary files get fresh names: whatever sits at old ones is left alone.)"""
     return sorted(n for n in os.listdir(folder) if names.fullmatch(n)
                   and not is_regular(os.path.join(folder, n)))
 

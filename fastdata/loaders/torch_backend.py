@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import threading
+import weakref
 from collections import deque
 
 import numpy as np
@@ -258,6 +259,7 @@ class TorchBackend(Backend):
         self._pool: cf.ThreadPoolExecutor | None = None
         self._reader: _BatchReader | None = None
         self._workers: _WorkerProcesses | None = None   # kept from one pass to the next
+        self._all_workers: weakref.WeakSet = weakref.WeakSet()   # for close(), passes' own too
         self._stream = None         # the side stream that copies and augments on CUDA
 
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
@@ -281,11 +283,11 @@ class TorchBackend(Backend):
         l = self.loader
         w = self._workers
         if w is not None and w.busy:    # a pass still under way has them: this one its own
-            yield from _WorkerProcesses(reader, l, persistent=False).run(jobs)
-            return
-        if w is None or not w.usable((reader, l.num_workers, l.prefetch, l.mp_context)):
+            w = _WorkerProcesses(reader, l, persistent=False)
+        elif w is None or not w.usable((reader, l.num_workers, l.prefetch, l.mp_context)):
             self._workers = None        # first: the old ones stop before new ones start
             w = self._workers = _WorkerProcesses(reader, l, persistent=True)
+        self._all_workers.add(w)
         yield from w.run(jobs)
 
     def iterate(self, batches, epoch, start):
@@ -350,6 +352,8 @@ class TorchBackend(Backend):
             self._pool = None
         self._reader = None
         self._workers = None
+        for w in list(self._all_workers):    # an iterator still held keeps them otherwise
+            w.shutdown()
 
 
 class _BatchDataset(torch.utils.data.Dataset):
@@ -407,7 +411,8 @@ class _WorkerProcesses:
             # the jobs in flight, the batch the consumer holds, one it has just been handed
             self.ring = _Ring(l.num_workers * l.prefetch + 2, nbytes)
         self.key = (reader, l.num_workers, l.prefetch, l.mp_context)
-        self.busy = self.broken = False
+        self.busy = self.broken = self.closed = False
+        self._iterator = None
         self._lending = _Lending(self.ring)
         self._dl = torch.utils.data.DataLoader(
             _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
@@ -428,8 +433,15 @@ class _WorkerProcesses:
         try:
             self._lending.jobs = jobs
             with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs
-                batches = iter(self._dl)    # the workers start here, or resume
-            for slot, images, labels, params in batches:
+                batches = self._iterator = iter(self._dl)   # the workers start or resume here
+            while True:
+                if self.closed:
+                    raise RuntimeError("the loader was closed: its worker processes are gone; "
+                                       "make a new Loader to read on")
+                try:
+                    slot, images, labels, params = next(batches)
+                except StopIteration:
+                    return
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
                 yield images, torch.as_tensor(labels), params
@@ -438,3 +450,12 @@ class _WorkerProcesses:
             raise
         finally:
             self.busy = False
+
+    def shutdown(self) -> None:
+        """Stop the worker processes now, even while an iterator over them is held."""
+        self.closed = self.broken = True
+        for it in (self._iterator, getattr(self._dl, "_iterator", None)):
+            stop = getattr(it, "_shutdown_workers", None)     # DataLoader's, not public
+            if stop is not None:
+                stop()
+        self._iterator = None

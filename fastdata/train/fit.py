@@ -15,6 +15,7 @@ Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.j
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -26,6 +27,7 @@ import torch
 
 from fastdata.checks import choice, integer
 from fastdata.interrupt import SigintLatch
+from fastdata.outdir import FolderLock, temp_path
 from fastdata.train.distributed import all_reduce_sum, any_rank, barrier, cpu_group
 from fastdata.train.step import TrainStep
 
@@ -74,9 +76,35 @@ def evaluate(step: TrainStep, loader) -> float:
 
 
 def _save(path: str, state: dict) -> None:
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    tmp = temp_path(path)   # a fresh name: nothing planted in the folder is written through
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _lock(checkpoint_dir: str, rank: int, group) -> FolderLock | None:
+    """Rank 0 locks the checkpoint folder for the run (two runs would overwrite each other's
+    checkpoints); every rank raises if it could not, so that none waits for it."""
+    lock, error = None, None
+    if rank == 0:
+        try:
+            lock = FolderLock(checkpoint_dir, "fastdata train").acquire()
+        except OSError as e:
+            error = e
+    if any_rank(error is not None, group):
+        raise error or RuntimeError(f"rank 0 could not lock {checkpoint_dir}: see its log")
+    return lock
+
+
+def _append_log(path: str, rec: dict) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                 0o644)
+    with os.fdopen(fd, "a") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
@@ -105,6 +133,23 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
             raise ValueError(f"checkpoint_dir={checkpoint_dir!r} is a file: give a folder (its "
                              f"last.pt is written there)")
         os.makedirs(checkpoint_dir, exist_ok=True)
+    group = cpu_group() if ckpt else None
+    lock = None
+    try:
+        lock = _lock(checkpoint_dir, rank, group) if ckpt else None
+        return _fit(step, loader, epochs=epochs, eval_loader=eval_loader, ckpt=ckpt,
+                    checkpoint_every=checkpoint_every, resume=resume, log_every=log_every,
+                    max_steps=max_steps, rank=rank, group=group)
+    finally:
+        if lock is not None:
+            lock.release()
+        if group is not None:
+            dist.destroy_process_group(group)
+
+
+def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every, resume,
+         log_every, max_steps, rank, group) -> list[dict]:
+    checkpoint_dir = os.path.dirname(ckpt) if ckpt else None
     epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
         epoch0, start = _load(ckpt, step, loader)
@@ -124,7 +169,6 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
     # saving there (fastdata/interrupt.py), at the same step on every rank
     latch = SigintLatch(enabled=bool(ckpt), signals=(signal.SIGINT, signal.SIGTERM))
-    group = cpu_group() if ckpt else None
 
     def interrupted() -> bool:
         return bool(ckpt) and any_rank(latch.hit, group)
@@ -179,8 +223,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 rec["val_acc"] = evaluate(step, eval_loader)
             history.append(rec)
             if checkpoint_dir:
-                with open(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                _append_log(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), rec)
             log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
                      f", val acc {rec['val_acc']:.3f}" if "val_acc" in rec else "")
             if stopped:
@@ -190,8 +233,6 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
                 stop(epoch + 1)
     finally:
         latch.restore()
-        if group is not None:
-            dist.destroy_process_group(group)
     return history
 
 
@@ -268,7 +309,8 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
 def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     """Restore ``path``; returns (epoch, batches of it already done)."""
     try:
-        s = torch.load(path, map_location=step.device, weights_only=False)
+        # tensors and plain types only: a pickle that runs code is refused before it runs
+        s = torch.load(path, map_location=step.device, weights_only=True)
         if not isinstance(s, dict) or not {"model", "optimizer", "step", "epoch"} <= s.keys():
             raise ValueError("not a checkpoint of fastdata.train.fit")
     except Exception as e:      # noqa: BLE001 - torch.load raises anything on a damaged file
