@@ -99,7 +99,7 @@ def _prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"output {out!r} is not empty; pass --overwrite to replace it or "
                               f"--resume to finish an interrupted conversion")
-    gone = remove_own(out, [n for n in entries if CONVERT_NAMES.fullmatch(n)])
+    gone = remove_own(out, sorted(n for n in entries if CONVERT_NAMES.fullmatch(n)))
     log.info("--overwrite removed %d file%s fastdata had written in %s%s", len(gone),
              "" if len(gone) == 1 else "s", out, f": {', '.join(gone[:5])}" +
              (", ..." if len(gone) > 5 else "") if gone else "")

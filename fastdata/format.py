@@ -209,8 +209,9 @@ def check_manifest(m: dict, path: str) -> None:
         _is_int(s) and s >= MIN_SIZE and not s & (s - 1) for s in sizes)
       and sizes == sorted(set(sizes)), "ascending powers of two >= 8")
     classes = m.get("classes")
-    f("classes", classes, isinstance(classes, list) and all(isinstance(c, str)
-                                                            for c in classes), "a list of names")
+    f("classes", classes, isinstance(classes, list) and classes and all(
+        isinstance(c, str) for c in classes) and len(set(classes)) == len(classes),
+      "a list of distinct names")
     n = m.get("num_samples")
     f("num_samples", n, _is_int(n) and n >= 0, "an integer >= 0")
     shards = m.get("shards")
@@ -235,17 +236,19 @@ def check_manifest(m: dict, path: str) -> None:
         f(f"{where}.sha256", s.get("sha256"), isinstance(s.get("sha256"), str),
           "a hex digest")
     f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
-    skipped = m.get("skipped", [])
+    skipped = m.get("skipped")
     f("skipped", skipped, isinstance(skipped, list) and all(
         isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
         for x in skipped), "a list of {path, reason}")
-    ignored = m.get("ignored", {})
+    ignored = m.get("ignored")
     f("ignored", ignored, isinstance(ignored, dict) and all(
         _is_int(v) for v in ignored.values()), "an object of counts")
-    empty = m.get("empty_classes", [])
+    empty = m.get("empty_classes")
     f("empty_classes", empty, isinstance(empty, list) and all(isinstance(c, str) for c in empty),
       "a list of names")
-    f("source", m.get("source"), isinstance(m.get("source", ""), str), "a path")
+    f("source", m.get("source"), isinstance(m.get("source"), str), "a path")
+    f("quality", m.get("quality"), m.get("quality") is None or _is_int(m.get("quality")),
+      "an integer or null")
 
 
 def json_text(obj: Any, *, sort_keys: bool = False) -> str:

@@ -293,9 +293,20 @@ class LMDBShardReader(ShardReader):
 
     def payload(self, size, i):
         with self.h["env"].begin() as txn:
+            return self._get(txn, size, i)
+
+    def _get(self, txn, size: int, i: int):
+        """Sample ``i``'s value; a damaged page is an OSError naming the shard (py-lmdb raises
+        its own errors, which are not)."""
+        import lmdb
+
+        try:
             v = txn.get(lmdb_key(size, i))
+        except lmdb.Error as e:
+            raise OSError(f"{self.path}: sample {i} at size {size} cannot be read ({e}); check "
+                          f"the set with `fastdata verify`") from None
         if v is None:
-            raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
+            raise OSError(f"{self.path}: sample {i} at size {size} is missing")
         return v
 
     def read_raw(self, size, local, out, rows):
@@ -318,9 +329,7 @@ class LMDBShardReader(ShardReader):
         if where is not None:
             will_need(_places(where, local, size * size * 3))
         for i in local.tolist():
-            v = txn.get(lmdb_key(size, i))
-            if v is None:
-                raise KeyError(f"{self.path}: sample {i} at size {size} is missing")
+            v = self._get(txn, size, i)
             if len(v) != 3 * size * size:
                 raise OSError(f"{self.path}: sample {i} at size {size} is {len(v)} bytes, not "
                               f"{3 * size * size}; check the set with `fastdata verify`")
