@@ -24,11 +24,12 @@ from converters.scan import Scan, scan_folder
 from converters.writers import WRITERS
 from fastdata.checks import choice, integer, printable
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
-from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
+from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION,
+                             IMAGE_EXTENSIONS, MANIFEST,
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
                              write_json_atomic)
 from fastdata.interrupt import SigintLatch
-from fastdata.outdir import (CONVERT_NAMES, LOCK, FolderLock, foreign_at_own_names,
+from fastdata.outdir import (CONVERT_NAMES, LOCK, FolderLock, foreign_at_own_names, is_regular,
                              leftover_temps, remove_own)
 from fastdata.readers import READERS
 from fastdata.verify import verify_shard
@@ -205,6 +206,40 @@ def _changed_shards(out: str, manifest: dict) -> str:
     return ""
 
 
+def _nothing_found(scan: Scan) -> str:
+    """What a source folder without image files holds instead, in one line."""
+    n = len(scan.classes)
+    ignored = ", ".join(f"{count} {printable(reason)}" for reason, count in
+                        sorted(scan.ignored.items(), key=lambda kv: -kv[1]))
+    return (f"no image files in {scan.root!r}: {n} class folder{'' if n == 1 else 's'} "
+            f"({', '.join(map(printable, scan.classes[:5]))}{', ...' if n > 5 else ''}) and "
+            f"no file with an image extension ({', '.join(IMAGE_EXTENSIONS)}) in "
+            f"{'it' if n == 1 else 'them'}" + (f"; ignored: {ignored}" if ignored else
+                                                ": they are empty"))
+
+
+def saved_options(out: str) -> tuple[dict, str] | None:
+    """The options a conversion into ``out`` was made with, and where they were found (its
+    manifest, or for one that did not finish its first shard); None where neither says.
+    Nothing found there is trusted beyond being passed back to ``convert()``, which checks it.
+    """
+    done = _finished_manifest(out) if os.path.isdir(out) else None
+    if done is not None and "shard_size" in done:
+        keys = ("container", "sizes", "encoding", "quality", "fit", "shard_size")
+        return {k: done.get(k) for k in keys}, os.path.join(out, MANIFEST)
+    for container in CONTAINERS:
+        path = os.path.join(out, shard_file(container, 0))
+        if not is_regular(path):
+            continue
+        try:
+            options = json.loads(WRITERS[container].options(path))
+        except Exception:       # noqa: BLE001 - a damaged shard says nothing
+            continue
+        if isinstance(options, dict):
+            return options, path
+    return None
+
+
 def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
@@ -229,6 +264,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     warn_if_not_simd()
 
     scan = scan_folder(src, progress=progress)
+    if not scan.files:
+        raise ConversionError(_nothing_found(scan))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality))
@@ -274,6 +311,14 @@ class _Job:
     def __post_init__(self):
         self.fp = _fingerprint(self.scan, self.opts, self.container, self.shard_size)
 
+    def options(self) -> dict:
+        """The options that made this job, as ``convert()`` takes them (kept in each shard and
+        in the manifest, for ``convert --resume`` without them)."""
+        o = self.opts
+        return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
+                "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
+                "shard_size": self.shard_size}
+
 
 def _finished(job: _Job) -> dict | None:
     """The manifest of ``job`` if ``out`` holds it complete already; else None, with a
@@ -313,7 +358,7 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
         meta = ShardMeta(index=len(shards), start=n_done, count=len(shard),
                          sha256=shard.checksum(), config=job.fp, sources=(shard_first, end),
                          skipped=shard_skipped)
-        nbytes = shard.finish(meta)
+        nbytes = shard.finish(meta, job.options())
         shards.append({"file": os.path.basename(shard.path), "start": meta.start,
                        "count": meta.count, "sha256": meta.sha256, "bytes": nbytes})
         skipped.extend(shard_skipped)
@@ -382,6 +427,7 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         "sizes": list(opts.sizes), "fit": opts.fit, "classes": scan.classes,
         "num_samples": n_done, "shards": shards, "skipped": skipped, "ignored": scan.ignored,
         "empty_classes": empty, "source": job.src, "config": job.fp,
+        "shard_size": job.shard_size,
     }
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     ignored = sum(scan.ignored.values())

@@ -5,10 +5,10 @@ are matched by extension case-insensitively, nested sub-directories and symlinks
 to directories) are followed, a folder reached twice within a class (a loop, or two links to
 it) is walked once, by the first path in name order. Dotfiles/dot-directories, non-image
 files, broken links, special files (FIFOs, devices: never opened), unreadable folders and
-images directly in ``root`` (in no class) are ignored and counted. A class directory without images keeps its index (so indices always
-match sorted folder names, like ``ImageFolder(allow_empty=True)``); the converter reports it
-as empty. The listing's file types are used: no ``stat`` per file (but for links), which a
-network file system makes slow.
+images directly in ``root`` (in no class) are ignored and counted. A class directory without
+images keeps its index (so indices always match sorted folder names, like
+``ImageFolder(allow_empty=True)``); the converter reports it as empty. The listing's file
+types are used: no ``stat`` per file (but for links), which a network file system makes slow.
 """
 from __future__ import annotations
 

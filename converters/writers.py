@@ -3,11 +3,11 @@
 The converter opens a writer per shard, ``add``s each sample as its worker returns it and
 ``finish``es it, which writes labels, checksums and metadata into a fresh temporary file
 (``<file>.tmp-XXXXXXXX``, made with ``O_EXCL | O_NOFOLLOW``: no link planted in the folder is
-written through) and renames it into place, so a shard file on disk is always complete. Raw pixels go into the file as they
-come, a batch at a time (``write_pending``), straight from the workers' ring slots (no shard
-held in memory, no long serial write at the end of each shard while the workers wait); JPEG
-payloads, whose total size is known only at the end, are kept until then. Layouts are
-documented in ``fastdata.format``.
+written through) and renames it into place, so a shard file on disk is always complete. Raw
+pixels go into the file as they come, a batch at a time (``write_pending``), straight from the
+workers' ring slots (no shard held in memory, no long serial write at the end of each shard
+while the workers wait); JPEG payloads, whose total size is known only at the end, are kept
+until then. Layouts are documented in ``fastdata.format``.
 
 Raw HDF5 pixels that fill whole pages (64 px and up) are written with ``O_DIRECT``: the disk
 reads them from the ring itself, with no copy into the page cache. That copy was the writer's
@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 
 import numpy as np
 
-from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardMeta, lmdb_crc_key, lmdb_key,
-                             shard_checksum)
+from fastdata.format import (LMDB_LABELS, LMDB_META, LMDB_OPTIONS, PAGE, ShardMeta,
+                             lmdb_crc_key, lmdb_key, shard_checksum)
 from fastdata.outdir import temp_path
 
 # raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value
@@ -39,8 +40,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class ShardWriter:
-    """One shard, written to a temporary file beside ``path``: ``add`` at most ``capacity`` samples, then
-    ``finish`` (or ``abort``)."""
+    """One shard, written to a temporary file beside ``path``: ``add`` at most ``capacity``
+    samples, then ``finish`` (or ``abort``)."""
     container: str = ""
 
     def __init__(self, path: str, *, sizes: tuple[int, ...], encoding: str, capacity: int):
@@ -77,11 +78,12 @@ class ShardWriter:
     def checksum(self) -> str:
         return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes])
 
-    def finish(self, meta: ShardMeta) -> int:
-        """Complete the shard and rename it into place; return its size in bytes."""
+    def finish(self, meta: ShardMeta, options: dict | None = None) -> int:
+        """Complete the shard and rename it into place; return its size in bytes. ``options``:
+        the conversion's, kept beside ``meta`` (see ``options``)."""
         with self._cleanup():
             self.write_pending()
-            self._finish(meta)
+            self._finish(meta, json.dumps(options or {}, sort_keys=True))
         os.replace(self.tmp, self.path)
         return os.path.getsize(self.path)
 
@@ -114,7 +116,12 @@ class ShardWriter:
         """Raw payloads of sample ``i`` into the file."""
         raise NotImplementedError
 
-    def _finish(self, meta: ShardMeta) -> None:
+    def _finish(self, meta: ShardMeta, options: str) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def options(path: str) -> str:
+        """The options JSON that the shard at ``path`` was written with."""
         raise NotImplementedError
 
     def _close(self) -> None:
@@ -213,7 +220,14 @@ class HDF5Writer(ShardWriter):
                 os.close(fd)
         self._fd = self._direct = None
 
-    def _finish(self, meta):
+    @staticmethod
+    def options(path):
+        import h5py
+
+        with h5py.File(path, "r", locking=False) as f:
+            return f.attrs["options"]
+
+    def _finish(self, meta, options):
         import h5py
 
         self._close()
@@ -222,6 +236,7 @@ class HDF5Writer(ShardWriter):
             self._shrink(n)
         with h5py.File(self.tmp, "r+" if self.encoding == "raw" else "w", locking=False) as f:
             f.attrs["meta"] = meta.to_json()
+            f.attrs["options"] = options
             f.create_dataset("labels", data=np.asarray(self.labels, np.int64), track_times=False)
             for s in self.sizes:     # no chunks, no compression: contiguous, memory-mappable
                 if self.encoding == "jpeg":
@@ -313,7 +328,15 @@ class LMDBWriter(ShardWriter):
             self._env.close()
         self._env = self._txn = None
 
-    def _finish(self, meta):
+    @staticmethod
+    def options(path):
+        import lmdb
+
+        with lmdb.open(path, subdir=False, readonly=True, lock=False) as env, \
+                env.begin() as txn:
+            return txn.get(LMDB_OPTIONS).decode()
+
+    def _finish(self, meta, options):
         n = len(self)
         if self.encoding == "jpeg":
             self._open(_lmdb_bytes(len(p) for s in self.sizes for p in self.encoded[s]))
@@ -325,6 +348,7 @@ class LMDBWriter(ShardWriter):
             txn.put(lmdb_crc_key(s), self.crcs[s][:n].tobytes())
         txn.put(LMDB_LABELS, np.asarray(self.labels, np.int64).tobytes())
         txn.put(LMDB_META, meta.to_json().encode())
+        txn.put(LMDB_OPTIONS, options.encode())
         txn.commit()
         used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         self._close()

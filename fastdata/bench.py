@@ -414,9 +414,9 @@ def table(report: dict) -> str:
         row = f"{r['label']:<{w}} {s['median']:>13.0f} {spread:>15} {times:>7}"
         if report["ceiling"]:
             m = r["model"]
+            share = "unreliable" if unreliable(m) else f"{m['fraction_of_ceiling']:.0%}"
             row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
-                    f"{m['fraction_of_ceiling']:>9.0%} "
-                    f"{m['data_wait_frac']:>9.0%}")
+                    f"{share:>9} {m['data_wait_frac']:>9.0%}")
         pss = r["peak_pss_mb"]
         lines.append(row + (f" {pss:>6.0f} MB" if pss is not None else f" {'-':>9}"))
     if report["ceiling"]:
@@ -424,13 +424,31 @@ def table(report: dict) -> str:
                      f"run before and after each backend's loader")
         for r in report["results"]:
             m = r.get("model")
-            if m and m["fraction_of_ceiling"] > 1:
-                lo, hi = m["fraction_range"]
+            if not m:
+                continue
+            lo, hi = m["fraction_range"]
+            if unreliable(m):
+                lines.append(f"{r['label']}: unreliable: the runs put it at {lo:.0%}-{hi:.0%} "
+                             f"of its ceiling; use more --batches and --repeat, or a quieter "
+                             f"machine")
+            elif m["fraction_of_ceiling"] > 1:
                 why = ("within run-to-run noise; more --batches/--repeat narrow it" if lo <= 1
                        else "in every pairing of the runs")
                 lines.append(f"{r['label']}: fed above its ceiling ({lo:.0%}-{hi:.0%} over "
                              f"the runs), {why}")
     return "\n".join(lines)
+
+
+#: the runs of a fed row may put it this many times higher, against its ceiling, in their best
+#: pairing than in their worst before its share of the ceiling means nothing
+UNRELIABLE_SPREAD = 2.0
+
+
+def unreliable(model: dict) -> bool:
+    """Whether a fed row's runs disagree too much for its share of the ceiling to mean
+    anything (a busy machine, or too few batches)."""
+    lo, hi = model["fraction_range"]
+    return hi > UNRELIABLE_SPREAD * lo
 
 
 def check_plot_path(path: str) -> None:
@@ -445,8 +463,40 @@ def check_plot_path(path: str) -> None:
                          f"{', '.join(sorted(kinds))} (e.g. bench.png)")
 
 
+def _plot_fed(ax, ok: list[dict], model: str) -> None:
+    """The fed panel: model img/s per row, each with its own ceiling (taken around its loader:
+    drift moves both); a bar above its ceiling is hatched, an unreliable one greyed."""
+    fed = [r["model"]["img_per_s"] for r in ok]
+    colours = ["0.75" if unreliable(r["model"]) else "tab:green" for r in ok]
+    err = [[f["median"] - f["min"] for f in fed], [f["max"] - f["median"] for f in fed]]
+    bars = ax.bar(range(len(ok)), [f["median"] for f in fed], color=colours, capsize=4,
+                  tick_label=[r["label"] for r in ok], yerr=err)
+    for bar, r in zip(bars, ok):
+        if r["model"]["fraction_of_ceiling"] > 1:
+            bar.set_hatch("//")
+    ax.scatter(range(len(ok)), [r["model"]["ceiling"]["median"] for r in ok], marker="_",
+               s=1500, linewidths=2, color="tab:red", zorder=3, label="ceiling (its runs)")
+    ax.bar([0], [0], color="white", edgecolor="black", hatch="//", label="above its ceiling")
+    if "0.75" in colours:
+        ax.bar([0], [0], color="0.75", label="unreliable (runs disagree)")
+    ax.set_title(f"{model} fed by the loader")
+    top = max(max(f["max"] for f in fed), max(r["model"]["ceiling"]["median"] for r in ok))
+    ax.set_ylim(0, top * 1.35)          # room above the bars for the legend
+    ax.legend(loc="upper center", ncol=3, framealpha=0.9, fontsize=7)
+
+
 def plot(report: dict, path: str) -> None:
     """Bar chart (PNG): loader-only img/s per backend, and model img/s vs the ceiling."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(report)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def figure(report: dict):
+    """``plot``'s matplotlib figure."""
     require("matplotlib", "--plot")
     import matplotlib
 
@@ -464,22 +514,14 @@ def plot(report: dict, path: str) -> None:
            [r["loader"]["img_per_s"]["max"] - m for m, r in zip(med, ok)]]
     ax.bar(names, med, yerr=err, color="tab:blue", capsize=4)
     ax.set_title("loader only")
-    ax.set_ylabel("images / s")
     if report["ceiling"]:
-        ax = axes[0][1]
-        fed = [r["model"]["img_per_s"] for r in ok]
-        ax.bar(names, [f["median"] for f in fed], color="tab:green", capsize=4,
-               yerr=[[f["median"] - f["min"] for f in fed], [f["max"] - f["median"] for f in fed]])
-        # each row against its own ceiling runs (taken around its loader: drift moves both)
-        ax.scatter(names, [r["model"]["ceiling"]["median"] for r in ok], marker="_", s=1500,
-                   linewidths=2, color="tab:red", zorder=3, label="ceiling (its runs)")
-        ax.set_title(f"{report['ceiling']['model']} fed by the loader")
-        ax.legend(loc="lower right", framealpha=0.9)
+        _plot_fed(axes[0][1], ok, report["ceiling"]["model"])
     c = report["config"]
     for ax in axes[0]:
+        ax.set_ylabel("images / s")
         ax.tick_params(axis="x", labelrotation=20 if len(ok) > 3 else 0)
     fig.suptitle(f"{c['size']}px, crop {c['crop']}, batch {c['batch_size']}, {c['device']}")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    fig.text(0.01, 0.01, f"bars: median of {c['repeat']} runs; error bars: their min-max",
+             fontsize=8, color="0.3")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig

@@ -54,15 +54,43 @@ def _human(n: float) -> str:
 
 
 # ---------------------------------------------------------------- commands
+#: ``fastdata convert``'s options that make a shard set what it is, and their defaults
+CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
+                    "fit": "crop", "shard_size": None}
+
+
+def _convert_options(a) -> dict:
+    """``convert()``'s keywords from the command line; with ``--resume`` and none of them
+    given, those of the conversion being resumed (said in the log)."""
+    given = {k: getattr(a, k) for k in CONVERT_DEFAULTS if getattr(a, k) is not None}
+    if a.resume and not given:
+        from converters.convert import saved_options
+
+        found = saved_options(a.out)
+        if found is not None:
+            saved, where = found
+            log.info("resuming with the options recorded in %s: %s", where, " ".join(
+                f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+                for k, v in (("format", saved.get("container")), ("size", saved.get("sizes")),
+                             ("encoding", saved.get("encoding")),
+                             ("quality", saved.get("quality")), ("fit", saved.get("fit")),
+                             ("shard_size", saved.get("shard_size"))) if v is not None))
+            return {k: v for k, v in saved.items() if v is not None}
+    o = {**CONVERT_DEFAULTS, **given}
+    if "quality" in given and o["encoding"] != "jpeg":
+        raise ValueError(f"--quality {a.quality} applies to --encoding jpeg only (this "
+                         f"conversion stores {o['encoding']} pixels): leave it out")
+    return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
+            "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
+            "shard_size": o["shard_size"]}
+
+
 def cmd_convert(a) -> int:
     from converters.convert import ConversionError, convert
 
-    sizes = sorted({s for group in a.size for s in group}) if a.size else [256]
     try:
-        convert(a.src, a.out, container=a.format, sizes=sizes, encoding=a.encoding,
-                quality=a.quality, fit=a.fit, workers=a.workers, shard_size=a.shard_size,
-                on_error=a.on_error, overwrite=a.overwrite, resume=a.resume,
-                progress=not a.quiet)
+        convert(a.src, a.out, **_convert_options(a), workers=a.workers, on_error=a.on_error,
+                overwrite=a.overwrite, resume=a.resume, progress=not a.quiet)
     except ConversionError as e:        # unreadable inputs: the data's fault, no traceback
         log.error("%s", e)
         return 1
@@ -153,8 +181,16 @@ def cmd_verify(a) -> int:
     n = len(problems)
     echo(f"{a.out}: " + (f"{n} problem{'s' * (n > 1)} found" if n else "OK"))
     if problems:
-        echo("to redo them: delete the damaged shard files, then run `fastdata convert SRC OUT "
-             "--resume` with the options of the conversion")
+        import shlex
+
+        from fastdata.format import read_manifest
+
+        source = read_manifest(a.out)["source"]
+        damaged = sorted({p.shard for p in problems})
+        echo("to redo them (the conversion's options are read from the set):")
+        echo("  rm -f " + " ".join(shlex.quote(printable(os.path.join(a.out, n))) for n in damaged))
+        echo(f"  fastdata convert {shlex.quote(printable(source))} {shlex.quote(printable(a.out))} "
+             f"--resume")
     return 0 if not problems else 1
 
 
@@ -214,7 +250,8 @@ def train_run(a) -> dict:
             logging.getLogger("fastdata").setLevel(logging.WARNING)
         try:
             hist = fit(step, train, epochs=a.epochs, eval_loader=val,
-                       checkpoint_dir=a.checkpoint, log_every=a.log_every)
+                       checkpoint_dir=a.checkpoint, log_every=a.log_every,
+                       progress=not a.quiet and info.is_main)
         except KeyboardInterrupt:
             if a.checkpoint is None and info.is_main:   # with one, fit says where it saved
                 log.warning("interrupted: nothing saved (with --checkpoint DIR a Ctrl-C "
@@ -283,7 +320,8 @@ def cmd_demo(a) -> int:
 
     root = os.path.abspath(a.dir)
     j = lambda *p: os.path.join(root, *p)  # noqa: E731
-    for split, per_class, seed in (("train", 80, 0), ("val", 20, 1)):
+    for split, per_class, seed in (("train", a.per_class, 0),
+                                   ("val", max(1, a.per_class // 4), 1)):
         if not os.path.isdir(j("images", split)):
             log.info("drawing the sample %s images in %s", split, j("images", split))
             make_sample_folder(j("images", split), per_class=per_class, seed=seed)
@@ -309,8 +347,9 @@ def cmd_demo(a) -> int:
     if not plot:
         log.warning("no plot: matplotlib is not installed (pip install 'fastdata[plot]')")
     bench_run(sub("bench", j("train-hdf5"), j("train-lmdb"), "--source", j("images", "train"),
-                  "--model", "resnet8", "--batch-size", 32, "--warmup", 3, "--batches", 10,
-                  "--repeat", 2, "--device", "cpu", "--json", j("bench.json"), *plot))
+                  "--model", "resnet8", "--batch-size", 32, "--warmup", 3,
+                  "--batches", a.bench_batches, "--repeat", 2, "--device", "cpu",
+                  "--json", j("bench.json"), *plot))
     return 0
 
 
@@ -382,14 +421,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c = add("convert", help="pack an image folder (root/<class>/...) into shards")
     c.add_argument("src", help="image folder, ImageFolder layout")
     c.add_argument("out", help="output directory for the shard set")
-    c.add_argument("--format", choices=CONTAINERS, default="hdf5", help="container")
+    resumed = " (with --resume and none of the options that shape the set: the ones it was " \
+        "started with)"
+    c.add_argument("--format", choices=CONTAINERS, default=None,
+                   help="container (default hdf5)")
     c.add_argument("--size", type=_sizes, action="append", metavar="S[,S...]",
                    help="stored square size(s), powers of two >= 8; repeatable (default 256)")
-    c.add_argument("--encoding", choices=ENCODINGS, default="raw",
-                   help="raw uint8 pixels or JPEG records")
-    c.add_argument("--quality", type=int, default=90, help="JPEG quality for --encoding jpeg")
-    c.add_argument("--fit", choices=FITS, default="crop",
-                   help="non-square images: crop (shorter side, centre crop), pad, stretch")
+    c.add_argument("--encoding", choices=ENCODINGS, default=None,
+                   help="raw uint8 pixels or JPEG records (default raw)")
+    c.add_argument("--quality", type=int, default=None,
+                   help="JPEG quality, 1-100, for --encoding jpeg (default 90)")
+    c.add_argument("--fit", choices=FITS, default=None,
+                   help="non-square images: crop (shorter side, centre crop), pad, stretch "
+                   "(default crop)")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
                    "the cores this process may use)")
     c.add_argument("--shard-size", type=int, default=None,
@@ -398,17 +442,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="unreadable inputs: skip and report them, or stop")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
-    g.add_argument("--resume", action="store_true", help="finish an interrupted conversion")
+    g.add_argument("--resume", action="store_true", help="finish an interrupted conversion, or "
+                   "redo the shards of a finished one that are missing" + resumed)
     c.set_defaults(func=cmd_convert)
 
     i = add("info", help="describe a shard set (or the environment with --env)")
-    i.add_argument("out", nargs="?")
+    i.add_argument("out", nargs="?", help="shard set directory (with manifest.json)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--env", action="store_true", help="versions, pillow-simd check, GPU")
     i.set_defaults(func=cmd_info)
 
     v = add("verify", help="recompute checksums, decode every JPEG")
-    v.add_argument("out")
+    v.add_argument("out", help="shard set directory (with manifest.json)")
     v.set_defaults(func=cmd_verify)
 
     t = add("train", help="train a model on a shard set (torchrun for DDP)")
@@ -423,6 +468,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     d = add("demo", help="draw a sample dataset, convert it, train on it")
     d.add_argument("--dir", default="fastdata-demo", help="working directory")
     d.add_argument("--epochs", type=int, default=15, help="training epochs on the sample set")
+    d.add_argument("--per-class", type=int, default=80, help="training images drawn per "
+                   "class (held-out: a quarter as many)")
+    d.add_argument("--bench-batches", type=int, default=10, help="batches per timed bench run")
     d.set_defaults(func=cmd_demo)
     return p
 
@@ -445,7 +493,8 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    "size))")
     b.add_argument("--warmup", type=int, default=5, help="batches before timing")
     b.add_argument("--batches", type=int, default=50, help="batches per timed run")
-    b.add_argument("--repeat", type=int, default=3, help="timed runs (median and spread)")
+    b.add_argument("--repeat", type=int, default=3, help="timed runs; the table shows their "
+                   "median and their spread (default 3)")
     b.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
     b.add_argument("--workers", type=int, default=None,

@@ -76,6 +76,9 @@ def lmdb_key(size: int, local: int) -> bytes:
 
 LMDB_META = b"__meta__"        # JSON: shard metadata (see ShardMeta)
 LMDB_LABELS = b"__labels__"    # int64 labels
+#: JSON: the options of the conversion that wrote the shard (HDF5: the attribute "options"),
+#: for ``convert --resume`` without them; readers do not use it
+LMDB_OPTIONS = b"__options__"
 
 
 def lmdb_crc_key(size: int) -> bytes:
@@ -124,11 +127,8 @@ class ShardMeta:
                                    f"[first, end]")
         if not isinstance(d.get("skipped", []), list):
             raise ShardFormatError("shard metadata field skipped is not a list")
-        unknown = d.keys() - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ShardFormatError(f"shard metadata has unknown fields {sorted(unknown)}")
         d["sources"] = tuple(src)
-        return cls(**d)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 def shard_checksum(labels, crcs_by_size) -> str:
@@ -165,8 +165,8 @@ def read_manifest(root: str | os.PathLike) -> dict:
                                f"convert again (`fastdata convert --resume` reuses sound "
                                f"shards)") from e
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
-        raise ShardFormatError(f"{path}: not a fastdata manifest (format="
-                               f"{(m.get('format') if isinstance(m, dict) else type(m).__name__)!r})")
+        found = m.get("format") if isinstance(m, dict) else type(m).__name__
+        raise ShardFormatError(f"{path}: not a fastdata manifest (format={found!r})")
     if m.get("version") != FORMAT_VERSION:
         raise ShardFormatError(f"{path}: format version {m.get('version')!r} is not supported "
                                f"by this fastdata (reads version {FORMAT_VERSION})")

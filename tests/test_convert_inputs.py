@@ -21,6 +21,9 @@ from fastdata.cli import main as cli
 from tests.conftest import (garbage_left_for_forks, odd_folder, plain_folder, smooth,
                             tree_digest)
 
+# every input format and mode goes through PIL: CI runs these against stock Pillow too
+pytestmark = pytest.mark.pil
+
 
 @pytest.fixture
 def odd(tmp_path):

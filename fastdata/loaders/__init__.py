@@ -7,6 +7,7 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
+import warnings
 import weakref
 from collections import deque
 
@@ -94,6 +95,7 @@ class Loader:
                            shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
+        self._upscale_warned = False
         # read ahead in file order, and at random where the set fits in memory (ShardSet);
         # a set shared by loaders takes the latest one's choice for the shards it opens next
         for reader in self.dataset.shards:
@@ -124,6 +126,7 @@ class Loader:
     @size.setter
     def size(self, value) -> None:
         self._size = self.dataset.stored_size(value)
+        self._check_upscale()
 
     @property
     def crop(self) -> int | None:
@@ -133,6 +136,23 @@ class Loader:
     @crop.setter
     def crop(self, value) -> None:
         self.transform = self.transform.with_crop(integer("crop", value, 1, optional=True))
+        self._check_upscale()
+
+    def _check_upscale(self) -> None:
+        """Warn, once per loader, where the crop is larger than the stored size read: every
+        output pixel is then interpolated from fewer stored ones."""
+        transform = getattr(self, "transform", None)   # None while __init__ sets the size
+        crop, size = None if transform is None else transform.crop, self._size
+        if crop is None or crop <= size or self._upscale_warned:
+            return
+        self._upscale_warned = True
+        sizes = self.dataset.sizes
+        larger = [s for s in sizes if s >= crop]
+        fix = (f"read size={larger[0]} instead" if larger else
+               f"convert with --size {1 << (crop - 1).bit_length()} to avoid it")
+        warnings.warn(f"crop={crop} is larger than the stored size {size} read from "
+                      f"{self.dataset.root} (it stores {', '.join(map(str, sizes))}): every "
+                      f"image is upsampled; {fix}", UserWarning, stacklevel=3)
 
     def needs_transform(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""

@@ -24,8 +24,9 @@ import signal
 import time
 
 import torch
+from tqdm import tqdm
 
-from fastdata.checks import choice, integer
+from fastdata.checks import choice, flag, integer
 from fastdata.interrupt import SigintLatch
 from fastdata.outdir import FolderLock, temp_path
 from fastdata.train.distributed import all_reduce_sum, any_rank, barrier, cpu_group
@@ -109,11 +110,30 @@ def _append_log(path: str, rec: dict) -> None:
 
 def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
         checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
-        resume: bool = True, log_every: int = 50, max_steps: int | None = None) -> list[dict]:
+        resume: bool = True, log_every: int = 50, max_steps: int | None = None,
+        progress: bool = True) -> list[dict]:
     """Train for ``epochs``; returns one record per epoch run here (loss, img/s, val_acc…).
 
-    ``max_steps`` stops after that many optimizer steps in total (the checkpoint is written
-    first), e.g. to split a run.
+    Args:
+        step: the model, optimizer and schedule (``TrainStep``).
+        loader: the training ``Loader`` (its ``set_epoch`` is called each epoch).
+        epochs: passes over the training set, in all (a resumed run trains the rest).
+        eval_loader: a ``Loader`` with ``train=False``: top-1 accuracy after each epoch.
+        checkpoint_dir: folder of ``last.pt`` (resumed from when ``resume``) and per-rank logs;
+            locked for the run. None: no checkpoints.
+        checkpoint_every: optimizer steps between checkpoints within an epoch.
+        log_every: batches between loss logs (and the progress bar's loss); 0: none.
+        max_steps: stop after that many optimizer steps in total (the checkpoint is written
+            first), e.g. to split a run.
+        progress: a progress bar per epoch on rank 0 (images/s, loss at each log).
+
+    Returns:
+        One record per epoch run here (loss, images_per_s, val_acc, ...).
+
+    Raises:
+        ValueError: a bad argument, or a checkpoint of another run or not fastdata's.
+        FolderBusyError: another run holds ``checkpoint_dir``.
+        KeyboardInterrupt: Ctrl-C or SIGTERM, after saving where the window closed.
     """
     import torch.distributed as dist
 
@@ -121,6 +141,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
     integer("log_every", log_every, 0)
     integer("checkpoint_every", checkpoint_every, 1, optional=True)
     integer("max_steps", max_steps, 1, optional=True)
+    flag("progress", progress)
     if len(loader) == 0:
         raise ValueError(f"no full training batch per epoch: {loader!r}; use a smaller batch "
                          f"size")
@@ -139,7 +160,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
         lock = _lock(checkpoint_dir, rank, group) if ckpt else None
         return _fit(step, loader, epochs=epochs, eval_loader=eval_loader, ckpt=ckpt,
                     checkpoint_every=checkpoint_every, resume=resume, log_every=log_every,
-                    max_steps=max_steps, rank=rank, group=group)
+                    max_steps=max_steps, rank=rank, group=group,
+                    progress=progress and rank == 0)
     finally:
         if lock is not None:
             lock.release()
@@ -148,7 +170,7 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
 
 
 def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every, resume,
-         log_every, max_steps, rank, group) -> list[dict]:
+         log_every, max_steps, rank, group, progress) -> list[dict]:
     checkpoint_dir = os.path.dirname(ckpt) if ckpt else None
     epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
@@ -187,12 +209,19 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
             loss_sum = n_sum = 0.0
             t0 = t_log = time.perf_counter()
             stopped = False
+            first = start if epoch == epoch0 else 0
+            per = loader.order.batch_size
+            bar = tqdm(total=len(loader) * per, initial=first * per, unit="img",
+                       desc=f"epoch {epoch}", disable=not progress, dynamic_ncols=True,
+                       leave=False)
             # k counts from the epoch's start, also in a resumed epoch
-            for k, (images, labels) in enumerate(loader, 1 + (start if epoch == epoch0 else 0)):
+            for k, (images, labels) in enumerate(loader, 1 + first):
                 step(images, labels, close_window=k == len(loader))
                 seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
+                bar.update(images.shape[0])
                 if log_every and k % log_every == 0:
                     m = step.read_metrics()
+                    bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
                     loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
                     now = time.perf_counter()
                     log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
@@ -210,6 +239,7 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
                     stop(epoch)
                 if stopped:
                     break
+            bar.close()
             m = step.read_metrics()
             loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
             secs = time.perf_counter() - t0
@@ -285,12 +315,12 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
     if cls is not None and cls != _class(step.optimizer):
         raise ValueError(f"{path} was saved with the optimizer {cls}, and this run uses "
                          f"{_class(step.optimizer)}; {again}")
-    for key, flag in (("lr", "--lr"), ("weight_decay", "--weight-decay")):
+    for key, option in (("lr", "--lr"), ("weight_decay", "--weight-decay")):
         have = [_base(g, key) for g in saved["optimizer"]["param_groups"]]
         want = [_base(g, key) for g in step.optimizer.param_groups]
         if have != want:                    # else loading the optimizer drops this run's
             raise ValueError(f"{path} was saved with {key} {_listed(have)}, and this run has "
-                             f"{_listed(want)} ({flag}); {again}")
+                             f"{_listed(want)} ({option}); {again}")
     ours = _class(step.scheduler)
     saved_as = None if saved["scheduler"] is None else saved.get("scheduler_class", ours)
     if saved_as != ours:                    # (a class not kept: saved before it was)
