@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 
 from fastdata.checks import printable
 from fastdata.env import keep_freed_memory
@@ -510,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser(next((x for x in argv if not x.startswith("-")), None)).parse_args(argv)
     logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
+    # a command's warnings in one line each, as its logs (not the library's file and line)
+    warnings.formatwarning = lambda message, category, *_, **__: \
+        f"WARNING {category.__name__}: {message}\n"
     try:
         return a.func(a)
     except (ValueError, OSError, ImportError) as e:     # bad input or damaged data: no traceback

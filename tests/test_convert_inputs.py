@@ -307,3 +307,41 @@ def test_no_class_dirs_and_missing_source(tmp_path):
         convert(str(tmp_path / "flat"), str(tmp_path / "o1"), progress=False)
     with pytest.raises(FileNotFoundError):
         convert(str(tmp_path / "nope"), str(tmp_path / "o2"), progress=False)
+
+
+def test_a_source_without_images_says_what_it_holds_and_leaves_no_folder(tmp_path, caplog):
+    src = tmp_path / "src"
+    for c in ("cats", "dogs"):
+        (src / c).mkdir(parents=True)
+        (src / c / "notes.txt").write_text("x")
+    (src / "dogs" / ".hidden.jpg").write_text("x")
+    out = tmp_path / "new" / "out"
+    assert cli(["-q", "convert", str(src), str(out)]) == 1
+    assert f"no image files in '{src}': 2 class folders (cats, dogs) and no file with an image " \
+           f"extension (.jpg," in caplog.text
+    assert "ignored: 2 not an image extension, 1 hidden" in caplog.text
+    assert not out.exists()
+    (src / "cats" / "notes.txt").unlink()
+    (src / "dogs" / "notes.txt").unlink()
+    (src / "dogs" / ".hidden.jpg").unlink()
+    caplog.clear()
+    assert cli(["-q", "convert", str(src), str(out)]) == 1 and "they are empty" in caplog.text
+    (src / "cats" / "x.jpg").write_text("not a jpeg")       # a run that made OUT and failed
+    assert cli(["-q", "convert", str(src), str(out)]) == 1 and not out.exists()
+
+
+def test_quality_is_for_jpeg_and_every_argument_has_help(tmp_path, folder, caplog, capsys):
+    assert cli(["-q", "convert", folder, str(tmp_path / "o"), "--quality", "50"]) == 2
+    assert "--quality 50 applies to --encoding jpeg only" in caplog.text
+    assert cli(["-q", "convert", folder, str(tmp_path / "o"), "--quality", "50",
+                "--encoding", "jpeg", "--size", "8"]) == 0
+    for command in ("info", "verify", "convert", "bench", "train", "demo"):
+        with pytest.raises(SystemExit):
+            cli([command, "--help"])
+        text = capsys.readouterr().out
+        flat = " ".join(text.split())
+        assert "spread) (default" not in flat and not re.search(r"\(default [^)]*\) \(default",
+                                                                 flat), text
+        for line in text.partition("positional arguments:")[2].split("options:")[0].splitlines():
+            if line.startswith("  ") and line.split()[0] in ("out", "src"):
+                assert len(line.split()) > 1, f"{command}: {line!r} has no help"

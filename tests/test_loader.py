@@ -713,3 +713,16 @@ def test_available_memory_leaves_out_what_a_cgroup_holds_besides_file_pages(tmp_
         if _stand_in_cgroups(tmp_path / f"v1-{v1}", "memory" if v1 else "", files):
             got = available_memory(str(tmp_path / f"v1-{v1}"))
             assert got == 3 << 29 or (got < 3 << 29 and machine < 2 << 30), (v1, got)
+
+
+def test_a_crop_larger_than_the_stored_size_warns_once_naming_the_sizes(shards):
+    with pytest.warns(UserWarning, match=r"crop=24 is larger than the stored size 16 read from "
+                                         r".* \(it stores 16, 32\): every image is upsampled; "
+                                         r"read size=32 instead"):
+        loader = fastdata.Loader(shards["hdf5"], batch_size=4, size=16, crop=24, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.crop = 28                    # once per loader
+        loader.size, loader.crop = 32, 32   # no upsampling
+    with pytest.warns(UserWarning, match="convert with --size 64 to avoid it"):
+        fastdata.Loader(shards["hdf5"], batch_size=4, crop=48, device="cpu")

@@ -1,6 +1,7 @@
 """Resume after a real SIGKILL; verify catches a single flipped byte and names the sample."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -354,3 +355,50 @@ def test_a_full_disk_is_an_error_and_resume_finishes(folder, tmp_path):
         assert f"rc {fmt} 2" in out and f"resumed {fmt} 0" in out and f"verify {fmt} 0" in out
     assert out.count("no space left on the device to write shard-") == 2, out
     assert ".tmp" not in out and "Bus error" not in out
+
+
+def test_resume_without_options_takes_those_it_was_started_with(folder, tmp_path, caplog):
+    out = tmp_path / "o"
+    opts = ["--format", "lmdb", "--size", "8,16", "--encoding", "jpeg", "--quality", "80",
+            "--fit", "pad", "--shard-size", "5"]
+    assert cli(["-q", "convert", folder, str(out), *opts]) == 0
+    full = json.loads((out / "manifest.json").read_text())
+    caplog.set_level(logging.INFO, "fastdata")
+    for gone in (["shard-00004.lmdb"], ["manifest.json", "shard-00003.lmdb", "shard-00004.lmdb"]):
+        for name in gone:          # a finished set missing a shard; then an unfinished one
+            os.remove(out / name)
+        caplog.clear()
+        assert cli(["convert", folder, str(out), "--resume"]) == 0
+        where = "manifest.json" if len(gone) == 1 else "shard-00000.lmdb"
+        assert f"resuming with the options recorded in {out / where}: --format lmdb --size " \
+               f"8,16 --encoding jpeg --quality 80 --fit pad --shard-size 5" in caplog.text
+        assert json.loads((out / "manifest.json").read_text()) == full
+    assert cli(["-q", "convert", folder, str(out), "--resume", "--size", "8"]) == 2  # given: used
+
+
+def test_verify_prints_the_commands_that_repair_the_set(folder, tmp_path, capsys):
+    import shlex
+
+    import h5py
+
+    out = tmp_path / "o"
+    convert(folder, str(out), sizes=[8], shard_size=5, progress=False)
+    with h5py.File(out / "shard-00001.h5", "r") as f:
+        offset = f["images/8"].id.get_offset() + 10
+    with open(out / "shard-00001.h5", "r+b") as f:      # a flipped pixel byte
+        byte = os.pread(f.fileno(), 1, offset)[0]
+        os.pwrite(f.fileno(), bytes([byte ^ 0xFF]), offset)
+    capsys.readouterr()
+    assert cli(["-q", "verify", str(out)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    fix = lines[lines.index("to redo them (the conversion's options are read from the set):")
+                + 1:]
+    assert fix == [f"  rm -f {out / 'shard-00001.h5'}",
+                   f"  fastdata convert {folder} {out} --resume"]
+    for command in fix:
+        argv = shlex.split(command)
+        if argv[0] == "rm":
+            os.remove(argv[-1])
+        else:
+            assert cli(["-q", *argv[1:]]) == 0
+    assert cli(["-q", "verify", str(out)]) == 0

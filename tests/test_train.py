@@ -514,3 +514,18 @@ def test_ctrl_c_under_torchrun_saves_one_step_for_all_ranks_and_resumes_exactly(
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-3000:]
     a, b = model(tmp_path / "a"), model(tmp_path / "b")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_fit_shows_a_progress_bar_per_epoch_unless_asked_not_to(shard_set, capsys, progress):
+    torch.manual_seed(0)
+    model = SmallResNet(3, width=8, blocks=(1, 1))
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.05), precision="fp32")
+    loader = fastdata.Loader(shard_set, batch_size=4, device="cpu", num_workers=0)
+    capsys.readouterr()
+    fit(step, loader, epochs=2, log_every=2, progress=progress)
+    err = capsys.readouterr().err
+    if progress:            # tqdm: images/s and the loss read at each log
+        assert "epoch 0" in err and "epoch 1" in err and "img/s" in err and "loss=" in err
+    else:
+        assert "epoch 0" not in err and "img/s" not in err

@@ -212,8 +212,7 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
             first = start if epoch == epoch0 else 0
             per = loader.order.batch_size
             bar = tqdm(total=len(loader) * per, initial=first * per, unit="img",
-                       desc=f"epoch {epoch}", disable=not progress, dynamic_ncols=True,
-                       leave=False)
+                       desc=f"epoch {epoch}", disable=not progress, dynamic_ncols=True)
             # k counts from the epoch's start, also in a resumed epoch
             for k, (images, labels) in enumerate(loader, 1 + first):
                 step(images, labels, close_window=k == len(loader))
@@ -239,9 +238,10 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
                     stop(epoch)
                 if stopped:
                     break
-            bar.close()
             m = step.read_metrics()
             loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
+            bar.set_postfix(loss=f"{loss_sum / max(n_sum, 1):.4f}", refresh=False)
+            bar.close()             # its last line stays: the epoch's img/s and loss
             secs = time.perf_counter() - t0
             rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
                    "loss": loss_sum / max(n_sum, 1), "seconds": secs,
