@@ -378,7 +378,7 @@ class Bench:
                        "batches": self.batches, "repeat": self.repeat,
                        "device": str(self.device), "precision": self.precision,
                        "dtype": str(self.dtype).replace("torch.", ""),
-                       "num_workers": self.num_workers},
+                       "num_workers": self.num_workers, "host_cores": usable_cpus()},
             "env": env,
             "ceiling": {"model": self.model_name, "img_per_s": _stats(ceiling)}
             if ceiling else None,
@@ -395,12 +395,15 @@ def table(report: dict) -> str:
     """The report as a fixed-width text table."""
     c = report["config"]
     sets = ", ".join(f"{d['path']} ({d['container']}, {d['encoding']})" for d in c["shard_sets"])
+    cores = c.get("host_cores")
     lines = [f"{sets}: {c['size']}px → crop {c['crop']}, batch {c['batch_size']}, "
-             f"{c['device']}, {c['batches']} batches × {c['repeat']} runs"]
+             f"{c['device']}" + (f" on {cores} host core{'s' * (cores > 1)}" if cores else "")
+             + f", {c['batches']} batches × {c['repeat']} runs"]
     w = max([9] + [len(r["label"]) for r in report["results"]])
     head = f"{'loader':<{w}} {'loader img/s':>13} {'(min-max)':>15} {'× base':>7}"
     if report["ceiling"]:
         head += f" {'model img/s':>12} {'ceiling':>8} {'% ceiling':>9} {'data wait':>9}"
+    head += f" {'img/s/core':>10}" if cores else ""
     lines += [head + f" {'peak PSS':>9}", "-" * len(head + " " * 10)]
     for r in report["results"]:
         if r["status"] != "ok":
@@ -417,6 +420,9 @@ def table(report: dict) -> str:
             share = "unreliable" if unreliable(m) else f"{m['fraction_of_ceiling']:.0%}"
             row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
                     f"{share:>9} {m['data_wait_frac']:>9.0%}")
+        if cores:           # what each host core gives: the fed rate where a model ran
+            rate = r["model"]["img_per_s"]["median"] if report["ceiling"] else s["median"]
+            row += f" {rate / cores:>10.0f}"
         pss = r["peak_pss_mb"]
         lines.append(row + (f" {pss:>6.0f} MB" if pss is not None else f" {'-':>9}"))
     if report["ceiling"]:

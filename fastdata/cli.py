@@ -287,6 +287,10 @@ def bench_run(a) -> dict:
             raise ValueError(f"{opt} {path}: folder {folder} does not exist")
     if a.plot:
         check_plot_path(a.plot)
+    if a.cpus:              # before any thread or worker starts: they all inherit it
+        from fastdata.env import confine, parse_cpus
+
+        confine(parse_cpus(a.cpus))
     bench = Bench(a.out, source=a.source, backends=[b for b in a.backends.split(",") if b],
                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
@@ -502,6 +506,10 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="each backend's workers: threads, DALI threads, baseline "
                    "processes (default: min(8, usable cores))")
     b.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    b.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run the whole bench (loaders, their workers and the model's thread) "
+                   "on these host cores only, e.g. 0-3: what a GPU gets from its share of a "
+                   "node (default: every core this process may use)")
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")
 

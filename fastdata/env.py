@@ -67,6 +67,52 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, min(n, quota) if quota else n)
 
 
+def confine(cpus) -> None:
+    """Run this process, every thread it has and every one and every process it starts later,
+    on the cores ``cpus`` only (as ``taskset`` would have started it): a benchmark of what a
+    GPU gets from the few host cores it has on a node.
+
+    Raises:
+        ValueError: a core this machine does not let the process use.
+    """
+    cpus = set(cpus)
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise ValueError(f"cpus {_ranges(sorted(cpus))} are not all usable here; this process "
+                         f"may use {_ranges(sorted(allowed))}")
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:      # a thread that has just ended
+            pass
+
+
+def _ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"`` (``taskset``'s notation)."""
+    out, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            out.append(f"{start}-{c}" if c != start else f"{c}")
+            start = None
+    return ",".join(out)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """``"0-3,8"`` → ``{0, 1, 2, 3, 8}``; a ValueError naming what is not a core list."""
+    cpus = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"--cpus {text!r} is not a list of cores such as 0-3 or 0,2,4-7") \
+            from None
+    return cpus
+
+
 def usable_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
     """Bytes of memory this process may use: the machine's, capped by a cgroup memory limit
     (``docker --memory``, Kubernetes memory limits), where going over is the OOM killer.

@@ -283,3 +283,29 @@ def test_keep_freed_memory_stops_page_faults_on_reallocation():
                                        capture_output=True, text=True).stdout)
               for side in ("default", "keep")}
     assert faults["default"] >= 4 * 32 and faults["keep"] < faults["default"] // 10, faults
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_cpus_confines_the_whole_bench_and_reports_per_core(bench_set, tmp_path):
+    src, shards = bench_set
+    js = tmp_path / "b.json"
+    script = ("import os, sys, fastdata.cli as c\n"
+              "rc = c.main(sys.argv[1:])\n"
+              "print('affinity', sorted(os.sched_getaffinity(0)))\n"
+              "sys.exit(rc)")
+    args = ["-q", "bench", shards, "--backends", "torch", "--batch-size", "4", "--warmup", "1",
+            "--batches", "2", "--repeat", "1", "--device", "cpu", "--cpus", "0",
+            "--json", str(js)]
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "affinity [0]" in r.stdout and "on 1 host core," in r.stdout
+    rep = json.loads(js.read_text())
+    assert rep["config"]["host_cores"] == 1 and rep["config"]["num_workers"] == 1
+    row = next(x for x in r.stdout.splitlines() if x.startswith("torch"))
+    rate = rep["results"][0]["loader"]["img_per_s"]["median"]
+    assert row.split()[-3] == f"{rate:.0f}"        # img/s per core: all of it on one core
+    bad = subprocess.run([*[sys.executable, "-m", "fastdata.cli"], *args[:-2], "--cpus",
+                          "0-9999"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "cpus 0-9999 are not all usable here; this process may use " \
+        "0-" in bad.stderr, bad.stderr

@@ -726,3 +726,42 @@ def test_a_crop_larger_than_the_stored_size_warns_once_naming_the_sizes(shards):
         loader.size, loader.crop = 32, 32   # no upsampling
     with pytest.warns(UserWarning, match="convert with --size 64 to avoid it"):
         fastdata.Loader(shards["hdf5"], batch_size=4, crop=48, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def jpeg_shards(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("jpeg")
+    src = plain_folder(tmp / "src", per_class=4)
+    convert(src, str(tmp / "jpg"), encoding="jpeg", sizes=[32], shard_size=5, workers=1,
+            progress=False)
+    return str(tmp / "jpg")
+
+
+def test_jpeg_decode_is_chosen_by_device_and_a_bad_choice_is_named(jpeg_shards, shards):
+    assert fastdata.Loader(jpeg_shards, batch_size=2, device="cpu").jpeg_decode == "cpu"
+    with pytest.raises(ValueError, match="jpeg_decode='gpu' needs a CUDA device, not cpu"):
+        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu", jpeg_decode="gpu")
+    with pytest.raises(ValueError, match="this set stores raw"):
+        fastdata.Loader(shards["hdf5"], batch_size=2, device="cpu", jpeg_decode="gpu")
+    with pytest.raises(ValueError, match="jpeg_decode='nvjpeg' is not valid; choose one of "
+                                         "auto, cpu, gpu"):
+        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu", jpeg_decode="nvjpeg")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_jpeg_shards_decoded_on_the_gpu_match_the_cpu_decode(jpeg_shards, workers):
+    """nvJPEG and libjpeg-turbo may round a pixel differently: within a grey level."""
+    from fastdata.loaders import gpu_jpeg_available
+
+    ok, why = gpu_jpeg_available()
+    if not ok:
+        pytest.skip(why)
+    kw = dict(batch_size=4, device="cuda", dtype=torch.uint8, train=False, num_workers=2,
+              workers=workers)
+    gpu = fastdata.Loader(jpeg_shards, jpeg_decode="auto", **kw)
+    cpu = fastdata.Loader(jpeg_shards, jpeg_decode="cpu", **kw)
+    assert gpu.jpeg_decode == "gpu"
+    for (a, la), (b, lb) in zip(gpu, cpu):
+        assert torch.equal(la, lb) and a.shape == b.shape
+        assert (a.float() - b.float()).abs().mean().item() <= 1.0

@@ -14,6 +14,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from fastdata._optional import available
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Augment
 from fastdata.checks import choice, flag, integer
 from fastdata.env import resolve_device, usable_cpus
@@ -64,6 +65,45 @@ class Backend:
         pass
 
 
+JPEG_DECODES = ("auto", "cpu", "gpu")
+
+
+def _jpeg_decode(choice_: str, device, encoding: str, backend: str) -> str:
+    """Where the torch backend decodes JPEG shards: ``"gpu"`` (nvJPEG, through torchvision's
+    batched ``decode_jpeg`` on the device: no decode on the host cores, which a GPU node has
+    few of per GPU) or ``"cpu"`` (libjpeg-turbo in the reader threads). ``"auto"``: the GPU
+    where the batches go to a CUDA device and torchvision can decode there."""
+    choice("jpeg_decode", choice_, JPEG_DECODES)
+    if choice_ == "cpu" or encoding != "jpeg" or backend != "torch":
+        if choice_ == "gpu":
+            raise ValueError(f"jpeg_decode='gpu' decodes JPEG shards in the torch backend; this "
+                             f"set stores {encoding} and backend={backend!r}: leave it 'auto'")
+        return "cpu"
+    if device.type != "cuda":
+        if choice_ == "gpu":
+            raise ValueError(f"jpeg_decode='gpu' needs a CUDA device, not {device}; use 'auto' "
+                             f"or 'cpu'")
+        return "cpu"
+    ok, why = gpu_jpeg_available()
+    if not ok and choice_ == "gpu":
+        raise ImportError(f"jpeg_decode='gpu' needs torchvision's decode_jpeg on CUDA: {why}")
+    return "gpu" if ok else "cpu"
+
+
+def gpu_jpeg_available() -> tuple[bool, str]:
+    """Whether torchvision can decode JPEGs on a CUDA device (a torchvision built for this
+    torch, 0.19 or newer for batches); the reason where not."""
+    ok, why = available("torchvision")
+    if not ok:
+        return False, why
+    import inspect
+
+    from torchvision.io import decode_jpeg
+    if "device" not in inspect.signature(decode_jpeg).parameters:
+        return False, "this torchvision's decode_jpeg has no device argument (0.19 or newer)"
+    return True, ""
+
+
 class Loader:
     """Iterate a shard set as ``(images, labels)`` batches, per the batch contract."""
 
@@ -74,7 +114,7 @@ class Loader:
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
-                 mp_context: str | None = None):
+                 mp_context: str | None = None, jpeg_decode: str = "auto"):
         choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
@@ -113,6 +153,7 @@ class Loader:
         self.crop = crop
         self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
         self.mp_context = mp_context
+        self.jpeg_decode = _jpeg_decode(jpeg_decode, self.device, self.dataset.encoding, backend)
         module, cls = BACKENDS[backend].split(":")
         self.backend_name = backend
         self._backend: Backend = getattr(importlib.import_module(module), cls)(self)

@@ -153,6 +153,21 @@ def _tensor(view: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(view)
 
 
+def _encoded(payloads: list) -> list[torch.Tensor]:
+    """Stored JPEGs as CPU uint8 tensors, as torchvision's ``decode_jpeg`` takes them."""
+    return [torch.from_numpy(np.frombuffer(p, np.uint8)) if isinstance(p, (bytes, memoryview))
+            else _tensor(p) for p in payloads]
+
+
+def decode_on_device(jpegs: list[torch.Tensor], device) -> torch.Tensor:
+    """A batch of same-size JPEGs decoded on a CUDA device by nvJPEG (torchvision), as
+    ``(B, S, S, 3)`` uint8, the layout of raw shards."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    images = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
+    return torch.stack(images).permute(0, 2, 3, 1).contiguous()
+
+
 class _BatchReader:
     """Read (and on CPU, transform) one batch. Picklable for worker processes."""
 
@@ -162,6 +177,7 @@ class _BatchReader:
         self.needs_transform = loader.needs_transform()
         self.key = (size, self.transform.crop)
         self.pin = loader.device.type == "cuda"
+        self.gpu_jpeg = loader.jpeg_decode == "gpu"     # decoded on the device (``_cuda``)
         self._pools: dict = {}
 
     def _pool(self, key, shape, dtype, result: bool = True):
@@ -206,6 +222,8 @@ class _BatchReader:
     def _read(self, indices, seed, hold, ring):
         b, s = len(indices), self.size
         labels = torch.from_numpy(self.ds.labels[indices])
+        if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
+            return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
                  else None)
         if views is not None:   # each image's crop is read from the map: no batch copy first
@@ -318,7 +336,8 @@ class TorchBackend(Backend):
                 copying.popleft()
             raw, labels, params = item
             with torch.cuda.stream(stream):
-                x = raw.to(dev, non_blocking=True)
+                x = (decode_on_device(raw, dev) if isinstance(raw, list) else
+                     raw.to(dev, non_blocking=True))
                 y = labels.to(dev, non_blocking=True)
                 if params is not None:
                     p = params.to(dev, non_blocking=True)
