@@ -7,6 +7,7 @@ the contiguous dataset (h5py is only used once to find the byte offsets).
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import functools
@@ -14,6 +15,7 @@ import io
 import logging
 import mmap
 import os
+import re
 import stat
 import threading
 from typing import Iterator, Sequence
@@ -113,6 +115,11 @@ class ShardReader:
         if h is not None and "fd" in h and self._pid == os.getpid():
             with contextlib.suppress(OSError):
                 os.close(h["fd"])
+            for slot in h.get("guards", ()):
+                unguard(slot)
+
+    def __del__(self):
+        self.close()
 
     def _meta(self, text) -> ShardMeta:
         meta = ShardMeta.from_json(text)
@@ -171,6 +178,15 @@ class HDF5ShardReader(ShardReader):
     zero_copy = True
 
     def _open(self, fd):
+        guards: list = []
+        try:
+            return self._open_maps(fd, guards)
+        except BaseException:
+            for slot in guards:
+                unguard(slot)
+            raise
+
+    def _open_maps(self, fd: int, guards: list) -> dict:
         import h5py
 
         maps, offsets, end = {}, {}, 0
@@ -192,17 +208,17 @@ class HDF5ShardReader(ShardReader):
                     raise ShardFormatError(f"dataset {name} lies past the file's end "
                                            f"({size} bytes): the file is cut short")
                 end = max(end, (off or 0) + ds.size)
-                maps[s] = self._map(fd, off or 0, ds.shape)
+                maps[s] = self._map(fd, off or 0, ds.shape, guards)
                 if self.encoding == "jpeg":
                     o = offsets[s] = _dataset(f, f"offsets/{s}", np.int64, 1)[()]
                     if (o.shape != (self.count + 1,) or o[0] != 0 or o[-1] != ds.size
                             or (np.diff(o) < 0).any()):
                         raise ShardFormatError(f"offsets/{s} do not cut jpeg/{s} into "
                                                f"{self.count} records")
-        return self._checked({"maps": maps, "offsets": offsets, "end": end}, fd, meta,
-                             labels, crcs)
+        return self._checked({"maps": maps, "offsets": offsets, "end": end, "guards": guards},
+                             fd, meta, labels, crcs)
 
-    def _map(self, fd: int, offset: int, shape) -> np.ndarray:
+    def _map(self, fd: int, offset: int, shape, guards: list) -> np.ndarray:
         """A plain ndarray over the file's bytes (np.memmap's Python-level __getitem__ ran per
         row). Copy-on-write, so that its views can become torch tensors (torch warns on
         read-only arrays); nothing writes through them. Without ``readahead``, a fault reads
@@ -214,7 +230,9 @@ class HDF5ShardReader(ShardReader):
         mm = mmap.mmap(fd, offset - start + n, access=mmap.ACCESS_COPY, offset=start)
         if not self.readahead and hasattr(mmap, "MADV_RANDOM"):
             mm.madvise(mmap.MADV_RANDOM)
-        return np.frombuffer(mm, np.uint8, n, offset - start).reshape(shape)
+        whole = np.frombuffer(mm, np.uint8)
+        guards.append(guard(whole.ctypes.data, whole.nbytes))
+        return whole[offset - start:offset - start + n].reshape(shape)
 
     def payload(self, size, i):
         if self.encoding == "raw":
@@ -265,7 +283,9 @@ class LMDBShardReader(ShardReader):
             if st.st_size < end:
                 env.close()
                 raise OSError(f"truncated: {st.st_size} bytes, its last page ends at {end}")
-            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0, end]
+            # LMDB does not say where it mapped the file: the process's map list does
+            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0, end,
+                                       [guard(lo, hi - lo) for lo, hi in _mapped(st)]]
         entry[2] += 1
         env = entry[1]
         with env.begin() as txn:
@@ -288,6 +308,8 @@ class LMDBShardReader(ShardReader):
             entry[2] -= 1
             if entry[2] == 0:
                 entry[1].close()
+                for slot in entry[4]:
+                    unguard(slot)
                 del _LMDB_ENVS[self._h["key"]]
         super().close()
 
@@ -303,6 +325,7 @@ class LMDBShardReader(ShardReader):
         try:
             v = txn.get(lmdb_key(size, i))
         except lmdb.Error as e:
+            self.check_intact()         # a file cut short under the map says so first
             raise OSError(f"{self.path}: sample {i} at size {size} cannot be read ({e}); check "
                           f"the set with `fastdata verify`") from None
         if v is None:
@@ -337,6 +360,52 @@ class LMDBShardReader(ShardReader):
             if where is not None:
                 where[i] = _address(v)
             yield v
+
+
+@functools.cache
+def _native():
+    """fastdata's C extension where it was built with the map guard (no torch in it)."""
+    try:
+        from fastdata import _native as module
+    except ImportError:
+        return None
+    return module if hasattr(module, "guard") else None
+
+
+def guard(address: int, length: int) -> int | None:
+    """Register a shard's map: a page of it that faults (its file cut short) reads as zeros
+    instead of killing the process, and ``guard_faults()`` counts it (``_native.c``). Returns
+    the slot to ``unguard``; None where the extension is not built (a fault then kills the
+    process, as it would)."""
+    m = _native()
+    slot = None if m is None or not address else m.guard(address, length)
+    return None if slot is None or slot < 0 else slot
+
+
+def unguard(slot: int | None) -> None:
+    if slot is not None and _native() is not None:
+        _native().unguard(slot)
+
+
+def guard_faults() -> int:
+    """Faults in guarded maps so far in this process (0 without the extension)."""
+    m = _native()
+    return 0 if m is None else m.faults()
+
+
+def _mapped(st: os.stat_result) -> list[tuple[int, int]]:
+    """The address ranges where this process maps the file ``st`` describes (Linux's
+    ``/proc/self/maps``; none elsewhere)."""
+    if _native() is None:
+        return []
+    try:
+        with builtins.open("/proc/self/maps") as f:
+            text = f.read()
+    except OSError:
+        return []
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    return [(int(lo, 16), int(hi, 16)) for lo, hi in re.findall(
+        rf"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ {dev} {st.st_ino} ", text, re.MULTILINE)]
 
 
 def _open_regular(path: str) -> int:
@@ -624,6 +693,21 @@ class ShardSet:
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:
         """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
+        faults = guard_faults()
+        out = self._read_batch(indices, size, out)
+        if guard_faults() != faults:        # a shard cut short under the copy: which one
+            self.check_intact(indices)
+        return out
+
+    def check_intact(self, indices) -> None:
+        """``ShardReader.check_intact`` of each shard that holds some of ``indices``: after a
+        read during which a guarded map faulted (``guard_faults()`` moved), it names the
+        shard that was cut short or rewritten."""
+        shard, _ = self.locate(indices)
+        for sh, _ in _by_shard(shard):
+            self.shards[sh].check_intact()
+
+    def _read_batch(self, indices, size, out) -> np.ndarray:
         s = self.size if size is None else self.stored_size(size)
         shard, local = self.locate(indices)
         if out is None:

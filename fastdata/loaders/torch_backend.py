@@ -27,6 +27,7 @@ import torch
 from fastdata.augment import packed_params
 from fastdata.env import parent_garbage_frozen
 from fastdata.loaders import Backend, ordered
+from fastdata.readers import guard_faults
 
 
 @functools.lru_cache(maxsize=1)
@@ -216,8 +217,12 @@ class _BatchReader:
     def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
         """``(images, labels, params)``; ``seed``: the batch's augmentation's
         (``Order.batch_seed``); ``ring``: a buffer to make the images in."""
+        faults = guard_faults()
         with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
-            return self._read(indices, seed, hold, ring)
+            batch = self._read(indices, seed, hold, ring)
+        if guard_faults() != faults:    # a shard was cut short under the views: name it
+            self.ds.check_intact(indices)
+        return batch
 
     def _read(self, indices, seed, hold, ring):
         b, s = len(indices), self.size
