@@ -402,3 +402,11 @@ def test_verify_prints_the_commands_that_repair_the_set(folder, tmp_path, capsys
         else:
             assert cli(["-q", *argv[1:]]) == 0
     assert cli(["-q", "verify", str(out)]) == 0
+
+
+def test_verify_shows_its_progress_in_samples(folder, tmp_path):
+    out = tmp_path / "o"
+    convert(folder, str(out), sizes=[8], shard_size=5, progress=False)
+    r = subprocess.run([sys.executable, "-m", "fastdata.cli", "verify", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "21/21" in r.stderr and "img" in r.stderr, r.stderr
