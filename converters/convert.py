@@ -223,7 +223,7 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     manifest, or for one that did not finish its first shard); None where neither says.
     Nothing found there is trusted beyond being passed back to ``convert()``, which checks it.
     """
-    done = _finished_manifest(out) if os.path.isdir(out) else None
+    done = _finished_manifest(out) if is_regular(os.path.join(out, MANIFEST)) else None
     if done is not None and "shard_size" in done:
         keys = ("container", "sizes", "encoding", "quality", "fit", "shard_size")
         return {k: done.get(k) for k in keys}, os.path.join(out, MANIFEST)

@@ -288,16 +288,16 @@ class LMDBShardReader(ShardReader):
                                        [guard(lo, hi - lo) for lo, hi in _mapped(st)]]
         entry[2] += 1
         env = entry[1]
-        with env.begin() as txn:
-            meta = self._meta(_value(txn, LMDB_META))
-            labels = _array(txn, LMDB_LABELS, np.int64)
-            crcs = {s: _array(txn, lmdb_crc_key(s), np.uint32) for s in self.sizes}
-        # where each raw value lies in this process's map of the file, once read (0: not yet)
-        where = {s: np.zeros(self.count, np.int64) for s in self.sizes}
         try:
+            with env.begin() as txn:
+                meta = self._meta(_value(txn, LMDB_META))
+                labels = _array(txn, LMDB_LABELS, np.int64)
+                crcs = {s: _array(txn, lmdb_crc_key(s), np.uint32) for s in self.sizes}
+            # where each raw value lies in this process's map of the file, once read (0: not yet)
+            where = {s: np.zeros(self.count, np.int64) for s in self.sizes}
             return self._checked({"env": env, "key": key, "where": where, "end": entry[3]}, fd,
                                  meta, labels, crcs)
-        except ShardFormatError:
+        except BaseException:
             self._h, self._pid = {"key": key}, os.getpid()     # lets close() release the env
             self.close()
             raise
@@ -425,13 +425,13 @@ def _dataset(f, name: str, dtype, ndim: int):
     file it names (a FIFO there blocks)."""
     import h5py
 
+    parent = name.rpartition("/")[0]
+    if parent and not isinstance(f.get(parent, getlink=True), h5py.HardLink):
+        raise ShardFormatError(f"group {parent} is not a group in the shard file")
     link = f.get(name, getlink=True)
     if not isinstance(link, h5py.HardLink):
         kind = "missing" if link is None else f"a {type(link).__name__}"
         raise ShardFormatError(f"dataset {name} is {kind}, not a dataset in the shard file")
-    parent, _, leaf = name.rpartition("/")
-    if parent and not isinstance(f.get(parent, getlink=True), h5py.HardLink):
-        raise ShardFormatError(f"group {parent} is not a group in the shard file")
     ds = f[name]
     if not isinstance(ds, h5py.Dataset):
         raise ShardFormatError(f"{name} is not a dataset")
