@@ -140,16 +140,21 @@ def _reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) ->
                                  "sha256": meta.sha256}):
             break
         kept.append(meta)
-    # drop what an interrupted run left half-written, and the shards after the first bad one
+    _drop_unfinished(out, container, len(kept))
+    return kept
+
+
+def _drop_unfinished(out: str, container: str, kept: int) -> None:
+    """Remove what an interrupted run left half-written, and the shards after the ``kept``
+    ones (regular files of fastdata's names only)."""
+    suffix = SHARD_SUFFIX[container]
     later = [n for n in os.listdir(out) if CONVERT_NAMES.fullmatch(n) and n.startswith("shard-")
-             and n.endswith(SHARD_SUFFIX[container]) and int(n[6:-len(SHARD_SUFFIX[container])])
-             >= len(kept)]
+             and n.endswith(suffix) and int(n[6:-len(suffix)]) >= kept]
     gone = remove_own(out, leftover_temps(out) + later)
     if gone:
         log.info("removed %d unfinished file%s of the interrupted run: %s", len(gone),
                  "" if len(gone) == 1 else "s", ", ".join(gone[:5]) +
                  (", ..." if len(gone) > 5 else ""))
-    return kept
 
 
 def _job_of(path: str, container: str) -> str | None:

@@ -428,21 +428,22 @@ def table(report: dict) -> str:
     if report["ceiling"]:
         lines.append(f"ceiling = {report['ceiling']['model']} on one fixed on-device batch, "
                      f"run before and after each backend's loader")
-        for r in report["results"]:
-            m = r.get("model")
-            if not m:
-                continue
-            lo, hi = m["fraction_range"]
-            if unreliable(m):
-                lines.append(f"{r['label']}: unreliable: the runs put it at {lo:.0%}-{hi:.0%} "
-                             f"of its ceiling; use more --batches and --repeat, or a quieter "
-                             f"machine")
-            elif m["fraction_of_ceiling"] > 1:
-                why = ("within run-to-run noise; more --batches/--repeat narrow it" if lo <= 1
-                       else "in every pairing of the runs")
-                lines.append(f"{r['label']}: fed above its ceiling ({lo:.0%}-{hi:.0%} over "
-                             f"the runs), {why}")
+        lines += [note for r in report["results"] if r.get("model")
+                  for note in [_ceiling_note(r["label"], r["model"])] if note]
     return "\n".join(lines)
+
+
+def _ceiling_note(label: str, m: dict) -> str:
+    """What the table's share of the ceiling does not say for a fed row, if anything."""
+    lo, hi = m["fraction_range"]
+    if unreliable(m):
+        return (f"{label}: unreliable: the runs put it at {lo:.0%}-{hi:.0%} of its ceiling; "
+                f"use more --batches and --repeat, or a quieter machine")
+    if m["fraction_of_ceiling"] > 1:
+        why = ("within run-to-run noise; more --batches/--repeat narrow it" if lo <= 1
+               else "in every pairing of the runs")
+        return f"{label}: fed above its ceiling ({lo:.0%}-{hi:.0%} over the runs), {why}"
+    return ""
 
 
 #: the runs of a fed row may put it this many times higher, against its ceiling, in their best

@@ -214,6 +214,13 @@ def check_manifest(m: dict, path: str) -> None:
       "a list of distinct names")
     n = m.get("num_samples")
     f("num_samples", n, _is_int(n) and n >= 0, "an integer >= 0")
+    end = _check_shards(m, f)
+    f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
+    _check_records(m, f)
+
+
+def _check_shards(m: dict, f) -> int:
+    """``check_manifest`` of ``shards``: returns the samples they hold."""
     shards = m.get("shards")
     f("shards", shards, isinstance(shards, list), "a list")
     end, names = 0, set()
@@ -235,7 +242,11 @@ def check_manifest(m: dict, path: str) -> None:
           "an integer >= 0")
         f(f"{where}.sha256", s.get("sha256"), isinstance(s.get("sha256"), str),
           "a hex digest")
-    f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
+    return end
+
+
+def _check_records(m: dict, f) -> None:
+    """``check_manifest`` of what the converter recorded besides the shards."""
     skipped = m.get("skipped")
     f("skipped", skipped, isinstance(skipped, list) and all(
         isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
