@@ -73,7 +73,7 @@ def confine(cpus) -> None:
     GPU gets from the few host cores it has on a node.
 
     Raises:
-        ValueError: a core this machine does not let the process use.
+        ValueError: a core that this process may not use.
     """
     cpus = set(cpus)
     allowed = os.sched_getaffinity(0)
