@@ -131,6 +131,24 @@ def cold_read_cost(path, read) -> tuple[int, int | None]:
     return majflt() - before, None if nbytes is None or after is None else after - nbytes
 
 
+def in_private_mounts(script: str, env: dict, what: str):
+    """``sh -c script`` in a user and mount namespace of its own, where it may mount (a small
+    tmpfs, a read-only bind mount) without root; its exit 99 says it could not. Skips the test
+    where such a namespace cannot be made."""
+    import subprocess
+
+    env = {**os.environ, "CLI": f"{sys.executable} -m fastdata.cli -q", "PY": sys.executable,
+           **env}
+    try:
+        r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=300, env=env)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if r.returncode == 99 or r.stderr.startswith("unshare:"):
+        pytest.skip(f"no private {what} here: {r.stderr.strip()}")
+    return r
+
+
 def plain_folder(root, classes=("a", "b", "c"), per_class=7, seed=0, size=(40, 30)):
     """root/<class>/img_i.{jpg,png}: smooth random pictures, every payload unique."""
     k = 0

@@ -14,7 +14,7 @@ import pytest
 
 import fastdata
 from converters.convert import convert
-from tests.conftest import plain_folder
+from tests.conftest import in_private_mounts, plain_folder
 
 # each rank: the samples of two training epochs and of one evaluation, by global rank
 RANK_SCRIPT = textwrap.dedent("""
@@ -163,15 +163,7 @@ def test_a_set_on_a_read_only_mount_is_read_whole(tmp_path, folder, container):
     convert(folder, str(out), container=container, sizes=[8], shard_size=5, progress=False)
     ro.mkdir()
     before = sorted(os.listdir(out))
-    env = {**os.environ, "SET": str(out), "RO": str(ro), "PY": sys.executable,
-           "CLI": f"{sys.executable} -m fastdata.cli -q"}
-    try:
-        r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", READ_ONLY],
-                           capture_output=True, text=True, timeout=300, env=env)
-    except FileNotFoundError:
-        pytest.skip("no unshare(1) here")
-    if r.returncode == 99 or r.stderr.startswith("unshare:"):
-        pytest.skip(f"no private read-only mount here: {r.stderr.strip()}")
+    r = in_private_mounts(READ_ONLY, {"SET": str(out), "RO": str(ro)}, "read-only mount")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "OK" in r.stdout and "read 21" in r.stdout
     assert sorted(os.listdir(out)) == before

@@ -18,7 +18,7 @@ from converters.convert import convert
 from fastdata._optional import available
 from fastdata.cli import main as cli
 from fastdata.verify import verify
-from tests.conftest import cold_read_cost, plain_folder
+from tests.conftest import cold_read_cost, in_private_mounts, plain_folder
 
 # A converting child that is slow per image, so it can be killed between shard writes.
 CHILD = """
@@ -341,15 +341,7 @@ def test_a_full_disk_is_an_error_and_resume_finishes(folder, tmp_path):
     writer was killed by SIGBUS: it wrote through a map of a sparse file.)"""
     disk = tmp_path / "disk"
     disk.mkdir()
-    env = {**os.environ, "DISK": str(disk), "SRC": folder,
-           "CLI": f"{sys.executable} -m fastdata.cli -q"}
-    try:
-        r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", _FULL_DISK],
-                           capture_output=True, text=True, timeout=300, env=env)
-    except FileNotFoundError:
-        pytest.skip("no unshare(1) here")
-    if r.returncode == 99 or r.stderr.startswith("unshare:"):
-        pytest.skip(f"no private tmpfs mount here: {r.stderr.strip()}")
+    r = in_private_mounts(_FULL_DISK, {"DISK": str(disk), "SRC": folder}, "tmpfs mount")
     out = r.stdout + r.stderr
     for fmt in ("lmdb", "hdf5"):
         assert f"rc {fmt} 2" in out and f"resumed {fmt} 0" in out and f"verify {fmt} 0" in out
