@@ -449,13 +449,16 @@ def _ceiling_note(label: str, m: dict) -> str:
 #: the runs of a fed row may put it this many times higher, against its ceiling, in their best
 #: pairing than in their worst before its share of the ceiling means nothing
 UNRELIABLE_SPREAD = 2.0
+#: a loader cannot feed a model faster than it runs on one batch on the device: a row above
+#: this share of its ceiling in every pairing had its ceiling runs disturbed
+UNRELIABLE_ABOVE = 1.25
 
 
 def unreliable(model: dict) -> bool:
     """Whether a fed row's runs disagree too much for its share of the ceiling to mean
     anything (a busy machine, or too few batches)."""
     lo, hi = model["fraction_range"]
-    return hi > UNRELIABLE_SPREAD * lo
+    return hi > UNRELIABLE_SPREAD * lo or lo > UNRELIABLE_ABOVE
 
 
 def check_plot_path(path: str) -> None:
