@@ -3,7 +3,7 @@
 #   ./install.sh          the package (+ pillow-simd, built from source, installed last)
 #   ./install.sh --test   the package and its test dependencies (DALI and matplotlib included)
 #   ./install.sh --dali   also NVIDIA DALI (large download)
-# TORCH sets the torch requirement (default torch==2.13.0: the CPU build on this machine's disk;
+# TORCH sets the torch requirement (default torch==2.13.0, a CPU build;
 # on a CUDA machine use e.g. TORCH="torch>=2.4").
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -54,7 +54,7 @@ def pil_decode(buf, out):
 def as_batch(x) -> torch.Tensor:
     """The "before" sides took a (B, H, W, 3) batch, which raw HDF5 shards no longer copy into
     (the loader hands over views of the map): stacked here, the copy they were given then.
-    Their "now" sides have every later change too (stop 23's: ``ab_trees.py --job loader``),
+    Their "now" sides have every later change too (see ``ab_trees.py --job loader``),
     so "fused" and "flip" no longer isolate their own change."""
     return x if torch.is_tensor(x) else torch.stack(list(x))
 

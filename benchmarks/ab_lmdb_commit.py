@@ -1,6 +1,6 @@
-"""A/B: the converter's LMDB writer (no ``writemap``; a commit per batch since stop 27, every
-~3 MiB since stop 31, ~64 KiB since stop 34) vs the one before it (values written through the
-map, one transaction per shard), in whole conversions.
+"""A/B: the converter's LMDB writer (no ``writemap``; a commit every ~64 KiB of values) vs an
+earlier one (values written through the map, one transaction per shard), in whole
+conversions.
 The sides alternate over rounds; the figures are in benchmarks/RESULTS.md.
 
     .venv/bin/python -W ignore benchmarks/ab_lmdb_commit.py /tmp/photos --rounds 6
@@ -26,7 +26,7 @@ from converters.writers import WRITERS, LMDBWriter
 
 
 class WritemapWriter(LMDBWriter):
-    """The writer of stop 26: ``writemap=True``, every sample of a shard in one transaction."""
+    """The earlier writer: ``writemap=True``, every sample of a shard in one transaction."""
 
     def _open(self, payload_bytes: int) -> None:
         real = lmdb.open

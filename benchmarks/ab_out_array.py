@@ -1,5 +1,5 @@
-"""A/B: ``read_batch`` into a fresh array each batch (as the DALI backend's source did before
-stop 34) vs into one array used again (as it does now); figures in benchmarks/RESULTS.md.
+"""A/B: ``read_batch`` into a fresh array each batch (as the DALI backend's source did once) vs
+into one array used again (as it does now); figures in benchmarks/RESULTS.md.
 
     .venv/bin/python -W ignore benchmarks/ab_out_array.py /tmp/fd-compare/raw-hdf5 \
         /tmp/fd-compare/raw-lmdb --batch 64 --batch 256

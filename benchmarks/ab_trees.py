@@ -6,12 +6,12 @@ by round so machine noise hits both alike; figures in RESULTS.md.
     .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref --job loader
 
 Each run is a fresh interpreter with its tree first on ``sys.path``.
-``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` did before
-stop 26: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
+``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` once did: the
+previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
 all its processes per image too; with ``--torch``, in an interpreter that imported torch first
-(as ``benchmarks/convert.py``'s did until stop 34, and a notebook's); with ``--fresh``, the
+(as ``benchmarks/convert.py``'s once did, and a notebook's); with ``--fresh``, the
 previous output deleted and synced before the clock (as ``benchmarks/convert.py`` does, which
-since stop 34 also runs each conversion in a fresh interpreter, without torch), and also timed
+also runs each conversion in a fresh interpreter, without torch), and also timed
 with the sync after it (its "on disk" figure). First, in this tree, the worker's
 per-image CPU time with the simplejpeg decode path vs PIL's decoder.
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).

@@ -1,5 +1,5 @@
 """A first pass over shard sets that are not in the page cache, then a second one (figures in
-benchmarks/RESULTS.md, stop 32 and "Reads out of the page cache"; the README's
+benchmarks/RESULTS.md, "Reads out of the page cache"; the README's
 "Reading" section quotes them).
 
     python -W ignore benchmarks/cold_read.py OUT [OUT ...] --rounds 3

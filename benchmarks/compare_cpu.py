@@ -102,7 +102,7 @@ def main():
 
 def interleaved(a, kw) -> dict:
     """× baseline measured pairwise: each round runs the baseline and then one fastdata torch
-    set, seconds apart, so this machine's drift (up to 2× over minutes) hits both alike."""
+    set, seconds apart, so the host's drift (up to 2× over minutes) hits both alike."""
     kw = {**kw, "repeat": 1}
     ratios: dict[str, list[float]] = {name: [] for name in SETS}
     for _ in range(a.rounds):

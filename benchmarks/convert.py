@@ -65,12 +65,12 @@ def convert_once(kind: str, src: str, out: str, size: int, workers: int) -> tupl
 
 
 def bench_convert(src: str, tmp: str, size: int, workers: int, repeats: int) -> dict:
-    """Rounds of naive, HDF5, LMDB in turn (this machine's speed drifts); medians and the
+    """Rounds of naive, HDF5, LMDB in turn (a shared host's speed drifts); medians and the
     median of each round's ratio.
 
     Each run is a fresh interpreter (as ``fastdata convert`` is; the clock starts after the
     imports): in one long process, earlier runs had raised glibc's malloc thresholds and hid
-    a cost that the command paid (raw LMDB, stop 34). Each run writes into a fresh place: the
+    a cost that the command paid (raw LMDB). Each run writes into a fresh place: the
     previous run's output is deleted and everything synced before the clock starts. Deleting
     a file that is on disk took CPU and I/O waits from the run that did it (this disk is
     mounted with ``discard``), and the kernel's writeback of the run before took CPU from

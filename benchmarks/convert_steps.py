@@ -1,5 +1,4 @@
-"""Per-step costs behind the converter's changes of stops 26, 27, 31 and 32 (figures in
-benchmarks/RESULTS.md).
+"""Per-step costs behind the converter's design choices (figures in benchmarks/RESULTS.md).
 
     python -W ignore benchmarks/convert_steps.py /tmp/photos
 
@@ -10,7 +9,7 @@ alternating round by round (each goes first in every other round), median of the
 - reading a JPEG's header and Exif orientation: ``Image.open`` + ``getexif()`` vs
   ``simplejpeg.decode_jpeg_header`` + ``decode._exif_orientation``;
 - packing a 256 px RGBX image into RGB bytes: ``tobytes()`` vs ``decode._packed_rgb``; then
-  into a ring slot with its CRC: ``_packed_rgb`` + a copy (before stop 31) vs
+  into a ring slot with its CRC: ``_packed_rgb`` + a copy (the earlier way) vs
   ``decode.pack_into`` (the C kernel, from Pillow's Arrow export);
 - one 196 KB ``pwrite`` per image into a fresh file (in ``--tmp``), sparse vs allocated
   first with ``posix_fallocate`` (as ``writers._allocate`` does); then into an allocated
@@ -18,10 +17,10 @@ alternating round by round (each goes first in every other round), median of the
 - the parent's CPU per image for handing out batches of 8 and reading their results back in
   order, 2 forked workers that each spend ~0.85 ms of CPU per image (the converter's decode
   at 256 px, stood in for by a busy loop): ``concurrent.futures.ProcessPoolExecutor`` (as the
-  converter used it before stop 27) vs ``pool.Decoder``. Here the parent's CPU time is
+  converter once used it) vs ``pool.Decoder``. Here the parent's CPU time is
   its own (all its threads), not the workers'.
 - what the parent does just before its workers fork, with torch imported (as in
-  ``benchmarks/convert.py``'s process, or a notebook): ``gc.collect()`` (before stop 29) vs
+  ``benchmarks/convert.py``'s process, or a notebook): ``gc.collect()`` (the earlier way) vs
   ``fastdata.env.parent_garbage_frozen``.
 """
 from __future__ import annotations

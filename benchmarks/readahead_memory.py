@@ -1,6 +1,6 @@
 """Random passes over shard sets out of the page cache, inside a memory cgroup smaller or
 larger than the set: readahead as ``ShardSet`` chooses it ("auto"), forced on, forced off
-(where a reader asks for each batch's pages at once instead, since stop 36; figures in
+(where a reader asks for each batch's pages at once instead); figures in
 benchmarks/RESULTS.md, "Reads out of the page cache").
 
     sudo python benchmarks/readahead_memory.py OUT [OUT ...] --limit-mib 100,200,400,600

@@ -31,7 +31,7 @@ def batch_size(sizes) -> int:
     """Images per worker task: 16 up to 256 px, fewer for bigger ones (about ``BATCH_BYTES`` of
     raw pixels), so that the images in flight take about the same memory at any size (8 at any
     size held 8× more at 1024 px). At 256 px 16 converts as fast as 8 did
-    (``benchmarks/RESULTS.md``, stop 31)."""
+    (``benchmarks/RESULTS.md``, "Converter")."""
     return max(1, min(MAX_BATCH, BATCH_BYTES // sum(3 * s * s for s in sizes)))
 
 

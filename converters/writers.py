@@ -14,7 +14,7 @@ reads them from the ring itself, with no copy into the page cache. That copy was
 main cost (32–470 µs of kernel time per 256 px image, most where the pages were new to this
 virtual machine; 20–26 µs now). The pixels are on the disk when a conversion returns, and a
 conversion larger than memory does not push everything else out of the cache
-(``benchmarks/RESULTS.md``, stop 31).
+(``benchmarks/RESULTS.md``, "Converter").
 """
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def resolve_device(device=None):
         raise ValueError(f"device={str(device)!r} but CUDA is not available (torch "
                          f"{torch.__version__}); use device='cpu'")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"device={str(device)!r} is not valid; this machine has "
+        raise ValueError(f"device={str(device)!r} is not valid; torch sees "
                          f"{torch.cuda.device_count()} CUDA device(s): "
                          f"'cuda:0'..'cuda:{torch.cuda.device_count() - 1}'")
     return dev

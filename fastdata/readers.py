@@ -775,7 +775,7 @@ def page_aligned(shape: tuple[int, ...]) -> np.ndarray:
     """An uninitialised uint8 array whose data starts on a page: ``np.empty``'s large arrays
     start 16 bytes into one, and copying 256 px samples out of raw HDF5 shards (which start on
     a page) into such an array ran 2.2x slower than into one starting on a page or a cache
-    line (AMD EPYC Zen 4, ``benchmarks/RESULTS.md`` stop 33)."""
+    line (AMD EPYC Zen 4, ``benchmarks/RESULTS.md``)."""
     n = int(np.prod(shape))
     buf = np.empty(n + PAGE, np.uint8)
     k = -buf.ctypes.data % PAGE

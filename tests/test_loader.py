@@ -430,7 +430,7 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
         pairs = list(zip(g, c))
     assert not caught, [str(w.message) for w in caught]
     with pytest.raises(ValueError, match=f"device='cuda:{torch.cuda.device_count()}' is not "
-                                         f"valid; this machine has"):
+                                         f"valid; torch sees"):
         fastdata.Loader(shards["hdf5"], device=f"cuda:{torch.cuda.device_count()}", **kw)
     for (xg, yg), (xc, yc) in pairs:
         assert xg.is_cuda and yg.is_cuda and xg.dtype == dtype and yg.dtype == torch.int64
@@ -659,7 +659,7 @@ def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
 
 def _stand_in_cgroups(root, controller: str, files: dict):
     """Writes ``files`` into this process's cgroup of ``controller`` ("" for v2's unified
-    hierarchy) under a stand-in root: that folder, or None where this machine has no such
+    hierarchy) under a stand-in root: that folder, or None where the host has no such
     hierarchy."""
     with open("/proc/self/cgroup") as f:
         groups = [line.rstrip("\n").split(":", 2) for line in f]

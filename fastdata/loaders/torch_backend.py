@@ -102,10 +102,10 @@ class _Ring:
     """Shared-memory buffers that worker processes make their batches in, one job at a time.
 
     Made in the parent before the workers start (a forked worker inherits them, a spawned one
-    receives them), lent to a job when it is sent, and lent again only once nothing in the
+    receives them), lent with a job when it is sent, and lent again only once nothing in the
     parent references the batch made in it (as ``BufferPool``). Fresh shared memory for each
     result took 33-63 ms of a worker's 44-72 ms per batch (RandomResizedCrop 224 float32, 64
-    images; benchmarks/RESULTS.md, stop 37).
+    images; benchmarks/RESULTS.md, "Torch loader, CPU").
     """
 
     def __init__(self, count: int, nbytes: int):
@@ -232,7 +232,7 @@ class _BatchReader:
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
                  else None)
         if views is not None:   # each image's crop is read from the map: no batch copy first
-            raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md, stop 33
+            raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md
         else:
             # the stored pixels are the result on a device, and as channels_last uint8
             as_is = not self.on_host or not self.needs_transform and self.transform.channels_last
@@ -425,7 +425,7 @@ def _as_sent(item):
 class _WorkerProcesses:
     """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
     their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
-    them again cost ~80 ms a pass with fork, ~1.1 s with spawn: RESULTS.md, stop 37)."""
+    them again cost ~80 ms a pass with fork, ~1.1 s with spawn: RESULTS.md, "Torch loader, CPU")."""
 
     def __init__(self, reader, loader, *, persistent: bool):
         l = loader
