@@ -48,17 +48,24 @@ def _torchrun(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
-def _layout(script, shards, out, nodes: int) -> dict[int, dict]:
-    """Every rank's samples, run as ``nodes`` torchrun agents of ``4 // nodes`` ranks each."""
-    os.makedirs(out)
+def _on_nodes(nodes: int, *command) -> str:
+    """``command`` under torchrun as ``nodes`` agents of ``4 // nodes`` ranks each, on this
+    host (a static rendezvous on 127.0.0.1); returns the agents' output."""
     port = _free_port()
     procs = [_torchrun(["--nnodes", str(nodes), "--nproc-per-node", str(4 // nodes),
                         "--node-rank", str(k), "--master-addr", "127.0.0.1",
-                        "--master-port", str(port), script, shards, out])
+                        "--master-port", str(port), *map(str, command)])
              for k in range(nodes)]
-    for p in procs:
-        text, _ = p.communicate(timeout=240)
+    texts = [p.communicate(timeout=240)[0] for p in procs]
+    for p, text in zip(procs, texts):
         assert p.returncode == 0, text[-3000:]
+    return "".join(texts)
+
+
+def _layout(script, shards, out, nodes: int) -> dict[int, dict]:
+    """Every rank's samples, run as ``nodes`` torchrun agents of ``4 // nodes`` ranks each."""
+    os.makedirs(out)
+    _on_nodes(nodes, script, shards, out)
     return {r: json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(4)}
 
 
@@ -82,6 +89,34 @@ def test_two_nodes_of_two_ranks_read_what_one_node_of_four_does(tmp_path):
         assert len(got) == len(set(got)) == 16
     evaluated = sorted(x for r in range(4) for batch in two[r]["eval"] for x in batch)
     assert evaluated == list(range(19))       # every sample exactly once
+
+
+def test_fastdata_train_checkpoints_once_and_resumes_on_another_layout(tmp_path):
+    """An epoch on two nodes of 2 ranks saves what an epoch on one node of 4 does (global rank
+    0 writes it, into one folder), and one node of 4 resumes from it."""
+    import torch
+
+    src = plain_folder(tmp_path / "src", classes=tuple(f"c{i:02d}" for i in range(16)),
+                       per_class=1)
+    shards = str(tmp_path / "shards")
+    convert(src, shards, sizes=[8], workers=1, progress=False)
+
+    def train(nodes, ck, epochs):
+        return _on_nodes(nodes, "-m", "fastdata.cli", "train", shards, "--model", "tiny",
+                         "--epochs", epochs, "--batch-size", 2, "--device", "cpu",
+                         "--workers", 0, "--checkpoint", ck, "--log-every", 0,
+                         "--schedule", "none")     # a schedule's length names the epochs
+    train(2, tmp_path / "two", 1)
+    train(1, tmp_path / "one", 1)
+    two, one = (torch.load(tmp_path / d / "last.pt", weights_only=True) for d in ("two", "one"))
+    assert two["loader"] == one["loader"] and two["step"]["steps"] == one["step"]["steps"]
+    assert all(torch.equal(two["model"][k], one["model"][k]) for k in one["model"])
+    assert sorted(os.listdir(tmp_path / "two")) == ["last.pt"] + [
+        f"log-rank{r}.jsonl" for r in range(4)]
+    assert "resumed from" in train(1, tmp_path / "two", 2)
+    epochs = [json.loads(line)["epoch"] for line in
+              (tmp_path / "two" / "log-rank3.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1]
 
 
 def _shard_pss(paths, conn) -> None:
