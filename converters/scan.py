@@ -12,19 +12,66 @@ types are used: no ``stat`` per file (but for links), which a network file syste
 """
 from __future__ import annotations
 
+import array
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from tqdm import tqdm
 
 from fastdata.format import IMAGE_EXTENSIONS
 
 
+class Files(Sequence):
+    """The scan's ``(path relative to root, label)`` pairs, in order, packed: the paths in one
+    byte string, where a list of tuples of strings took ~135 bytes a file (173 MB for
+    ImageNet's 1.28 M, held for a whole conversion); ~35 here."""
+
+    def __init__(self):
+        self._blob = bytearray()
+        self._ends = array.array("q")
+        self._labels = array.array("i")
+        self._frozen: tuple | None = None
+
+    def extend(self, paths: list[str], label: int) -> None:
+        for p in paths:
+            self._blob += p.encode("utf-8", "surrogateescape")
+            self._ends.append(len(self._blob))
+        self._labels.extend([label] * len(paths))
+
+    def freeze(self) -> "Files":
+        """Done adding: the offsets become one array (8 bytes a file, not a Python int)."""
+        ends = np.zeros(len(self._ends) + 1, np.int64)
+        ends[1:] = np.frombuffer(self._ends, np.int64)
+        self._frozen = (bytes(self._blob), ends)
+        self._blob, self._ends = bytearray(), array.array("q")
+        return self
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        blob, ends = self._frozen
+        i = range(len(self))[i]
+        path = blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
+        return path, self._labels[i]
+
+    def __iter__(self):
+        blob, ends = self._frozen
+        bounds = ends.tolist()
+        for k, label in enumerate(self._labels):
+            yield blob[bounds[k]:bounds[k + 1]].decode("utf-8", "surrogateescape"), label
+
+
 @dataclass
 class Scan:
     root: str
     classes: list[str]
-    files: list[tuple[str, int]]            # (path relative to root, label), sorted
+    files: Files                            # (path relative to root, label), sorted
     ignored: dict[str, int] = field(default_factory=dict)   # reason -> count
 
 
@@ -43,7 +90,7 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
     ignored: dict[str, int] = {}
     if loose:       # as ImageFolder: they belong to no class (counted, so the summary shows it)
         ignored["image outside the class directories"] = loose
-    files: list[tuple[str, int]] = []
+    files = Files()
     # ImageNet: 1.28M files to list before the first image is decoded
     bar = tqdm(total=len(classes), unit="class", desc="scan", disable=not progress,
                dynamic_ncols=True)
@@ -82,7 +129,7 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
                 ignored[reason] = ignored.get(reason, 0) + 1
             stack += [(os.path.join(folder, d), rel + d + os.sep)     # popped in name order
                       for d in sorted(subfolders, reverse=True)]
-        files.extend((p, label) for p in sorted(found))
+        files.extend(sorted(found), label)
         bar.update(1)
     bar.close()
-    return Scan(root, classes, files, ignored)
+    return Scan(root, classes, files.freeze(), ignored)
