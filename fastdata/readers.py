@@ -119,7 +119,8 @@ class ShardReader:
                 unguard(slot)
 
     def __del__(self):
-        self.close()
+        with contextlib.suppress(Exception):     # at interpreter exit, modules may be gone
+            self.close()
 
     def _meta(self, text) -> ShardMeta:
         meta = ShardMeta.from_json(text)
