@@ -254,39 +254,45 @@ class HDF5ShardReader(ShardReader):
 
 
 # LMDB (and py-lmdb's guard) allow one env per file per process: readers of one file share it.
-# (dev, inode) -> [pid, env, users]. An entry made before a fork is the parent's: the child
-# closes its inherited copy (munmap/close of the child's own mapping and fds) and reopens.
+# (dev, inode) -> [pid, env, users, end, guards]. An entry made before a fork is the parent's:
+# the child closes its inherited copy (munmap/close of the child's own mapping and fds) and
+# reopens. Changed only under ``_OPEN_LOCK``.
 _LMDB_ENVS: dict[tuple, list] = {}
+# Keys whose reader was garbage collected. The collector runs in any thread, even inside an open
+# of another shard (lock held, registry half read): it only appends here; opens and closes drain.
+_LMDB_COLLECTED: list[tuple] = []
+
+
+def _release_env(key: tuple) -> None:
+    """One user fewer of the file's env; the last one closes it. Under ``_OPEN_LOCK``."""
+    entry = _LMDB_ENVS.get(key)
+    if entry is not None and entry[0] == os.getpid():
+        entry[2] -= 1
+        if entry[2] == 0:
+            del _LMDB_ENVS[key]
+            entry[1].close()
+            for slot in entry[4]:
+                unguard(slot)
+
+
+def _release_collected() -> None:
+    while _LMDB_COLLECTED:
+        _release_env(_LMDB_COLLECTED.pop())
 
 
 class LMDBShardReader(ShardReader):
     container = "lmdb"
 
     def _open(self, fd):
-        import lmdb
-
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
+        _release_collected()
         entry = _LMDB_ENVS.get(key)
         if entry is not None and entry[0] != os.getpid():
             entry[1].close()
             entry = None
         if entry is None:
-            if not st.st_size:
-                raise OSError("empty file (0 bytes)")
-            try:
-                env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
-                                readahead=self.readahead, max_readers=1024)
-            except lmdb.Error as e:         # not an OSError: callers catch that for damage
-                raise OSError(str(e).removeprefix(f"{self.path}: ")) from e
-            # reading a page past a truncated file's end through the map is SIGBUS: refuse it
-            end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-            if st.st_size < end:
-                env.close()
-                raise OSError(f"truncated: {st.st_size} bytes, its last page ends at {end}")
-            # LMDB does not say where it mapped the file: the process's map list does
-            entry = _LMDB_ENVS[key] = [os.getpid(), env, 0, end,
-                                       [guard(lo, hi - lo) for lo, hi in _mapped(st)]]
+            entry = _LMDB_ENVS[key] = self._new_env(st)
         entry[2] += 1
         env = entry[1]
         try:
@@ -299,20 +305,39 @@ class LMDBShardReader(ShardReader):
             return self._checked({"env": env, "key": key, "where": where, "end": entry[3]}, fd,
                                  meta, labels, crcs)
         except BaseException:
-            self._h, self._pid = {"key": key}, os.getpid()     # lets close() release the env
-            self.close()
+            _release_env(key)
             raise
 
+    def _new_env(self, st: os.stat_result) -> list:
+        import lmdb
+
+        if not st.st_size:
+            raise OSError("empty file (0 bytes)")
+        try:
+            env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
+                            readahead=self.readahead, max_readers=1024)
+        except lmdb.Error as e:         # not an OSError: callers catch that for damage
+            raise OSError(str(e).removeprefix(f"{self.path}: ")) from e
+        # reading a page past a truncated file's end through the map is SIGBUS: refuse it
+        end = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if st.st_size < end:
+            env.close()
+            raise OSError(f"truncated: {st.st_size} bytes, its last page ends at {end}")
+        # LMDB does not say where it mapped the file: the process's map list does
+        return [os.getpid(), env, 0, end, [guard(lo, hi - lo) for lo, hi in _mapped(st)]]
+
     def close(self):
-        entry = _LMDB_ENVS.get(self._h["key"]) if self._h is not None else None
-        if entry is not None and entry[0] == os.getpid() == self._pid:
-            entry[2] -= 1
-            if entry[2] == 0:
-                entry[1].close()
-                for slot in entry[4]:
-                    unguard(slot)
-                del _LMDB_ENVS[self._h["key"]]
-        super().close()
+        with _OPEN_LOCK:
+            _release_collected()
+            if self._h is not None and self._pid == os.getpid():
+                _release_env(self._h["key"])
+            super().close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):     # at interpreter exit, modules may be gone
+            if self._h is not None and self._pid == os.getpid():
+                _LMDB_COLLECTED.append(self._h["key"])
+            ShardReader.close(self)
 
     def payload(self, size, i):
         with self.h["env"].begin() as txn:

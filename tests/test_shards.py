@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -9,6 +10,7 @@ import pickle
 import platform
 import subprocess
 import sys
+import threading
 
 import h5py
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 from PIL import Image
 
 import fastdata
+from fastdata import readers
 from converters import writers
 from converters.convert import convert
 from fastdata.cli import main as cli
@@ -103,6 +106,44 @@ def test_pickle_fork_spawn(shard_sets, method, container):
     ds.close()                                          # handles dropped, reopened on demand
     assert all(sh._h is None for sh in ds.shards)
     assert ds.read_batch([1, 9, 17]).sum() == expected
+
+
+def test_lmdb_readers_opened_closed_and_collected_across_threads_all_read(shard_sets):
+    """Readers of one LMDB file share one env. Sets left in reference cycles are collected in
+    whatever thread allocates, also while another thread opens the same file."""
+    path = shard_sets[1]["lmdb", "raw"]
+    expected = fastdata.open(path).read_batch(range(21))
+    errors, stop = [], threading.Event()
+
+    def reader(n):
+        try:
+            for i in range(12):
+                ds = fastdata.open(path)
+                assert np.array_equal(ds.read_batch(range(21)), expected)
+                if (i + n) % 3 == 0:
+                    ds.close()
+                else:
+                    ds.cycle = ds       # only the cyclic collector frees it
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def collector():
+        while not stop.wait(0.002):
+            gc.collect()
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(4)]
+    sweeper = threading.Thread(target=collector)
+    for t in [sweeper, *threads]:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    stop.set()
+    sweeper.join(timeout=60)
+    assert not errors, errors[0]
+    del expected
+    gc.collect()
+    fastdata.open(path).close()     # releases what the collector left
+    assert not readers._LMDB_ENVS and not readers._LMDB_COLLECTED
 
 
 def test_a_locked_shard_still_reads(shard_sets):
