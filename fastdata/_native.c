@@ -13,6 +13,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,135 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* torchvision's colour adjustments on float images in [0, 1], in place, one image at a time:
+ * brightness, contrast, saturation (blends, clamped after each) and hue (through HSV), in a
+ * given order, with one factor each per image. A row at a time through planar buffers that
+ * stay in L1, each op a branch-free loop the compiler vectorises: one pass over the image (two
+ * where contrast needs the mean grey of what precedes it). */
+#define JW 256      /* pixels a chunk */
+static inline float clamp01(float v) { return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
+
+CLONES static void blend_run(float *r, float *g, float *b, int n, float w, const float *other,
+                             float constant) {
+    for (int i = 0; i < n; i++) {
+        float o = other ? other[i] : constant;
+        r[i] = clamp01(w * r[i] + (1.f - w) * o);
+        g[i] = clamp01(w * g[i] + (1.f - w) * o);
+        b[i] = clamp01(w * b[i] + (1.f - w) * o);
+    }
+}
+
+CLONES static void luma_run(const float *r, const float *g, const float *b, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = 0.2989f * r[i] + 0.587f * g[i] + 0.114f * b[i];
+}
+
+CLONES static void hue_run(float *r, float *g, float *b, int n, float shift) {
+    for (int i = 0; i < n; i++) {   /* float selects only, so that it vectorises */
+        float R = r[i], G = g[i], B = b[i];
+        float mx = R > G ? R : G, mn = R < G ? R : G;
+        float maxc = mx > B ? mx : B, minc = mn < B ? mn : B, cr = maxc - minc;
+        float d = cr == 0.f ? 1.f : cr, s = cr / (cr == 0.f ? 1.f : maxc), inv = 1.f / d;
+        float rc = (maxc - R) * inv, gc = (maxc - G) * inv, bc = (maxc - B) * inv;
+        /* every branch computed first: with trapping math, GCC selects only between values */
+        float hr = bc - gc, hg = 2.f + rc - bc, hb = 4.f + gc - rc;
+        float isr = maxc == R, isg = (maxc == G) * (1.f - isr);
+        float h = isr * hr + isg * hg + (1.f - isr - isg) * hb;
+        h = h * (1.f / 6.f) + 1.f;
+        h -= floorf(h);
+        h += shift;
+        h -= floorf(h);
+        float h6 = h * 6.f, k = floorf(h6), f = h6 - k, v = maxc;
+        float k6 = k - 6.f;
+        k = k >= 6.f ? k6 : k;
+        float p = clamp01(v * (1.f - s)), q = clamp01(v * (1.f - s * f)),
+              t = clamp01(v * (1.f - s * (1.f - f)));
+        /* the sector k picks each channel among v, p, q, t (torchvision's _hsv2rgb) */
+        float s0 = k == 0.f, s1 = k == 1.f, s2 = k == 2.f, s3 = k == 3.f, s4 = k == 4.f,
+              s5 = k == 5.f, keep = cr == 0.f;
+        float nr = v * (s0 + s5) + q * s1 + p * (s2 + s3) + t * s4;
+        float ng = t * s0 + v * (s1 + s2) + q * s3 + p * (s4 + s5);
+        float nb = p * (s0 + s1) + t * s2 + v * (s3 + s4) + q * s5;
+        r[i] = keep * R + (1.f - keep) * nr;
+        g[i] = keep * G + (1.f - keep) * ng;
+        b[i] = keep * B + (1.f - keep) * nb;
+    }
+}
+
+/* ops[k] in 0..3 = brightness, contrast, saturation, hue; f[op] its factor */
+static void jitter_run(float *r, float *g, float *b, int n, const int *ops, int nops,
+                       const float *f, float mean, float *tmp) {
+    for (int k = 0; k < nops; k++) {
+        int op = ops[k];
+        if (op == 3) {
+            hue_run(r, g, b, n, f[3]);
+        } else if (op == 2) {
+            luma_run(r, g, b, n, tmp);
+            blend_run(r, g, b, n, f[2], tmp, 0.f);
+        } else {
+            blend_run(r, g, b, n, f[op], NULL, op == 0 ? 0.f : mean);
+        }
+    }
+}
+
+/* n pixels from p (pixel stride ox, channel stride oc) into / out of planar buffers */
+static void gather(const float *p, int64_t oc, int64_t ox, int n, float *r, float *g, float *b) {
+    for (int i = 0; i < n; i++, p += ox) { r[i] = p[0]; g[i] = p[oc]; b[i] = p[2 * oc]; }
+}
+
+static void scatter(float *p, int64_t oc, int64_t ox, int n, const float *r, const float *g,
+                    const float *b) {
+    for (int i = 0; i < n; i++, p += ox) { p[0] = r[i]; p[oc] = g[i]; p[2 * oc] = b[i]; }
+}
+
+static void jitter_one(float *img, int64_t oc, int64_t oy, int64_t ox, int64_t h, int64_t w,
+                       const float *f, const int *ops, int nops) {
+    float r[JW], g[JW], b[JW], tmp[JW];
+    int before = nops;      /* the ops before contrast: the mean is of their result */
+    for (int k = 0; k < nops; k++) if (ops[k] == 1) { before = k; break; }
+    float mean = 0.f;
+    if (before < nops) {
+        double sum = 0;
+        for (int64_t y = 0; y < h; y++)
+            for (int64_t x0 = 0; x0 < w; x0 += JW) {
+                int n = (int)(w - x0 < JW ? w - x0 : JW);
+                gather(img + y * oy + x0 * ox, oc, ox, n, r, g, b);
+                jitter_run(r, g, b, n, ops, before, f, 0.f, tmp);
+                luma_run(r, g, b, n, tmp);
+                float part = 0.f;
+                for (int i = 0; i < n; i++) part += tmp[i];
+                sum += part;
+            }
+        mean = (float)(sum / (double)(h * w));
+    }
+    for (int64_t y = 0; y < h; y++)
+        for (int64_t x0 = 0; x0 < w; x0 += JW) {
+            int n = (int)(w - x0 < JW ? w - x0 : JW);
+            float *p = img + y * oy + x0 * ox;
+            gather(p, oc, ox, n, r, g, b);
+            jitter_run(r, g, b, n, ops, nops, f, mean, tmp);
+            scatter(p, oc, ox, n, r, g, b);
+        }
+}
+
+static PyObject *color_jitter(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    unsigned long long dst, factors, order;
+    long long on, oc, oy, ox, h, w;
+    int nops;
+    if (!PyArg_ParseTuple(args, "nKLLLLLLKKi", &n, &dst, &on, &oc, &oy, &ox, &h, &w, &factors,
+                          &order, &nops))
+        return NULL;
+    const float *f = (const float *)(uintptr_t)factors;
+    const int64_t *o = (const int64_t *)(uintptr_t)order;
+    int ops[4];
+    for (int k = 0; k < nops && k < 4; k++) ops[k] = (int)o[k];
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        jitter_one((float *)(uintptr_t)dst + on * i, oc, oy, ox, h, w, f + 4 * i, ops, nops);
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -284,6 +414,9 @@ static PyMethodDef methods[] = {
     {"crop_resize", crop_resize, METH_VARARGS,
      "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
      "shift): addresses of checked buffers; use fastdata.native.crop_resize."},
+    {"color_jitter", color_jitter, METH_VARARGS,
+     "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops): addresses of checked "
+     "buffers; use fastdata.native.color_jitter."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",

@@ -84,3 +84,23 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
     _module().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(), out.shape[2],
                           out.data_ptr(), *out.stride(), scale.data_ptr(), shift.data_ptr())
     return out
+
+
+def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int]) -> None:
+    """``transforms.ColorJitter``'s adjustments, in place: ``images`` a float32 (B, 3, H, W)
+    CPU tensor (any strides), ``factors`` (B, 4) brightness, contrast, saturation and hue per
+    image, ``order`` the adjustments to apply (0-3 in that numbering), in order. The GIL is
+    released while it runs."""
+    require()
+    if images.dtype != torch.float32 or images.device.type != "cpu" or images.dim() != 4 \
+            or images.shape[1] != 3:
+        raise ValueError(f"images must be a float32 CPU tensor of shape (B, 3, H, W), not "
+                         f"{images.dtype} {tuple(images.shape)} on {images.device}")
+    n, _, h, w = images.shape
+    factors = factors.to(torch.float32).contiguous()
+    order = torch.as_tensor(list(order), dtype=torch.int64)
+    if factors.shape != (n, 4) or len(order) > 4 or bool(((order < 0) | (order > 3)).any()):
+        raise ValueError(f"factors must be ({n}, 4) and order up to 4 of 0-3, not "
+                         f"{tuple(factors.shape)} and {order.tolist()}")
+    _module().color_jitter(n, images.data_ptr(), *images.stride(), h, w, factors.data_ptr(),
+                           order.data_ptr(), len(order))

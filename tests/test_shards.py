@@ -140,7 +140,6 @@ def test_lmdb_readers_opened_closed_and_collected_across_threads_all_read(shard_
     stop.set()
     sweeper.join(timeout=60)
     assert not errors, errors[0]
-    del expected
     gc.collect()
     fastdata.open(path).close()     # releases what the collector left
     assert not readers._LMDB_ENVS and not readers._LMDB_COLLECTED

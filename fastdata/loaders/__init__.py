@@ -7,6 +7,7 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
+import pickle
 import warnings
 import weakref
 from collections import deque
@@ -20,6 +21,7 @@ from fastdata.checks import choice, flag, integer
 from fastdata.env import resolve_device, usable_cpus
 from fastdata.order import Order
 from fastdata.readers import ShardSet
+from fastdata.transforms import BatchStage, Normalize
 
 BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
             "dali": "fastdata.loaders.dali_backend:DaliBackend"}
@@ -68,16 +70,19 @@ class Backend:
 JPEG_DECODES = ("auto", "cpu", "gpu")
 
 
-def _jpeg_decode(choice_: str, device, encoding: str, backend: str) -> str:
+def _jpeg_decode(choice_: str, device, encoding: str, backend: str, per_sample: bool) -> str:
     """Where the torch backend decodes JPEG shards: ``"gpu"`` (nvJPEG, through torchvision's
     batched ``decode_jpeg`` on the device: no decode on the host cores, which a GPU node has
     few of per GPU) or ``"cpu"`` (libjpeg-turbo in the reader threads). ``"auto"``: the GPU
-    where the batches go to a CUDA device and torchvision can decode there."""
+    where the batches go to a CUDA device and torchvision can decode there, and no
+    ``sample_transform`` needs the pixels on the host."""
     choice("jpeg_decode", choice_, JPEG_DECODES)
-    if choice_ == "cpu" or encoding != "jpeg" or backend != "torch":
+    if choice_ == "cpu" or encoding != "jpeg" or backend != "torch" or per_sample:
         if choice_ == "gpu":
-            raise ValueError(f"jpeg_decode='gpu' decodes JPEG shards in the torch backend; this "
-                             f"set stores {encoding} and backend={backend!r}: leave it 'auto'")
+            why = ("a sample_transform needs the decoded pixels on the host" if per_sample else
+                   f"it decodes JPEG shards in the torch backend; this set stores {encoding} "
+                   f"and backend={backend!r}")
+            raise ValueError(f"jpeg_decode='gpu' is not possible here: {why}; leave it 'auto'")
         return "cpu"
     if device.type != "cuda":
         if choice_ == "gpu":
@@ -88,6 +93,39 @@ def _jpeg_decode(choice_: str, device, encoding: str, backend: str) -> str:
     if not ok and choice_ == "gpu":
         raise ImportError(f"jpeg_decode='gpu' needs torchvision's decode_jpeg on CUDA: {why}")
     return "gpu" if ok else "cpu"
+
+
+def _picklable(name: str, fn) -> None:
+    try:
+        pickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+        raise ValueError(f"{name}={fn!r} cannot be sent to worker processes "
+                         f"(workers='process'): {type(e).__name__}: {e}; define it at the top "
+                         f"level of a module (not a lambda or a nested function), or use "
+                         f"workers='thread'") from None
+
+
+def _hooks(loader: "Loader", sample_transform, batch_transform, workers: str):
+    """Check the users' transforms; with a batch transform, the built-in stage stops at float32
+    values in [0, 1] and normalisation follows the transform. Returns ``(sample_transform,
+    BatchStage or None)``."""
+    for name, fn in (("sample_transform", sample_transform),
+                     ("batch_transform", batch_transform)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable or None, not {type(fn).__name__}")
+        if fn is not None and workers == "process":
+            _picklable(name, fn)
+    if batch_transform is None:
+        return sample_transform, None
+    t = loader.transform
+    if t.dtype == torch.uint8:
+        raise ValueError("batch_transform needs a float dtype (it sees values in [0, 1], "
+                         "normalised after it); dtype=uint8 skips normalisation")
+    loader.transform = Augment(train=t.train, dtype=torch.float32,
+                               channels_last=t.channels_last, mean=(0.0,) * 3, std=(1.0,) * 3,
+                               scale=t.scale, ratio=t.ratio)
+    norm = Normalize(t.mean, t.std, t.dtype, t.memory_format)
+    return sample_transform, BatchStage(batch_transform, norm)
 
 
 def gpu_jpeg_available() -> tuple[bool, str]:
@@ -114,7 +152,8 @@ class Loader:
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
-                 mp_context: str | None = None, jpeg_decode: str = "auto"):
+                 mp_context: str | None = None, jpeg_decode: str = "auto",
+                 sample_transform=None, batch_transform=None):
         choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
@@ -150,10 +189,13 @@ class Loader:
         self.transform = Augment(train=self.augment, dtype=dtype,
                                  channels_last=self.channels_last, mean=mean, std=std,
                                  scale=scale, ratio=ratio)
+        self.sample_transform, self.batch_stage = _hooks(self, sample_transform,
+                                                         batch_transform, workers)
         self.crop = crop
         self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
         self.mp_context = mp_context
-        self.jpeg_decode = _jpeg_decode(jpeg_decode, self.device, self.dataset.encoding, backend)
+        self.jpeg_decode = _jpeg_decode(jpeg_decode, self.device, self.dataset.encoding, backend,
+                                        sample_transform is not None)
         module, cls = BACKENDS[backend].split(":")
         self.backend_name = backend
         self._backend: Backend = getattr(importlib.import_module(module), cls)(self)

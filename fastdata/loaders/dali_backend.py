@@ -16,6 +16,7 @@ A CPU ``device`` runs DALI's CPU-only mode (``device_id=None``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import os
 import queue
 import warnings
@@ -29,6 +30,7 @@ from fastdata.augment import center_boxes
 from fastdata.loaders import Backend, ordered
 from fastdata.loaders.torch_backend import BufferPool
 from fastdata.readers import page_aligned
+from fastdata.transforms import apply_sample_transform
 
 
 # A fork child inherits this process's DALI pipelines but not their threads: destroying one
@@ -57,22 +59,25 @@ class _Source:
     ``read_batch`` of 256 samples at 256 px ran 1.4-2.0x as fast into a reused array
     (``benchmarks/ab_out_array.py``)."""
 
-    def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int):
+    def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int,
+                 sample_transform=None):
         self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
+        self.sample_transform = sample_transform
         self.batches = iter(())
         self._spare: queue.SimpleQueue = queue.SimpleQueue()     # raw arrays DALI has copied
         self._given = None                  # the array the last call returned
 
-    def start(self, batches) -> None:
+    def start(self, batches, seeds) -> None:
+        """``seeds``: each batch's (``Order.batch_seed``), for the sample transform."""
         self._recycle(None)
-        self.batches = ordered(self.pool, self._read, ((b,) for b in batches), self.depth)
+        self.batches = ordered(self.pool, self._read, zip(batches, seeds), self.depth)
 
     def _recycle(self, given) -> None:
         if self._given is not None:
             self._spare.put(self._given)
         self._given = given
 
-    def _read(self, idx: np.ndarray):
+    def _read(self, idx: np.ndarray, seed: int):
         labels = self.ds.labels[idx]
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
@@ -83,7 +88,10 @@ class _Source:
             buf = None
         if buf is None or len(buf) < len(idx):      # none spare, or a partial batch's
             buf = page_aligned((len(idx), self.size, self.size, 3))
-        return self.ds.read_batch(idx, size=self.size, out=buf[:len(idx)]), labels, buf
+        images = self.ds.read_batch(idx, size=self.size, out=buf[:len(idx)])
+        if self.sample_transform is not None:
+            apply_sample_transform(self.sample_transform, images, seed)
+        return images, labels, buf
 
     def __call__(self):
         images, labels, buf = next(self.batches)    # StopIteration at the epoch's end
@@ -114,12 +122,13 @@ class DaliBackend(Backend):
     # ---- pipeline ----
     def _build(self, size: int):
         l, fn, types = self.loader, self.fn, self.types
-        t = l.transform
-        encoded = l.dataset.encoding == "jpeg"
+        # a sample transform takes pixels: JPEGs are then decoded by the reader threads
+        encoded = l.dataset.encoding == "jpeg" and l.sample_transform is None
         if self._reads is None:
             self._reads = cf.ThreadPoolExecutor(max(1, min(4, l.num_workers)),
                                                 thread_name_prefix="fastdata-dali")
-        source = _Source(l.dataset, size, encoded, self._reads, depth=l.prefetch + 1)
+        source = _Source(l.dataset, size, encoded, self._reads, depth=l.prefetch + 1,
+                         sample_transform=l.sample_transform)
         pipe = self.dali.Pipeline(
             batch_size=l.order.batch_size, num_threads=self.threads,
             device_id=(l.device.index or 0) if self.gpu else None,
@@ -137,31 +146,37 @@ class DaliBackend(Backend):
                 images = images.gpu()
             if self.gpu:    # a host batch would reach torch as pageable memory, and copying
                 labels = labels.gpu()   # that makes the host wait for the training step
-            out = l.crop or size
-            if t.train:
-                images = fn.random_resized_crop(
-                    images, size=[out, out], random_area=list(t.scale),
-                    random_aspect_ratio=list(t.ratio), num_attempts=10, antialias=True)
-                mirror = fn.random.coin_flip(probability=t.flip)
-            else:
-                top, left, h, w = center_boxes(1, size, size, t.eval_ratio)[0].tolist()
-                if (h, w) != (out, out) or (top, left) != (0, 0):
-                    images = fn.resize(images, size=[out, out], roi_start=[top, left],
-                                       roi_end=[top + h, left + w], roi_relative=False,
-                                       interp_type=types.INTERP_LINEAR, antialias=True)
-                mirror = 0
-            norm = t.dtype != torch.uint8
-            images = fn.crop_mirror_normalize(
-                images, mirror=mirror,
-                dtype=types.FLOAT16 if t.dtype == torch.float16 else
-                (types.FLOAT if norm else types.UINT8),
-                output_layout="HWC" if t.channels_last else "CHW",
-                mean=[255 * m for m in t.mean] if norm else [0.0],
-                std=[255 * s for s in t.std] if norm else [1.0])
+            images = self._augment(images, size)
             pipe.set_outputs(images, labels)
         pipe.build()
         _PIPELINES.add(pipe)
         return pipe, source
+
+    def _augment(self, images, size: int):
+        """The built-in crop, resize, flip and normalisation of the pipeline's images."""
+        l, fn, types = self.loader, self.fn, self.types
+        t = l.transform
+        out = l.crop or size
+        if t.train:
+            images = fn.random_resized_crop(
+                images, size=[out, out], random_area=list(t.scale),
+                random_aspect_ratio=list(t.ratio), num_attempts=10, antialias=True)
+            mirror = fn.random.coin_flip(probability=t.flip)
+        else:
+            top, left, h, w = center_boxes(1, size, size, t.eval_ratio)[0].tolist()
+            if (h, w) != (out, out) or (top, left) != (0, 0):
+                images = fn.resize(images, size=[out, out], roi_start=[top, left],
+                                   roi_end=[top + h, left + w], roi_relative=False,
+                                   interp_type=types.INTERP_LINEAR, antialias=True)
+            mirror = 0
+        norm = t.dtype != torch.uint8
+        return fn.crop_mirror_normalize(
+            images, mirror=mirror,
+            dtype=types.FLOAT16 if t.dtype == torch.float16 else
+            (types.FLOAT if norm else types.UINT8),
+            output_layout="HWC" if t.channels_last else "CHW",
+            mean=[255 * m for m in t.mean] if norm else [0.0],
+            std=[255 * s for s in t.std] if norm else [1.0])
 
     # ---- iteration ----
     def iterate(self, batches, epoch, start):
@@ -169,7 +184,10 @@ class DaliBackend(Backend):
         key = (size, self.loader.crop)
         # taken out while in use: an iteration started meanwhile builds its own pipeline
         pipe, source = self._pipes.pop(key, None) or self._build(size)
-        source.start(batches)
+        order, stage = self.loader.order, self.loader.batch_stage
+        seeds = (order.batch_seed(epoch, start + k) for k in itertools.count())
+        source.start(batches, seeds)
+        seeds = (order.batch_seed(epoch, start + k) for k in itertools.count())
         finished = False
         try:
             while True:
@@ -182,7 +200,9 @@ class DaliBackend(Backend):
                     root = self.loader.dataset.root
                     raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
                                        f"names any damaged shard and sample\n{e}") from e
-                yield self._to_torch(images), self._to_torch(labels)
+                images, labels = self._to_torch(images), self._to_torch(labels)
+                seed = next(seeds)
+                yield (images, labels) if stage is None else stage(images, labels, seed)
         finally:
             if finished:        # else batches are still queued inside: dropped, built anew
                 pipe.reset()

@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import contextlib
 import ctypes
 import functools
+import itertools
 import math
 import os
 import threading
@@ -28,6 +29,7 @@ from fastdata.augment import packed_params
 from fastdata.env import parent_garbage_frozen
 from fastdata.loaders import Backend, ordered
 from fastdata.readers import guard_faults
+from fastdata.transforms import apply_sample_transform
 
 
 @functools.lru_cache(maxsize=1)
@@ -179,6 +181,7 @@ class _BatchReader:
         self.key = (size, self.transform.crop)
         self.pin = loader.device.type == "cuda"
         self.gpu_jpeg = loader.jpeg_decode == "gpu"     # decoded on the device (``_cuda``)
+        self.sample_transform, self.stage = loader.sample_transform, loader.batch_stage
         self._pools: dict = {}
 
     def _pool(self, key, shape, dtype, result: bool = True):
@@ -230,7 +233,7 @@ class _BatchReader:
         if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
             return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
-                 else None)
+                 and self.sample_transform is None else None)
         if views is not None:   # each image's crop is read from the map: no batch copy first
             raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md
         else:
@@ -238,6 +241,8 @@ class _BatchReader:
             as_is = not self.on_host or not self.needs_transform and self.transform.channels_last
             raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
             self.ds.read_batch(indices, size=s, out=raw.numpy())
+            if self.sample_transform is not None:
+                apply_sample_transform(self.sample_transform, raw.numpy(), seed)
         if not self.on_host:
             return self._for_device(raw, labels, seed)
         if not self.needs_transform:         # the stored uint8 as is, as (B,3,S,S)
@@ -255,7 +260,10 @@ class _BatchReader:
             out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:
             out = self._buffer(("out", b, o), (b, 3, o, o), t.dtype, ring)
-        return t(raw, g, out=out), labels, None
+        images = t(raw, g, out=out)
+        if self.stage is not None:
+            images, labels = self.stage(images, labels, seed)
+        return images, labels, None
 
     def _for_device(self, raw, labels, seed):
         """``(raw, labels, params)``, all pinned (in a worker process the DataLoader pins
@@ -325,7 +333,8 @@ class TorchBackend(Backend):
             for images, labels, _ in host:
                 yield images, labels
         else:
-            yield from self._cuda(host, reader)
+            seeds = (l.order.batch_seed(epoch, start + k) for k in itertools.count())
+            yield from self._cuda(zip(host, seeds), reader)
 
     def _cuda(self, host, reader):
         l = self.loader
@@ -336,7 +345,7 @@ class TorchBackend(Backend):
         pending: deque = deque()
         copying: deque = deque()    # (event, pinned buffer): kept alive until the copy is done
 
-        def stage(item):
+        def stage(item, seed):
             while copying and copying[0][0].query():
                 copying.popleft()
             raw, labels, params = item
@@ -350,13 +359,15 @@ class TorchBackend(Backend):
                 else:
                     x = x.permute(0, 3, 1, 2)
                     x = x.contiguous(memory_format=reader.transform.memory_format)
+                if reader.stage is not None:
+                    x, y = reader.stage(x, y, seed)
                 done = torch.cuda.Event()
                 done.record(stream)
             copying.append((done, item))    # pooled host buffers: reused once copied
             return x, y, done
 
-        for item in host:
-            pending.append(stage(item))
+        for item, seed in host:
+            pending.append(stage(item, seed))
             if len(pending) > l.prefetch:
                 yield self._hand_over(*pending.popleft())
         while pending:

@@ -17,6 +17,8 @@ DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
 * ``channels_last`` (default: on CUDA) converts the model once and each batch (a no-op for
   loader output that already is). A DDP model must be converted before it is wrapped
   (``distributed.wrap`` does); one that is not gets a warning.
+* The default loss is cross-entropy, with ``label_smoothing``; it takes class indices
+  ``(B,)`` or soft targets ``(B, C)`` (``fastdata.transforms.MixUp``/``CutMix``).
 * No host synchronisation: nothing calls ``.item()``/``.cpu()``; ``loss_sum``/``samples`` add
   up on the device and are read by whoever logs, when they log. (One exception belongs to
   torch: with fp16, ``GradScaler.step`` reads the inf check on the host once per optimizer
@@ -55,7 +57,7 @@ def _device_of(model: nn.Module) -> torch.device:
 
 class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn=None,
-                 precision: str | None = None, accum_steps: int = 1,
+                 label_smoothing: float = 0.0, precision: str | None = None, accum_steps: int = 1,
                  clip_grad_norm: float | None = None, scheduler=None,
                  channels_last: bool | None = None, compile: bool = False):
         self.device = _device_of(model)
@@ -84,7 +86,15 @@ class TrainStep:
         self.model = model                                  # DDP-wrapped or plain
         self.forward = torch.compile(model) if compile else model
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.loss_fn = nn.CrossEntropyLoss() if loss_fn is None else loss_fn
+        if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing={label_smoothing!r} is not valid; use a number "
+                             f"in [0, 1)")
+        if loss_fn is not None and label_smoothing:
+            raise ValueError("label_smoothing applies to the default cross-entropy loss; with "
+                             "a loss_fn, smooth inside it")
+        # class indices (B,) or soft targets (B, C) from MixUp/CutMix: cross-entropy takes both
+        self.loss_fn = nn.CrossEntropyLoss(label_smoothing=float(label_smoothing)) \
+            if loss_fn is None else loss_fn
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         self.micro = 0              # micro-batches of the open window
         self.steps = 0              # optimizer steps taken (attempted, with fp16)

@@ -1,0 +1,425 @@
+"""Users' augmentations: the per-sample hook and batch operations on the output device.
+
+A ``Loader`` runs, per batch::
+
+    stored uint8 image → sample_transform (CPU, per image, in the reader workers)
+      → built-in crop/resize/flip → values in [0, 1]
+      → batch_transform (the output device, whole batch) → (x - mean) / std, dtype, layout
+
+``sample_transform(image, rng)`` takes the stored ``(S, S, 3)`` uint8 image and a
+``numpy.random.Generator`` and returns an image of the same shape (an array or a PIL image). It
+runs *before* the crop: the crop then runs where it is fastest (fused with normalisation on the
+CPU, batched on a GPU), which an op after it would force back onto the host.
+
+``batch_transform(images, labels)`` (optionally with a ``generator`` keyword) takes ``(B, 3, H,
+W)`` float32 images in [0, 1], where colour ops are defined (torchvision's ColorJitter expects
+them), and the labels (int64 ``(B,)``, or float ``(B, C)``), and returns both. The operations
+here are such transforms, composable with ``Compose`` and ``RandomChoice``. Each draws what is
+per image on the images' device and what is per batch on the host, from the ``generator`` the
+loader passes (seeded by ``(seed, epoch, rank, batch)``), so no op makes the host wait for the
+device and both backends draw the same values.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from fastdata import native
+
+# RGB → luma, as torchvision's rgb_to_grayscale (ITU-R 601-2)
+_LUMA = (0.2989, 0.587, 0.114)
+
+
+# ---- the per-sample hook ----
+def sample_rngs(seed: int, n: int) -> list[np.random.Generator]:
+    """The ``n`` per-image generators of a batch whose seed is ``seed``."""
+    return [np.random.default_rng([seed, 1, k]) for k in range(n)]
+
+
+def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int) -> None:
+    """``images[k] = fn(images[k], rng_k)`` for a ``(B, S, S, 3)`` uint8 batch, in place.
+
+    Raises:
+        ValueError: ``fn`` returned an image of another shape or dtype.
+    """
+    for k, rng in enumerate(sample_rngs(seed, len(images))):
+        out = np.asarray(fn(images[k].copy(), rng))
+        if out.shape != images.shape[1:] or out.dtype != np.uint8:
+            raise ValueError(f"sample_transform returned a {out.dtype} image of shape "
+                             f"{out.shape}; it must return the image's shape "
+                             f"{images.shape[1:]} as uint8 (the crop after it sets the size)")
+        images[k] = out
+
+
+# ---- the batch hook ----
+def takes_generator(fn: Callable) -> bool:
+    """Whether ``fn`` accepts a ``generator`` keyword."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "generator" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def call(fn: Callable, images, labels, generator):
+    out = fn(images, labels, generator=generator) if takes_generator(fn) else fn(images, labels)
+    if not (isinstance(out, tuple) and len(out) == 2 and torch.is_tensor(out[0])):
+        raise TypeError(f"batch_transform {fn!r} returned {type(out).__name__}; it must return "
+                        f"(images, labels)")
+    return out
+
+
+def batch_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The generator a batch transform gets for the batch whose seed is ``seed``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([seed, 2]).generate_state(1, np.uint64)[0] >> 1))
+    return g
+
+
+def _host(generator: torch.Generator | None) -> torch.Generator | None:
+    """A CPU generator for per-batch values, from ``generator``'s seed (read on the host)."""
+    if generator is None or generator.device.type == "cpu":
+        return generator
+    return torch.Generator().manual_seed(generator.initial_seed())
+
+
+def _uniform(n: int, lo: float, hi: float, like: torch.Tensor, generator) -> torch.Tensor:
+    """``n`` draws in [lo, hi) on ``like``'s device, shaped to broadcast over (B, 3, H, W)."""
+    u = torch.rand(n, device=like.device, generator=generator)
+    return (lo + (hi - lo) * u).view(n, 1, 1, 1)
+
+
+def _coins(n: int, p: float, like: torch.Tensor, generator) -> torch.Tensor:
+    return (torch.rand(n, device=like.device, generator=generator) < p).view(n, 1, 1, 1)
+
+
+class BatchTransform:
+    """Base of the batch operations: ``op(images, labels, generator=None) -> (images,
+    labels)``. ``images``: ``(B, 3, H, W)`` float in [0, 1]; ``generator``: a
+    ``torch.Generator`` on the images' device (None: torch's default one). An operation may
+    write into ``images`` (the loader's batch, made for this call): pass a copy to keep
+    yours."""
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 generator: torch.Generator | None = None):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+class Compose(BatchTransform):
+    """Apply ``transforms`` in order, each with the same generator (its draws advance it)."""
+
+    def __init__(self, transforms: Sequence[Callable]):
+        self.transforms = list(transforms)
+        for t in self.transforms:
+            if not callable(t):
+                raise TypeError(f"Compose takes callables; {t!r} is not one")
+
+    def __call__(self, images, labels, generator=None):
+        for t in self.transforms:
+            images, labels = call(t, images, labels, generator)
+        return images, labels
+
+
+class RandomChoice(BatchTransform):
+    """One of ``transforms`` per batch, with probabilities ``p`` (None: equal), as timm and
+    torchvision's references pick MixUp or CutMix."""
+
+    def __init__(self, transforms: Sequence[Callable], p: Sequence[float] | None = None):
+        self.transforms = list(transforms)
+        if not self.transforms:
+            raise ValueError("RandomChoice needs at least one transform")
+        p = [1.0] * len(self.transforms) if p is None else [float(v) for v in p]
+        if len(p) != len(self.transforms) or min(p) < 0 or sum(p) <= 0:
+            raise ValueError(f"p={p!r} is not valid; give {len(self.transforms)} weights >= 0 "
+                             f"with a positive sum")
+        self.p = [v / sum(p) for v in p]
+
+    def __call__(self, images, labels, generator=None):
+        u = float(torch.rand((), generator=_host(generator)))
+        k = min(int(np.searchsorted(np.cumsum(self.p), u, side="right")), len(self.p) - 1)
+        return call(self.transforms[k], images, labels, generator)
+
+
+def _range(name: str, value, centre: float, low: float, high: float) -> tuple[float, float]:
+    """torchvision's ColorJitter arguments: ``v`` → ``[centre - v, centre + v]`` clipped to
+    ``[low, high]``, or an explicit ``(lo, hi)``."""
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"{name}={value!r} is not valid; use a number >= 0 or (lo, hi)")
+        lo, hi = centre - value, centre + value
+    else:
+        try:
+            lo, hi = (float(v) for v in value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={value!r} is not valid; use a number >= 0 or (lo, hi)") \
+                from None
+    if not low <= lo <= hi <= high:
+        raise ValueError(f"{name}={value!r} is not valid; it must lie within [{low}, {high}]")
+    return max(lo, low), hi
+
+
+def grayscale(x: torch.Tensor) -> torch.Tensor:
+    """``(B, 3, H, W)`` → ``(B, 1, H, W)`` luma."""
+    r, g, b = x.unbind(1)
+    return (_LUMA[0] * r + _LUMA[1] * g + _LUMA[2] * b).unsqueeze(1)
+
+
+def _blend(a: torch.Tensor, b, f: torch.Tensor) -> torch.Tensor:
+    return (f * a + (1 - f) * b).clamp_(0, 1)
+
+
+def adjust_brightness(x, f):
+    return _blend(x, 0.0, f)
+
+
+def adjust_contrast(x, f):
+    return _blend(x, grayscale(x).mean(dim=(-3, -2, -1), keepdim=True), f)
+
+
+def adjust_saturation(x, f):
+    return _blend(x, grayscale(x), f)
+
+
+def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate each image's hue by ``shift`` (in turns, per image), as torchvision's
+    ``adjust_hue`` on tensors: through HSV and back."""
+    r, g, b = x.unbind(1)
+    maxc, _ = x.max(1)
+    minc, _ = x.min(1)
+    delta = maxc - minc
+    eq = maxc == minc
+    safe = torch.where(eq, torch.ones_like(delta), delta)
+    s = delta / torch.where(eq, torch.ones_like(maxc), maxc)
+    rc, gc, bc = ((maxc - c) / safe for c in (r, g, b))
+    h = torch.where(maxc == r, bc - gc,
+                    torch.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
+    h = torch.fmod(h / 6.0 + 1.0, 1.0)
+    h = torch.where(eq, torch.zeros_like(h), h)
+    h = torch.remainder(h + shift.view(-1, 1, 1), 1.0)
+    v = maxc
+    i = torch.floor(h * 6.0)
+    f = h * 6.0 - i
+    i = i.to(torch.int64) % 6
+    p, q, t = (v * (1 - s)).clamp(0, 1), (v * (1 - s * f)).clamp(0, 1), \
+        (v * (1 - s * (1 - f))).clamp(0, 1)
+    sel = [(v, q, p, p, t, v), (t, v, v, q, p, p), (p, p, t, v, v, q)]
+    out = [sum(torch.where(i == k, c[k], 0.0) for k in range(6)) for c in sel]
+    return torch.stack(out, 1)
+
+
+class ColorJitter(BatchTransform):
+    """torchvision's ``ColorJitter``, a factor per image: brightness, contrast and saturation
+    factors uniform in ``[max(0, 1 - v), 1 + v]``, a hue shift uniform in ``[-hue, hue]``
+    (``hue`` <= 0.5), each given as ``v`` or ``(lo, hi)``. The order of the four adjustments
+    is drawn once per batch (torchvision draws it per call, which is per image in a per-image
+    pipeline)."""
+
+    def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0):
+        self.brightness = _range("brightness", brightness, 1.0, 0.0, math.inf)
+        self.contrast = _range("contrast", contrast, 1.0, 0.0, math.inf)
+        self.saturation = _range("saturation", saturation, 1.0, 0.0, math.inf)
+        self.hue = _range("hue", hue, 0.0, -0.5, 0.5)
+
+    def __call__(self, images, labels, generator=None):
+        n = len(images)
+        ops = [(adjust_brightness, self.brightness, (1.0, 1.0)),
+               (adjust_contrast, self.contrast, (1.0, 1.0)),
+               (adjust_saturation, self.saturation, (1.0, 1.0)),
+               (adjust_hue, self.hue, (0.0, 0.0))]
+        order = [k for k in torch.randperm(4, generator=_host(generator)).tolist()
+                 if ops[k][1] != ops[k][2]]
+        factors = [_uniform(n, *rng, images, generator) for _, rng, _ in ops]
+        if _native_ok(images):          # per pixel in one or two passes, not per op
+            native.color_jitter(images, torch.cat(factors, 1).view(n, 4), order)
+            return images, labels
+        for k in order:
+            images = ops[k][0](images, factors[k])
+        return images, labels
+
+
+def _native_ok(images: torch.Tensor) -> bool:
+    return images.device.type == "cpu" and images.dtype == torch.float32 and native.available()
+
+
+class RandomGrayscale(BatchTransform):
+    """Each image made grey (its luma in all three channels) with probability ``p``."""
+
+    def __init__(self, p: float = 0.1):
+        self.p = _probability(p)
+
+    def __call__(self, images, labels, generator=None):
+        grey = _coins(len(images), self.p, images, generator)
+        return torch.where(grey, grayscale(images).expand_as(images), images), labels
+
+
+def _probability(p) -> float:
+    if not isinstance(p, (int, float)) or not 0 <= p <= 1:
+        raise ValueError(f"p={p!r} is not valid; use a probability in [0, 1]")
+    return float(p)
+
+
+class RandomErasing(BatchTransform):
+    """torchvision's ``RandomErasing``: with probability ``p``, a box of ``scale`` of the
+    image's area and aspect ratio in ``ratio`` (log-uniform), 10 attempts to fit, is set to
+    ``value`` (a number, 3 numbers, or ``"random"`` for normal noise)."""
+
+    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0.0):
+        self.p = _probability(p)
+        self.scale, self.ratio = tuple(map(float, scale)), tuple(map(float, ratio))
+        if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"scale={scale!r} or ratio={ratio!r} is not valid; use (lo, hi) with "
+                             f"0 < lo <= hi (<= 1 for scale)")
+        if value != "random" and np.size(value) not in (1, 3):
+            raise ValueError(f"value={value!r} is not valid; use a number, 3 numbers or "
+                             f"'random'")
+        self.value = value
+
+    def boxes(self, n: int, height: int, width: int, like: torch.Tensor, generator):
+        """``(n,)`` tensors ``top, left, h, w`` (``h == 0``: nothing erased), on the device."""
+        attempts = 10
+        dev = like.device
+        area = height * width * (self.scale[0] + (self.scale[1] - self.scale[0]) *
+                                 torch.rand(n, attempts, device=dev, generator=generator))
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = torch.exp(lo + (hi - lo) * torch.rand(n, attempts, device=dev,
+                                                       generator=generator))
+        h = torch.sqrt(area * aspect).round().long()
+        w = torch.sqrt(area / aspect).round().long()
+        ok = (h < height) & (w < width)
+        first = ok.to(torch.float32).argmax(1, keepdim=True)
+        found = ok.any(1) & _coins(n, self.p, like, generator).view(n)
+        h = torch.where(found, h.gather(1, first)[:, 0], 0)
+        w = torch.where(found, w.gather(1, first)[:, 0], 0)
+        u = torch.rand(n, 2, device=dev, generator=generator)
+        top = (u[:, 0] * (height - h + 1)).long()
+        left = (u[:, 1] * (width - w + 1)).long()
+        return top, left, h, w
+
+    def _fill(self, shape, images, generator) -> torch.Tensor:
+        if self.value == "random":
+            return torch.randn(shape, device=images.device, generator=generator,
+                               dtype=images.dtype)
+        return torch.as_tensor(self.value, dtype=images.dtype,
+                               device=images.device).reshape(-1, 1, 1).expand(shape[-3], 1, 1)
+
+    def __call__(self, images, labels, generator=None):
+        n, c, height, width = images.shape
+        boxes = self.boxes(n, height, width, images, generator)
+        if images.device.type == "cpu":     # the boxes only, image by image
+            for k, (t, l, h, w) in enumerate(torch.stack(boxes, 1).tolist()):
+                if h:
+                    box = images[k, :, t:t + h, l:l + w]
+                    box.copy_(self._fill(box.shape, images, generator).expand_as(box))
+            return images, labels
+        top, left, h, w = (t.view(n, 1, 1, 1) for t in boxes)
+        ys = torch.arange(height, device=images.device).view(1, 1, height, 1)
+        xs = torch.arange(width, device=images.device).view(1, 1, 1, width)
+        inside = (ys >= top) & (ys < top + h) & (xs >= left) & (xs < left + w)
+        return torch.where(inside, self._fill(images.shape, images, generator), images), labels
+
+
+def soft_targets(labels: torch.Tensor, num_classes: int, dtype=torch.float32) -> torch.Tensor:
+    """Class indices ``(B,)`` → one-hot ``(B, C)``; soft ``(B, C)`` targets as they are."""
+    if labels.dim() == 2:
+        if labels.shape[1] != num_classes:
+            raise ValueError(f"labels of shape {tuple(labels.shape)} do not have "
+                             f"num_classes={num_classes} columns")
+        return labels.to(dtype)
+    out = torch.zeros((len(labels), num_classes), dtype=dtype, device=labels.device)
+    return out.scatter_(1, labels.view(-1, 1), 1.0)
+
+
+class _Mix(BatchTransform):
+    def __init__(self, alpha: float = 1.0, *, num_classes: int):
+        if not isinstance(alpha, (int, float)) or alpha <= 0:
+            raise ValueError(f"alpha={alpha!r} is not valid; use a number > 0")
+        if not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes={num_classes!r} is not valid; use an integer >= 1")
+        self.alpha, self.num_classes = float(alpha), num_classes
+
+    def _lam(self, host) -> tuple[float, np.random.Generator]:
+        """λ ~ Beta(alpha, alpha), and a generator for the rest of the batch's values."""
+        seed = int(torch.randint(2 ** 62, (), generator=host))
+        rng = np.random.default_rng(seed)
+        return float(rng.beta(self.alpha, self.alpha)), rng
+
+
+class MixUp(_Mix):
+    """torchvision's ``MixUp``: one λ ~ Beta(alpha, alpha) per batch; each image and its
+    one-hot target blended with the batch's previous one (``roll(1, 0)``): ``λ·a + (1-λ)·b``.
+    Labels become float ``(B, num_classes)``."""
+
+    def __call__(self, images, labels, generator=None):
+        lam, _ = self._lam(_host(generator))
+        y = soft_targets(labels, self.num_classes)
+        if images.device.type == "cpu":     # in place, image by image, from the last one
+            last = images[-1].clone()
+            for k in range(len(images) - 1, 0, -1):
+                images[k].lerp_(images[k - 1], 1 - lam)
+            images[0].lerp_(last, 1 - lam)
+        else:
+            images = images.lerp(images.roll(1, 0), 1 - lam)
+        return images, y.lerp(y.roll(1, 0), 1 - lam)
+
+
+class CutMix(_Mix):
+    """torchvision's ``CutMix``: one λ ~ Beta(alpha, alpha) and one box per batch (centre
+    uniform, sides ``sqrt(1-λ)`` of the image's, clipped); the box is pasted from the batch's
+    previous image (``roll(1, 0)``) and targets mixed by the area kept. Labels become float
+    ``(B, num_classes)``."""
+
+    def __call__(self, images, labels, generator=None):
+        lam, rng = self._lam(_host(generator))
+        height, width = images.shape[-2:]
+        cy, cx = int(rng.integers(height)), int(rng.integers(width))
+        r = 0.5 * math.sqrt(1.0 - lam)
+        rh, rw = int(r * height), int(r * width)
+        y0, y1 = max(cy - rh, 0), min(cy + rh, height)
+        x0, x1 = max(cx - rw, 0), min(cx + rw, width)
+        box = images[..., y0:y1, x0:x1]
+        box.copy_(box.roll(1, 0))       # in place: only the box is read and written
+        kept = 1.0 - (y1 - y0) * (x1 - x0) / (height * width)
+        y = soft_targets(labels, self.num_classes)
+        return images, y.lerp(y.roll(1, 0), 1 - kept)
+
+
+class Normalize:
+    """The loader's last step after a batch transform: ``(x - mean) / std`` in ``dtype`` and
+    ``memory_format``."""
+
+    def __init__(self, mean, std, dtype: torch.dtype, memory_format):
+        self.mean, self.std, self.dtype, self.memory_format = mean, std, dtype, memory_format
+        self._constants: dict = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.device)
+        if key not in self._constants:
+            self._constants[key] = tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1)
+                                         .to(x.device) for v in
+                                         ([1 / s for s in self.std],
+                                          [-m / s for m, s in zip(self.mean, self.std)]))
+        scale, shift = self._constants[key]
+        if x.dtype == torch.float32:        # one pass, in place (the batch is the loader's)
+            x = torch.addcmul(shift, x, scale, out=x)
+        else:
+            x = torch.addcmul(shift, x.float(), scale)
+        return x.to(self.dtype, memory_format=self.memory_format)
+
+
+class BatchStage:
+    """A loader's batch transform then normalisation, for the batch whose seed is given."""
+
+    def __init__(self, fn: Callable, normalize: Normalize):
+        self.fn, self.normalize = fn, normalize
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int):
+        images, labels = call(self.fn, images, labels, batch_generator(seed, images.device))
+        return self.normalize(images), labels

@@ -1,0 +1,276 @@
+"""Users' transforms: the batch operations against references, and both loader hooks."""
+from __future__ import annotations
+
+import colorsys
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import fastdata
+from fastdata import native
+from fastdata import transforms as T
+from fastdata.train.step import TrainStep
+from tests.test_loader import shards  # noqa: F401  (fixture)
+
+LUMA = np.array([0.2989, 0.587, 0.114])
+
+
+def images(n=4, size=12, seed=0) -> torch.Tensor:
+    return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def np_grey(x):                               # (3, H, W) → (H, W)
+    return np.tensordot(LUMA, x, axes=1)
+
+
+@pytest.mark.parametrize("op", ["brightness", "contrast", "saturation"])
+def test_colour_adjustments_match_torchvision_definitions(op):
+    x = images()
+    f = torch.tensor([0.3, 1.0, 1.7, 0.0]).view(4, 1, 1, 1)
+    got = getattr(T, f"adjust_{op}")(x.clone(), f).numpy()
+    for k, img in enumerate(x.numpy().astype(np.float64)):
+        fk = float(f[k])
+        other = {"brightness": 0.0, "contrast": np_grey(img).mean(),
+                 "saturation": np_grey(img)[None]}[op]
+        ref = np.clip(fk * img + (1 - fk) * other, 0, 1)
+        np.testing.assert_allclose(got[k], ref, atol=1e-5)
+
+
+def test_hue_matches_colorsys():
+    x = images(n=3, size=6)
+    shift = torch.tensor([0.1, -0.25, 0.5])
+    got = T.adjust_hue(x, shift).numpy()
+    for k, img in enumerate(x.numpy()):
+        for i in range(6):
+            for j in range(6):
+                h, s, v = colorsys.rgb_to_hsv(*img[:, i, j])
+                ref = colorsys.hsv_to_rgb((h + float(shift[k])) % 1.0, s, v)
+                np.testing.assert_allclose(got[k, :, i, j], ref, atol=1e-5)
+
+
+def test_colour_jitter_draws_a_factor_per_image_in_range_and_repeats_with_its_seed():
+    x = images(n=64)
+    op = T.ColorJitter(brightness=0.5)
+    y, labels = op(x.clone(), torch.arange(64), generator=torch.Generator().manual_seed(3))
+    ratio = (y.sum((1, 2, 3)) / x.sum((1, 2, 3))).numpy()     # no clipping below factor 1
+    low = ratio[ratio < 1]
+    assert low.min() >= 0.5 - 1e-5 and len(np.unique(ratio.round(4))) > 30
+    again, _ = op(x.clone(), labels, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(y, again) and labels.tolist() == list(range(64))
+    same, _ = T.ColorJitter()(x.clone(), labels)
+    assert torch.equal(same, x)
+    with pytest.raises(ValueError, match="hue=0.7"):
+        T.ColorJitter(hue=0.7)
+    with pytest.raises(ValueError, match="brightness=-1"):
+        T.ColorJitter(brightness=-1)
+
+
+@pytest.mark.skipif(not native.available(), reason="the C kernel is not built")
+def test_colour_jitter_kernel_equals_the_torch_ops():
+    """float32 on the CPU runs the C kernel, float64 the torch ops: the same definitions."""
+    x = images(n=16, size=20, seed=2)
+    x[0] = 0.5                              # grey: no hue
+    x[1, :, :4] = 1.0                       # saturated: clamped
+    op = T.ColorJitter(0.8, 0.8, 0.8, 0.5)
+    for seed in range(4):
+        a, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(seed))
+        b, _ = op(x.double(), None, generator=torch.Generator().manual_seed(seed))
+        assert torch.allclose(a.double(), b, atol=2e-5), (a.double() - b).abs().max()
+    cl = x.contiguous(memory_format=torch.channels_last)
+    a, _ = op(cl, None, generator=torch.Generator().manual_seed(0))
+    b, _ = op(x.double(), None, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(a.double(), b, atol=2e-5)
+
+
+def test_random_grayscale():
+    x = images(n=8)
+    y, _ = T.RandomGrayscale(p=1.0)(x.clone(), None)
+    grey = torch.from_numpy(np.stack([np_grey(i) for i in x.numpy()])).float()
+    assert torch.allclose(y, grey[:, None].expand(-1, 3, -1, -1), atol=1e-6)
+    assert torch.equal(T.RandomGrayscale(p=0.0)(x, None)[0], x)
+    with pytest.raises(ValueError, match="p=2"):
+        T.RandomGrayscale(p=2)
+
+
+def test_random_erasing_boxes_follow_torchvision_sampling():
+    x = images(n=200, size=32) + 1          # never 0: what is 0 afterwards was erased
+    op = T.RandomErasing(p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)
+    y, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(1))
+    erased = 0
+    for k in range(200):
+        zero = (y[k] == 0).all(0).numpy()
+        if not zero.any():
+            assert torch.equal(y[k], x[k])
+            continue
+        erased += 1
+        rows, cols = np.flatnonzero(zero.any(1)), np.flatnonzero(zero.any(0))
+        h, w = rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1
+        assert zero.sum() == h * w                          # one rectangle
+        area = 32 * 32
+        # h, w rounded from sqrt(area * scale * ratio): loose by the rounding
+        assert 0.02 * area * 0.7 <= h * w <= 0.33 * area * 1.3, (h, w)
+        assert 0.3 / 1.5 <= h / w <= 3.3 * 1.5
+        assert (y[k][:, ~torch.from_numpy(zero)] == x[k][:, ~torch.from_numpy(zero)]).all()
+    assert 70 <= erased <= 130              # p = 0.5 of 200
+    y, _ = T.RandomErasing(p=1.0, value=(0.1, 0.2, 0.3))(x.clone(), None)
+    filled = (y != x).all(1)
+    assert filled.any() and torch.allclose(y[0][:, filled[0]].T, torch.tensor([0.1, 0.2, 0.3]))
+
+
+def test_mixup_blends_images_and_one_hot_targets_by_one_lambda():
+    x, labels = images(n=6), torch.tensor([0, 1, 2, 0, 1, 2])
+    y, soft = T.MixUp(alpha=0.4, num_classes=3)(x.clone(), labels, generator=torch.Generator()
+                                                 .manual_seed(0))
+    assert soft.shape == (6, 3) and soft.dtype == torch.float32
+    assert torch.allclose(soft.sum(1), torch.ones(6))
+    lam = float(soft[0, 0])                     # sample 0 is class 0, its partner class 2
+    assert 0 <= lam <= 1 and math.isclose(float(soft[0, 2]), 1 - lam, abs_tol=1e-6)
+    assert torch.allclose(y, lam * x + (1 - lam) * x.roll(1, 0), atol=1e-6)
+    lams = {round(float(T.MixUp(alpha=0.4, num_classes=3)(x, labels, generator=torch.Generator()
+                                                          .manual_seed(s))[1][0, 0]), 6)
+            for s in range(40)}
+    # Beta(0.4, 0.4) puts most of its mass near 0 and 1
+    assert len(lams) == 40 and sum(v < 0.2 or v > 0.8 for v in lams) > 20
+
+
+def test_cutmix_pastes_one_box_and_mixes_targets_by_its_area():
+    x, labels = images(n=5, size=20), torch.tensor([0, 1, 2, 3, 4])
+    for seed in range(10):
+        y, soft = T.CutMix(alpha=1.0, num_classes=5)(x.clone(), labels, generator=torch.Generator()
+                                                      .manual_seed(seed))
+        moved = (y == x.roll(1, 0)).all(1) & (x != x.roll(1, 0)).any(1)   # (B, H, W)
+        box = moved[0].numpy()
+        assert (moved == moved[0]).all()                # the same box in every image
+        kept = 1 - box.sum() / 400
+        if box.any():
+            rows, cols = np.flatnonzero(box.any(1)), np.flatnonzero(box.any(0))
+            assert box.sum() == len(rows) * len(cols)   # a rectangle
+        assert np.isclose(float(soft[0, 0]), kept) and np.isclose(float(soft[0, 4]), 1 - kept)
+        unmoved = torch.from_numpy(~box)
+        assert torch.equal(y[:, :, unmoved], x[:, :, unmoved])
+
+
+def test_compose_and_random_choice():
+    x, labels = images(n=4), torch.tensor([0, 1, 2, 3])
+    mix = T.MixUp(1.0, num_classes=4)
+    cut = T.CutMix(1.0, num_classes=4)
+    picks = set()
+    for s in range(30):
+        g = torch.Generator().manual_seed(s)
+        y, soft = T.RandomChoice([mix, cut], p=[0.5, 0.5])(x.clone(), labels, generator=g)
+        picks.add("cut" if ((y == x) | (y == x.roll(1, 0))).all() else "mix")
+        assert soft.shape == (4, 4)
+    assert picks == {"cut", "mix"}
+    seq = T.Compose([T.RandomGrayscale(1.0), lambda im, lb: (im * 0.5, lb + 1)])
+    y, lb = seq(x.clone(), labels)
+    assert torch.allclose(y, T.RandomGrayscale(1.0)(x.clone(), labels)[0] * 0.5)
+    assert lb.tolist() == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="p="):
+        T.RandomChoice([mix, cut], p=[1.0])
+    with pytest.raises(TypeError, match="must return"):
+        T.Compose([lambda im, lb: im])(x, labels)
+
+
+# ---- the loader hooks ----
+def flip_some(image, rng):
+    """A sample transform: mirror with probability 1/2, from its generator."""
+    return image[:, ::-1] if rng.random() < 0.5 else image
+
+
+def wrong_shape(image, rng):
+    return image[:8]
+
+
+RECIPE = T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomGrayscale(0.2), T.RandomErasing(),
+                    T.RandomChoice([T.MixUp(0.8, num_classes=3), T.CutMix(1.0, num_classes=3)])])
+
+
+def run(path, **kw):
+    args = dict(batch_size=5, size=32, crop=24, device="cpu", seed=4, num_workers=2)
+    return list(fastdata.Loader(path, **{**args, **kw}))
+
+
+def test_an_identity_batch_transform_changes_nothing(shards):  # noqa: F811
+    # bfloat16: the built-in path rounds to uint8 after the resize (a grey level is 0.017
+    # after normalising) and bfloat16 holds 8 bits (0.016 at 2)
+    for kw, tol in (({}, 1e-4), ({"dtype": "bfloat16", "channels_last": True}, 0.05)):
+        plain = run(shards["hdf5"], **kw)
+        hooked = run(shards["hdf5"], batch_transform=lambda x, y: (x, y), **kw)
+        for (a, la), (b, lb) in zip(plain, hooked):
+            assert a.dtype == b.dtype and a.stride() == b.stride()
+            assert torch.allclose(a.float(), b.float(), atol=tol) and torch.equal(la, lb)
+
+
+@pytest.mark.parametrize("workers", [(0, "thread"), (2, "process")])
+def test_hooks_give_the_same_batches_whatever_the_workers(shards, workers):  # noqa: F811
+    kw = dict(sample_transform=flip_some, batch_transform=RECIPE)
+    a = run(shards["lmdb"], num_workers=2, **kw)
+    b = run(shards["lmdb"], num_workers=workers[0], workers=workers[1], **kw)
+    assert len(a) == len(b) == 4
+    for (x, y), (u, v) in zip(a, b):
+        assert x.shape == (5, 3, 24, 24) and y.shape == (5, 3) and y.dtype == torch.float32
+        assert torch.equal(x, u) and torch.equal(y, v)
+    plain = run(shards["lmdb"], batch_transform=RECIPE)
+    assert any(not torch.equal(x, u) for (x, _), (u, _) in zip(a, plain))  # the flips count
+
+
+def test_sample_transform_sees_the_stored_image_before_the_crop(shards):  # noqa: F811
+    seen = []
+
+    def record(image, rng):
+        seen.append(image.shape)
+        return 255 - image
+    loader = fastdata.Loader(shards["hdf5"], batch_size=4, size=16, dtype="uint8",
+                             augment=False, shuffle=False, device="cpu", num_workers=0,
+                             sample_transform=record)
+    x, _ = next(iter(loader))
+    stored = loader.dataset.read_batch(range(4), size=16)
+    assert seen[:4] == [(16, 16, 3)] * 4
+    assert np.array_equal(x.permute(0, 2, 3, 1).numpy(), 255 - stored)
+
+
+def test_hook_errors_name_the_problem(shards):  # noqa: F811
+    with pytest.raises(ValueError, match="shape"):
+        run(shards["hdf5"], sample_transform=wrong_shape)
+    with pytest.raises(ValueError, match="cannot be sent to worker processes"):
+        fastdata.Loader(shards["hdf5"], batch_size=4, workers="process",
+                        sample_transform=lambda im, rng: im)
+    with pytest.raises(ValueError, match="float dtype"):
+        fastdata.Loader(shards["hdf5"], batch_size=4, dtype="uint8",
+                        batch_transform=RECIPE)
+    with pytest.raises(TypeError, match="callable"):
+        fastdata.Loader(shards["hdf5"], batch_size=4, batch_transform="mixup")
+
+
+def test_both_backends_give_the_same_labels_with_a_batch_transform(shards):  # noqa: F811
+    pytest.importorskip("nvidia.dali", reason="DALI not installed")
+    kw = dict(sample_transform=flip_some, batch_transform=RECIPE)
+    torch_ = run(shards["lmdb"], **kw)
+    dali = run(shards["lmdb"], backend="dali", **kw)
+    assert len(torch_) == len(dali)
+    for (x, y), (u, v) in zip(torch_, dali):
+        assert x.shape == u.shape and x.dtype == u.dtype
+        assert torch.allclose(y, v)
+
+
+# ---- soft targets in training ----
+def test_train_step_takes_soft_targets_and_label_smoothing():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    x = torch.randn(4, 3, 2, 2)
+    labels = torch.tensor([0, 1, 2, 1])
+    soft = T.MixUp(1.0, num_classes=3)(x, labels, generator=torch.Generator().manual_seed(0))[1]
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.0), precision="fp32")
+    logits = model(x)
+    expected = -(soft * logits.log_softmax(1)).sum(1).mean()
+    assert torch.allclose(step(x, soft), expected, atol=1e-6)
+    smooth = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.0), precision="fp32",
+                       label_smoothing=0.1)
+    target = T.soft_targets(labels, 3) * 0.9 + 0.1 / 3
+    expected = -(target * logits.log_softmax(1)).sum(1).mean()
+    assert torch.allclose(smooth(x, labels), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="label_smoothing=1.5"):
+        TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.0), label_smoothing=1.5)
