@@ -18,6 +18,7 @@ interleaved, after 3 untimed batches:
   PIL ColorJitter + ToTensor + Normalize.
 * ``PIL TrivialAugment ...``: the same two with torchvision's TrivialAugmentWide (one PIL
   operation per image) instead of the ColorJitter.
+* ``TrivialAugment batch_transform``: fastdata's batched ``TrivialAugment`` instead.
 
 Prints one JSON line per run and a table of medians.
 """
@@ -155,6 +156,8 @@ def contenders(photos: str, shards: str, classes: int) -> dict:
         "PIL TrivialAugment sample_transform": fastdata.Loader(
             shards, sample_transform=trivial_sample, workers="process", **fd),
         "PIL TrivialAugment, per image": folder(trivial_augment, False),
+        "TrivialAugment batch_transform": fastdata.Loader(
+            shards, batch_transform=T.TrivialAugment(), **fd),
     }
 
 
@@ -184,6 +187,7 @@ def main():
     ref = {k: k.replace(" sample_transform", ", per image") for k in med
            if "sample_transform" in k}
     ref["heavy"] = "heavy, per image"
+    ref["TrivialAugment batch_transform"] = "PIL TrivialAugment, per image"
     for name, rate in med.items():
         vs = f"{rate / med[ref[name]]:.1f}x" if ref.get(name) else ""
         print(f"| {name} | {rate:.0f} | {', '.join(f'{v:.0f}' for v in runs[name])} | {vs} |")

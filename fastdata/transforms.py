@@ -391,6 +391,169 @@ class CutMix(_Mix):
         return images, y.lerp(y.roll(1, 0), 1 - kept)
 
 
+# ---- TrivialAugment, batched: an operation and a magnitude per image ----
+def adjust_sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """torchvision's: blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
+    (its border pixels kept)."""
+    kernel = torch.ones(3, 3, dtype=x.dtype, device=x.device)
+    kernel[1, 1] = 5.0
+    kernel = (kernel / kernel.sum()).expand(3, 1, 3, 3)
+    smooth = x.clone()
+    smooth[..., 1:-1, 1:-1] = torch.nn.functional.conv2d(x, kernel, groups=3)
+    return _blend(x, smooth, f)
+
+
+def _as_levels(x: torch.Tensor) -> torch.Tensor:
+    """[0, 1] values as the uint8 levels the PIL definitions work on (int64)."""
+    return (x * 255).round_().clamp_(0, 255).long()
+
+
+def posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """Keep the top ``bits`` (per image, 1-8) of each 8-bit level."""
+    mask = (-(2 ** (8 - bits.long()))).view(-1, 1, 1, 1)
+    return (_as_levels(x) & mask).to(x.dtype) / 255
+
+
+def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """Invert the values at or above ``threshold`` (per image, in [0, 1])."""
+    return torch.where(x >= threshold.view(-1, 1, 1, 1), 1 - x, x)
+
+
+def autocontrast(x: torch.Tensor) -> torch.Tensor:
+    """Stretch each channel of each image to [0, 1] (unchanged where it is flat)."""
+    lo = x.amin(dim=(-2, -1), keepdim=True)
+    hi = x.amax(dim=(-2, -1), keepdim=True)
+    flat = hi <= lo
+    scale = torch.where(flat, torch.ones_like(hi), 1 / torch.where(flat, torch.ones_like(hi),
+                                                                    hi - lo))
+    return ((x - torch.where(flat, torch.zeros_like(lo), lo)) * scale).clamp_(0, 1)
+
+
+def equalize(x: torch.Tensor) -> torch.Tensor:
+    """PIL's (and torchvision's) histogram equalisation of each channel's 8-bit levels."""
+    n, c, h, w = x.shape
+    levels = _as_levels(x).view(n * c, h * w)
+    hist = torch.zeros(n * c, 256, dtype=torch.int64, device=x.device)
+    hist.scatter_add_(1, levels, torch.ones_like(levels))
+    index = torch.arange(256, device=x.device)
+    last = (index * (hist > 0)).argmax(1, keepdim=True)     # the highest level present
+    step = (h * w - hist.gather(1, last)) // 255
+    safe = step.clamp(min=1)
+    lut = (hist.cumsum(1) + safe // 2) // safe
+    lut = torch.cat([torch.zeros_like(lut[:, :1]), lut[:, :-1]], 1).clamp_(0, 255)
+    out = torch.where(step > 0, lut.gather(1, levels), levels)
+    return (out.to(x.dtype) / 255).view(n, c, h, w)
+
+
+def affine(x: torch.Tensor, angle, shear_x, shear_y, tx, ty) -> torch.Tensor:
+    """torchvision's tensor ``affine``/``rotate`` (nearest, black fill), per image: rotate by
+    ``angle`` degrees about the centre, shear by ``shear_x``/``shear_y`` degrees about the top
+    left corner, translate by ``tx``/``ty`` pixels. Each argument a (B,) tensor."""
+    n, _, h, w = x.shape
+    # torchvision's _get_inverse_affine_matrix (rotate passes -angle to it)
+    rot, sx, sy = (torch.deg2rad(t.to(torch.float32)) for t in (-angle, shear_x, shear_y))
+    a = torch.cos(rot - sy) / torch.cos(sy)
+    b = -torch.cos(rot - sy) * torch.tan(sx) / torch.cos(sy) - torch.sin(rot)
+    c = torch.sin(rot - sy) / torch.cos(sy)
+    d = -torch.sin(rot - sy) * torch.tan(sx) / torch.cos(sy) + torch.cos(rot)
+    # shears turn about the top left corner, rotations about the centre (TrivialAugment's)
+    shear = (shear_x != 0) | (shear_y != 0)
+    cx = torch.where(shear, torch.full_like(a, -w * 0.5), torch.zeros_like(a))
+    cy = torch.where(shear, torch.full_like(a, -h * 0.5), torch.zeros_like(a))
+    tx, ty = tx.to(a.dtype), ty.to(a.dtype)
+    m = torch.stack([d, -b, torch.zeros_like(a), -c, a, torch.zeros_like(a)], 1)
+    m[:, 2] += m[:, 0] * (-cx - tx) + m[:, 1] * (-cy - ty) + cx
+    m[:, 5] += m[:, 3] * (-cx - tx) + m[:, 4] * (-cy - ty) + cy
+    theta = m.view(n, 2, 3).transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=x.device)
+    xs = torch.linspace(-w * 0.5 + 0.5, w * 0.5 - 0.5, w, device=x.device)
+    ys = torch.linspace(-h * 0.5 + 0.5, h * 0.5 - 0.5, h, device=x.device)
+    base = torch.stack([xs.expand(h, w), ys[:, None].expand(h, w), torch.ones(h, w,
+                                                                             device=x.device)], -1)
+    grid = base.view(1, h * w, 3).expand(n, -1, -1).bmm(theta).view(n, h, w, 2)
+    return torch.nn.functional.grid_sample(x, grid.to(x.dtype), mode="nearest",
+                                           padding_mode="zeros", align_corners=False)
+
+
+def _zeros(m):
+    return torch.zeros_like(m)
+
+
+# name -> (largest magnitude, signed, fn(images, magnitudes)); torchvision's TrivialAugmentWide
+TRIVIAL_OPS = {
+    "identity": (0.0, False, lambda x, m: x),
+    "shear_x": (0.99, True, lambda x, m: affine(x, _zeros(m), torch.rad2deg(torch.atan(m)),
+                                                 _zeros(m), _zeros(m), _zeros(m))),
+    "shear_y": (0.99, True, lambda x, m: affine(x, _zeros(m), _zeros(m),
+                                                 torch.rad2deg(torch.atan(m)), _zeros(m),
+                                                 _zeros(m))),
+    "translate_x": (32.0, True, lambda x, m: affine(x, _zeros(m), _zeros(m), _zeros(m),
+                                                     m.trunc(), _zeros(m))),
+    "translate_y": (32.0, True, lambda x, m: affine(x, _zeros(m), _zeros(m), _zeros(m),
+                                                     _zeros(m), m.trunc())),
+    "rotate": (135.0, True, lambda x, m: affine(x, m, _zeros(m), _zeros(m), _zeros(m),
+                                                 _zeros(m))),
+    "brightness": (0.99, True, lambda x, m: adjust_brightness(x, 1 + m.view(-1, 1, 1, 1))),
+    "color": (0.99, True, lambda x, m: adjust_saturation(x, 1 + m.view(-1, 1, 1, 1))),
+    "contrast": (0.99, True, lambda x, m: adjust_contrast(x, 1 + m.view(-1, 1, 1, 1))),
+    "sharpness": (0.99, True, lambda x, m: adjust_sharpness(x, 1 + m.view(-1, 1, 1, 1))),
+    "posterize": (6.0, False, lambda x, m: posterize(x, 8 - m.round())),
+    "solarize": (1.0, False, lambda x, m: solarize(x, 1 - m)),
+    "autocontrast": (0.0, False, lambda x, m: autocontrast(x)),
+    "equalize": (0.0, False, lambda x, m: equalize(x)),
+}
+
+
+class TrivialAugment(BatchTransform):
+    """torchvision's ``TrivialAugmentWide``, batched: each image gets one operation of
+    ``ops`` (all of ``TRIVIAL_OPS`` by default) at a magnitude of ``num_bins`` levels, drawn
+    per image, with a random sign where the operation has one. Geometric operations fill with
+    black. On the CPU each operation runs on the images that drew it; on a GPU every operation
+    runs on the whole batch and each image keeps its own (no host sync to group them)."""
+
+    def __init__(self, num_bins: int = 31, ops: Sequence[str] | None = None):
+        self.ops = list(TRIVIAL_OPS) if ops is None else list(ops)
+        unknown = [o for o in self.ops if o not in TRIVIAL_OPS]
+        if unknown or not self.ops:
+            raise ValueError(f"ops={ops!r} is not valid; choose among {', '.join(TRIVIAL_OPS)}")
+        if not isinstance(num_bins, int) or num_bins < 2:
+            raise ValueError(f"num_bins={num_bins!r} is not valid; use an integer >= 2")
+        self.num_bins = num_bins
+
+    def draw(self, n: int, like: torch.Tensor, generator):
+        """``(op, magnitude)`` per image: (B,) int64 indices into ``ops`` and (B,) floats."""
+        dev = like.device
+        op = torch.randint(len(self.ops), (n,), device=dev, generator=generator)
+        level = torch.randint(self.num_bins, (n,), device=dev, generator=generator)
+        sign = torch.randint(2, (n,), device=dev, generator=generator) * 2 - 1
+        top = torch.tensor([TRIVIAL_OPS[o][0] for o in self.ops], device=dev)
+        signed = torch.tensor([TRIVIAL_OPS[o][1] for o in self.ops], device=dev)
+        mag = top[op] * level / (self.num_bins - 1)
+        return op, torch.where(signed[op], mag * sign, mag)
+
+    def __call__(self, images, labels, generator=None):
+        op, mag = self.draw(len(images), images, generator)
+        if images.device.type == "cpu":
+            return self.grouped(images, op, mag), labels
+        return self.everywhere(images, op, mag), labels
+
+    def grouped(self, images, op, mag):
+        """Each operation on the images that drew it, in place (host indices: the CPU's)."""
+        for k in torch.unique(op).tolist():
+            idx = (op == k).nonzero()[:, 0]
+            images[idx] = TRIVIAL_OPS[self.ops[k]][2](images[idx], mag[idx]).to(images.dtype)
+        return images
+
+    def everywhere(self, images, op, mag):
+        """Every operation on the whole batch, each image keeping its own: no device value is
+        read on the host (a GPU's)."""
+        out = images
+        for k, name in enumerate(self.ops):
+            if name != "identity":
+                keep = (op == k).view(-1, 1, 1, 1)
+                out = torch.where(keep, TRIVIAL_OPS[name][2](images, mag).to(images.dtype), out)
+        return out
+
+
 class Normalize:
     """The loader's last step after a batch transform: ``(x - mean) / std`` in ``dtype`` and
     ``memory_format``."""

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from PIL import Image, ImageOps
 from torch import nn
 
 import fastdata
@@ -172,6 +173,53 @@ def test_compose_and_random_choice():
         T.RandomChoice([mix, cut], p=[1.0])
     with pytest.raises(TypeError, match="must return"):
         T.Compose([lambda im, lb: im])(x, labels)
+
+
+def pil_of(x: torch.Tensor) -> Image.Image:
+    return Image.fromarray((x.permute(1, 2, 0) * 255).round().byte().numpy())
+
+
+def levels(x: torch.Tensor) -> np.ndarray:
+    return (x.permute(1, 2, 0) * 255).round().byte().numpy().astype(int)
+
+
+def test_trivial_augment_operations_match_pil():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (1, 3, 16, 16), generator=g).float() / 255
+    img, one, zero = pil_of(x[0]), torch.ones(1), torch.zeros(1)
+    cases = [
+        (T.posterize(x, 3 * one), ImageOps.posterize(img, 3), 0),
+        (T.solarize(x, 128 / 255 * one), ImageOps.solarize(img, 128), 0),
+        (T.equalize(x), ImageOps.equalize(img), 0),
+        (T.autocontrast(x), ImageOps.autocontrast(img), 1),       # PIL rounds its table
+        (T.affine(x, 30 * one, zero, zero, zero, zero), img.rotate(30, Image.NEAREST), 0),
+        (T.affine(x, zero, one * math.degrees(math.atan(0.3)), zero, zero, zero),
+         img.transform(img.size, Image.AFFINE, (1, 0.3, 0, 0, 1, 0), Image.NEAREST), 0),
+        (T.affine(x, zero, zero, zero, 5 * one, zero),
+         img.transform(img.size, Image.AFFINE, (1, 0, -5, 0, 1, 0), Image.NEAREST), 0),
+    ]
+    for k, (ours, ref, tol) in enumerate(cases):
+        assert np.abs(levels(ours[0]) - np.asarray(ref)).max() <= tol, k
+    assert torch.equal(T.affine(x, 90 * one, zero, zero, zero, zero), torch.rot90(x, 1, (-2, -1)))
+
+
+def test_trivial_augment_draws_an_operation_per_image_the_same_on_either_path():
+    x = images(n=64, size=16, seed=1)
+    op = T.TrivialAugment()
+    kinds, mags = op.draw(64, x, torch.Generator().manual_seed(5))
+    assert len(set(kinds.tolist())) > 8 and mags.abs().max() <= 135
+    a = op.grouped(x.clone(), kinds, mags)
+    b = op.everywhere(x.clone(), kinds, mags)
+    assert torch.allclose(a, b, atol=1e-6)
+    for k in range(64):         # each image is its own operation's result
+        fn = T.TRIVIAL_OPS[op.ops[int(kinds[k])]][2]
+        assert torch.allclose(a[k], fn(x[k:k + 1], mags[k:k + 1])[0], atol=1e-6)
+    y, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(y, a)
+    only = T.TrivialAugment(ops=["solarize"])
+    assert set(only.draw(8, x, None)[0].tolist()) == {0}
+    with pytest.raises(ValueError, match="ops="):
+        T.TrivialAugment(ops=["blur"])
 
 
 # ---- the loader hooks ----
