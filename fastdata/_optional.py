@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 EXTRAS = {"nvidia.dali": ("dali", "NVIDIA DALI"), "matplotlib": ("plot", "matplotlib"),
-          "torchvision": (None, "torchvision")}
+          "torchvision": (None, "torchvision"), "lightning": ("lightning", "Lightning")}
 
 
 def require(module: str, feature: str):
