@@ -21,6 +21,7 @@ device and both backends draw the same values.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Callable, Sequence
@@ -85,6 +86,13 @@ def _host(generator: torch.Generator | None) -> torch.Generator | None:
     if generator is None or generator.device.type == "cpu":
         return generator
     return torch.Generator().manual_seed(generator.initial_seed())
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(values: tuple, device: str, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, made once: a copy from pageable host memory to a
+    GPU would make the host wait for the stream's earlier work at every batch."""
+    return torch.tensor(values, dtype=dtype).to(device)
 
 
 def _uniform(n: int, lo: float, hi: float, like: torch.Tensor, generator) -> torch.Tensor:
@@ -307,8 +315,9 @@ class RandomErasing(BatchTransform):
         if self.value == "random":
             return torch.randn(shape, device=images.device, generator=generator,
                                dtype=images.dtype)
-        return torch.as_tensor(self.value, dtype=images.dtype,
-                               device=images.device).reshape(-1, 1, 1).expand(shape[-3], 1, 1)
+        value = tuple(np.ravel(self.value).astype(float))
+        return _constant(value, str(images.device), images.dtype).reshape(-1, 1, 1) \
+            .expand(shape[-3], 1, 1)
 
     def __call__(self, images, labels, generator=None):
         n, c, height, width = images.shape
@@ -464,7 +473,8 @@ def affine(x: torch.Tensor, angle, shear_x, shear_y, tx, ty) -> torch.Tensor:
     m = torch.stack([d, -b, torch.zeros_like(a), -c, a, torch.zeros_like(a)], 1)
     m[:, 2] += m[:, 0] * (-cx - tx) + m[:, 1] * (-cy - ty) + cx
     m[:, 5] += m[:, 3] * (-cx - tx) + m[:, 4] * (-cy - ty) + cy
-    theta = m.view(n, 2, 3).transpose(1, 2) / torch.tensor([0.5 * w, 0.5 * h], device=x.device)
+    theta = m.view(n, 2, 3).transpose(1, 2)
+    theta = torch.stack([theta[..., 0] / (0.5 * w), theta[..., 1] / (0.5 * h)], -1)
     xs = torch.linspace(-w * 0.5 + 0.5, w * 0.5 - 0.5, w, device=x.device)
     ys = torch.linspace(-h * 0.5 + 0.5, h * 0.5 - 0.5, h, device=x.device)
     base = torch.stack([xs.expand(h, w), ys[:, None].expand(h, w), torch.ones(h, w,
@@ -525,8 +535,8 @@ class TrivialAugment(BatchTransform):
         op = torch.randint(len(self.ops), (n,), device=dev, generator=generator)
         level = torch.randint(self.num_bins, (n,), device=dev, generator=generator)
         sign = torch.randint(2, (n,), device=dev, generator=generator) * 2 - 1
-        top = torch.tensor([TRIVIAL_OPS[o][0] for o in self.ops], device=dev)
-        signed = torch.tensor([TRIVIAL_OPS[o][1] for o in self.ops], device=dev)
+        top = _constant(tuple(TRIVIAL_OPS[o][0] for o in self.ops), str(dev), torch.float32)
+        signed = _constant(tuple(TRIVIAL_OPS[o][1] for o in self.ops), str(dev), torch.bool)
         mag = top[op] * level / (self.num_bins - 1)
         return op, torch.where(signed[op], mag * sign, mag)
 
@@ -560,16 +570,11 @@ class Normalize:
 
     def __init__(self, mean, std, dtype: torch.dtype, memory_format):
         self.mean, self.std, self.dtype, self.memory_format = mean, std, dtype, memory_format
-        self._constants: dict = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = str(x.device)
-        if key not in self._constants:
-            self._constants[key] = tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1)
-                                         .to(x.device) for v in
-                                         ([1 / s for s in self.std],
-                                          [-m / s for m, s in zip(self.mean, self.std)]))
-        scale, shift = self._constants[key]
+        scale, shift = (_constant(tuple(v), key, torch.float32).view(1, 3, 1, 1) for v in
+                        ([1 / s for s in self.std], [-m / s for m, s in zip(self.mean, self.std)]))
         if x.dtype == torch.float32:        # one pass, in place (the batch is the loader's)
             x = torch.addcmul(shift, x, scale, out=x)
         else:
