@@ -20,14 +20,15 @@ from tqdm import tqdm
 
 from converters.decode import DecodeOptions
 from converters.pool import Decoder, in_flight
+from converters.labels import scan_labeled
 from converters.scan import Scan, scan_folder
 from converters.writers import WRITERS
 from fastdata.checks import choice, integer, printable
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION,
-                             IMAGE_EXTENSIONS, MANIFEST,
+                             IMAGE_EXTENSIONS, MANIFEST, TARGETS,
                              SHARD_SUFFIX, ShardMeta, check_size, shard_file,
-                             write_json_atomic)
+                             write_json_atomic, write_targets)
 from fastdata.interrupt import SigintLatch
 from fastdata.outdir import (CONVERT_NAMES, LOCK, FolderLock, foreign_at_own_names, is_regular,
                              leftover_temps, remove_own)
@@ -75,9 +76,12 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
 
 def _fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> str:
     h = hashlib.sha256(json.dumps([FORMAT_VERSION, container, list(opts.sizes), opts.fit,
-                                   opts.encoding, opts.quality, shard_size, scan.classes]).encode())
+                                   opts.encoding, opts.quality, shard_size, scan.classes,
+                                   scan.label_kind]).encode())
     for path, label in scan.files:
         h.update(f"{label}\0{path}\0".encode("utf-8", "surrogateescape"))
+    if scan.targets is not None:
+        h.update(scan.targets.tobytes())
     return h.hexdigest()
 
 
@@ -248,8 +252,10 @@ def saved_options(out: str) -> tuple[dict, str] | None:
 def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
-            resume: bool = False, progress: bool = True) -> dict:
-    """Pack the image folder ``src`` into a shard set at ``out``; return the manifest."""
+            resume: bool = False, progress: bool = True, labels: str | None = None) -> dict:
+    """Pack the image folder ``src`` into a shard set at ``out``; return the manifest.
+
+    ``labels``: a CSV file of labels (``converters.labels``) instead of class folder names."""
     choice("container", container, CONTAINERS)
     choice("encoding", encoding, ENCODINGS)
     choice("fit", fit, FITS)
@@ -268,12 +274,21 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
-    scan = scan_folder(src, progress=progress)
-    if not scan.files:
-        raise ConversionError(_nothing_found(scan))
+    if labels is not None:
+        labels = os.path.abspath(labels)
+        scan = scan_labeled(src, labels)
+        if not scan.files:
+            raise ConversionError(f"none of the images {labels} lists is in {src!r} ("
+                                  f"{len(scan.skipped)} rows or images left out, e.g. "
+                                  f"{scan.skipped[:1]})")
+    else:
+        scan = scan_folder(src, progress=progress)
+        if not scan.files:
+            raise ConversionError(_nothing_found(scan))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
-               opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality))
+               opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
+               labels=labels)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -311,6 +326,7 @@ class _Job:
     container: str
     shard_size: int
     opts: DecodeOptions
+    labels: str | None = None       # the labels file, if labels do not come from folders
     fp: str = ""
 
     def __post_init__(self):
@@ -322,7 +338,7 @@ class _Job:
         o = self.opts
         return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
-                "shard_size": self.shard_size}
+                "shard_size": self.shard_size, "labels": self.labels}
 
 
 def _finished(job: _Job) -> dict | None:
@@ -413,27 +429,41 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
     return shards, skipped
 
 
+def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
+    """The finished set's manifest; the targets of a labels file written beside it first."""
+    scan, opts = job.scan, job.opts
+    # a class whose images were all unreadable is as empty as an empty folder
+    dropped = {s["path"] for s in skipped}
+    have = {label for path, label in scan.files if path not in dropped}
+    empty = [c for i, c in enumerate(scan.classes) if i not in have] \
+        if scan.label_kind == "class" else []
+    manifest = {
+        "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": job.container,
+        "encoding": opts.encoding,
+        "quality": int(opts.quality) if opts.encoding == "jpeg" else None,
+        "sizes": list(opts.sizes), "fit": opts.fit, "classes": scan.classes,
+        "label_kind": scan.label_kind,
+        "num_samples": shards[-1]["start"] + shards[-1]["count"], "shards": shards,
+        "skipped": scan.skipped + skipped, "ignored": scan.ignored, "empty_classes": empty,
+        "source": job.src, "config": job.fp, "shard_size": job.shard_size,
+        "labels_file": job.labels,
+    }
+    if scan.targets is not None:
+        kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
+        manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
+    return manifest
+
+
 def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     """Write the finished set's manifest, last; log what was converted and what was not."""
-    scan, out, container, opts = job.scan, job.out, job.container, job.opts
+    scan, out, container = job.scan, job.out, job.container
     if not shards:
         examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
         raise ConversionError(f"none of the {len(scan.files)} image files in {job.src!r} could "
                               f"be read ({len(skipped)} skipped, e.g. {examples})")
-    n_done = shards[-1]["start"] + shards[-1]["count"]
-    # a class whose images were all unreadable is as empty as an empty folder
-    dropped = {s["path"] for s in skipped}
-    have = {label for path, label in scan.files if path not in dropped}
-    empty = [c for i, c in enumerate(scan.classes) if i not in have]
-    manifest = {
-        "format": FORMAT_NAME, "version": FORMAT_VERSION, "container": container,
-        "encoding": opts.encoding,
-        "quality": int(opts.quality) if opts.encoding == "jpeg" else None,
-        "sizes": list(opts.sizes), "fit": opts.fit, "classes": scan.classes,
-        "num_samples": n_done, "shards": shards, "skipped": skipped, "ignored": scan.ignored,
-        "empty_classes": empty, "source": job.src, "config": job.fp,
-        "shard_size": job.shard_size,
-    }
+    manifest = _manifest(job, shards, skipped)
+    n_done, skipped, empty = manifest["num_samples"], manifest["skipped"], \
+        manifest["empty_classes"]
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     ignored = sum(scan.ignored.values())
     log.info("converted %d image%s into %d %s shard%s in %s (%d skipped as unreadable, %d "

@@ -67,9 +67,54 @@ class Files(Sequence):
 @dataclass
 class Scan:
     root: str
-    classes: list[str]
+    classes: list[str]                      # class names, or a labels file's target names
     files: Files                            # (path relative to root, label), sorted
     ignored: dict[str, int] = field(default_factory=dict)   # reason -> count
+    #: what a labels file leaves out, as the manifest's ``skipped`` entries (path, reason)
+    skipped: list[dict] = field(default_factory=list)
+    label_kind: str = "class"               # see fastdata.format.LABEL_KINDS
+    #: (files, K) float32 targets of a multi-label or regression labels file, else None
+    targets: np.ndarray | None = None
+
+
+def walk_images(folder: str, rel: str, ignored: dict[str, int]) -> list[str]:
+    """The image files under ``folder``, as paths ``rel`` + their path from it (unsorted);
+    what is not one is counted in ``ignored`` by reason."""
+    found: list[str] = []
+    seen: set[str] = set()
+    stack = [(folder, rel)]    # (folder, its path from the root)
+    while stack:
+        folder, rel = stack.pop()
+        real = os.path.realpath(folder)
+        if real in seen:            # a symlink loop, or a folder linked twice: walked once
+            continue
+        seen.add(real)
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            ignored["unreadable folder"] = ignored.get("unreadable folder", 0) + 1
+            continue
+        subfolders = []
+        for e in entries:   # types from the directory listing: no stat but for links
+            if e.name.startswith("."):
+                reason = "hidden"
+            elif e.is_dir():            # links followed, as os.walk(followlinks=True)
+                subfolders.append(e.name)
+                continue
+            elif not e.name.lower().endswith(IMAGE_EXTENSIONS):
+                reason = "not an image extension"
+            elif e.is_file():
+                found.append(rel + e.name)
+                continue
+            elif e.is_symlink() and not os.path.exists(e.path):
+                reason = "broken link"
+            else:               # a FIFO, a socket, a device: never opened
+                reason = "not a regular file"
+            ignored[reason] = ignored.get(reason, 0) + 1
+        stack += [(os.path.join(folder, d), rel + d + os.sep)     # popped in name order
+                  for d in sorted(subfolders, reverse=True)]
+    return found
 
 
 def scan_folder(root: str, *, progress: bool = False) -> Scan:
@@ -92,41 +137,8 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
     bar = tqdm(total=len(classes), unit="class", desc="scan", disable=not progress,
                dynamic_ncols=True)
     for label, name in enumerate(classes):
-        found: list[str] = []
-        seen: set[str] = set()
-        stack = [(os.path.join(root, name), name + os.sep)]    # (folder, its path from root)
-        while stack:
-            folder, rel = stack.pop()
-            real = os.path.realpath(folder)
-            if real in seen:            # a symlink loop, or a folder linked twice: walked once
-                continue
-            seen.add(real)
-            try:
-                with os.scandir(folder) as it:
-                    entries = list(it)
-            except OSError:
-                ignored["unreadable folder"] = ignored.get("unreadable folder", 0) + 1
-                continue
-            subfolders = []
-            for e in entries:   # types from the directory listing: no stat but for links
-                if e.name.startswith("."):
-                    reason = "hidden"
-                elif e.is_dir():            # links followed, as os.walk(followlinks=True)
-                    subfolders.append(e.name)
-                    continue
-                elif not e.name.lower().endswith(IMAGE_EXTENSIONS):
-                    reason = "not an image extension"
-                elif e.is_file():
-                    found.append(rel + e.name)
-                    continue
-                elif e.is_symlink() and not os.path.exists(e.path):
-                    reason = "broken link"
-                else:               # a FIFO, a socket, a device: never opened
-                    reason = "not a regular file"
-                ignored[reason] = ignored.get(reason, 0) + 1
-            stack += [(os.path.join(folder, d), rel + d + os.sep)     # popped in name order
-                      for d in sorted(subfolders, reverse=True)]
-        files.extend(sorted(found), label)
+        files.extend(sorted(walk_images(os.path.join(root, name), name + os.sep, ignored)),
+                     label)
         bar.update(1)
     bar.close()
     return Scan(root, classes, files.freeze(), ignored)

@@ -57,7 +57,7 @@ def _human(n: float) -> str:
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
-                    "fit": "crop", "shard_size": None}
+                    "fit": "crop", "shard_size": None, "labels": None}
 
 
 def _convert_options(a) -> dict:
@@ -75,7 +75,8 @@ def _convert_options(a) -> dict:
                 for k, v in (("format", saved.get("container")), ("size", saved.get("sizes")),
                              ("encoding", saved.get("encoding")),
                              ("quality", saved.get("quality")), ("fit", saved.get("fit")),
-                             ("shard_size", saved.get("shard_size"))) if v is not None))
+                             ("shard_size", saved.get("shard_size")),
+                             ("labels", saved.get("labels"))) if v is not None))
             return {k: v for k, v in saved.items() if v is not None}
     o = {**CONVERT_DEFAULTS, **given}
     if "quality" in given and o["encoding"] != "jpeg":
@@ -83,7 +84,7 @@ def _convert_options(a) -> dict:
                          f"conversion stores {o['encoding']} pixels): leave it out")
     return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
-            "shard_size": o["shard_size"]}
+            "shard_size": o["shard_size"], "labels": o["labels"]}
 
 
 def cmd_convert(a) -> int:
@@ -105,8 +106,15 @@ def info_dict(path: str) -> dict:
 
     ds = ShardSet(path)
     m = ds.manifest
-    counts = np.bincount(ds.labels, minlength=len(ds.classes))
+    labels = ds.labels
+    if ds.label_kind == "class":
+        counts = np.bincount(labels, minlength=len(ds.classes))
+    elif ds.label_kind == "multi_label":        # the images holding each class
+        counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
+    else:                                       # regression: no count per target
+        counts = np.full(len(ds.classes), len(labels))
     return {
+        "label_kind": ds.label_kind,
         "path": ds.root, "container": ds.container, "encoding": ds.encoding,
         "quality": m.get("quality"), "sizes": list(ds.sizes), "fit": m["fit"],
         "samples": len(ds), "classes": dict(zip(ds.classes, map(int, counts))),
@@ -126,11 +134,15 @@ def print_info(d: dict) -> None:
          f"{d['container']} shard{plural}, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{_human(d['bytes'])} on disk")
-    echo(f"  {len(d['classes'])} class{'' if len(d['classes']) == 1 else 'es'}:")
+    kind, many = d.get("label_kind", "class"), len(d["classes"]) != 1
+    what = {"class": ("class", "classes", ": samples each"),
+            "multi_label": ("class", "classes", ", multi-label: samples holding each"),
+            "regression": ("regression target", "regression targets", "")}[kind]
+    echo(f"  {len(d['classes'])} {what[many]}{what[2]}:")
     names = {p(name): n for name, n in d["classes"].items()}
     width = max(map(len, names), default=0)
     for name, n in names.items():
-        echo(f"    {name:<{width}}  {n}")
+        echo(f"    {name:<{width}}  {n}" if kind != "regression" else f"    {name}")
     if d["empty_classes"]:
         echo(f"  empty classes (kept so indices match folder names): "
              f"{', '.join(map(p, d['empty_classes']))}")
@@ -195,6 +207,17 @@ def cmd_verify(a) -> int:
     return 0 if not problems else 1
 
 
+def _held_out(last: dict, ds) -> str:
+    """The evaluation of the last epoch, for the summary line ('' without one)."""
+    if "val_mse" in last:
+        return f", held-out mean squared error {last['val_mse']:.4g}"
+    if "val_acc" not in last:
+        return ""
+    chance = (f"chance {1 / len(ds.classes):.1%}" if ds.label_kind == "class" else
+              "each label counted")
+    return f", held-out accuracy {last['val_acc']:.1%} ({chance})"
+
+
 def train_run(a) -> dict:
     """``fastdata train``: returns the last epoch's record (rank 0 prints it)."""
     import torch
@@ -202,6 +225,7 @@ def train_run(a) -> dict:
     from fastdata.loaders import Loader
     from fastdata.readers import ShardSet
     from fastdata.train import TrainStep, build_model, fit, make_scheduler
+    from fastdata.train.step import loss_for
     from fastdata.train import distributed as dist
     from fastdata.train.step import default_precision, input_dtype
 
@@ -242,7 +266,9 @@ def train_run(a) -> dict:
         # a bad --accum or --epochs is named by TrainStep and fit below
         total = max(a.epochs, 1) * math.ceil(len(train) / max(a.accum, 1))
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
+        kind = train.dataset.label_kind
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
+                         loss_fn=None if kind == "class" else loss_for(kind),
                          clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,
                          channels_last=True)
         log.info("rank %d/%d on %s, precision %s: %s", info.rank, info.world_size,
@@ -260,10 +286,8 @@ def train_run(a) -> dict:
             raise
         last = hist[-1] if hist else {}
         if info.is_main and last:
-            acc = (f", held-out accuracy {last['val_acc']:.1%} (chance "
-                   f"{1 / len(train.dataset.classes):.1%})") if "val_acc" in last else ""
             echo(f"trained {a.model} for {a.epochs} epoch{'' if a.epochs == 1 else 's'} on "
-                 f"{a.out}: loss {last['loss']:.3f}{acc}")
+                 f"{a.out}: loss {last['loss']:.3f}{_held_out(last, train.dataset)}")
         train.close()
         if val is not None:
             val.close()
@@ -424,7 +448,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         return s
 
     c = add("convert", help="pack an image folder (root/<class>/...) into shards")
-    c.add_argument("src", help="image folder, ImageFolder layout")
+    c.add_argument("src", help="image folder, ImageFolder layout (any layout with --labels)")
     c.add_argument("out", help="output directory for the shard set")
     resumed = " (with --resume and none of the options that shape the set: the ones it was " \
         "started with)"
@@ -439,6 +463,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--fit", choices=FITS, default=None,
                    help="non-square images: crop (shorter side, centre crop), pad, stretch "
                    "(default crop)")
+    c.add_argument("--labels", default=None, metavar="FILE.csv",
+                   help="labels from a CSV file instead of class folders: a header `path,label` "
+                        "(a class per image), `path,<class>,...` (0/1: multi-label) or "
+                        "`path,<target>,...` (numbers: regression); paths relative to SRC")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
                    "the cores this process may use)")
     c.add_argument("--shard-size", type=int, default=None,

@@ -16,6 +16,11 @@ endian) followed, for each size ascending, by the uint32 little-endian CRC-32s o
 payloads. ``verify`` recomputes every CRC from the payload bytes, so any damaged byte of image
 data changes the checksum (CRC-32 detects every error burst up to 32 bits) and names its sample;
 the writer avoids a second full pass over the pixels.
+
+Labels (``label_kind``, version 2): class indices in ``labels``; or, for multi-label and
+regression sets, one float32 ``(N, K)`` array for the whole set in ``TARGETS`` beside the
+shards (its shape and SHA-256 in the manifest; the shards' ``labels`` are then 0), read once
+when the set's labels are first asked for, as the shards' labels are.
 """
 from __future__ import annotations
 
@@ -24,9 +29,11 @@ import dataclasses
 import errno
 import functools
 import hashlib
+import io
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +41,14 @@ import numpy as np
 from zlib_ng.zlib_ng import crc32  # noqa: F401 - zlib's CRC-32 (same values), SIMD: 4x faster
 
 FORMAT_NAME = "fastdata-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: version 1 sets (no ``label_kind``: class labels) read as they are
+READ_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
+#: what a sample's label is: a class index (int64), a multi-hot row over the classes or a row
+#: of regression targets (both float32, (K,), in ``TARGETS``, one array for the whole set)
+LABEL_KINDS = ("class", "multi_label", "regression")
+TARGETS = "targets.npy"
 
 CONTAINERS = ("hdf5", "lmdb")
 ENCODINGS = ("raw", "jpeg")
@@ -167,9 +180,10 @@ def read_manifest(root: str | os.PathLike) -> dict:
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         found = m.get("format") if isinstance(m, dict) else type(m).__name__
         raise ShardFormatError(f"{path}: not a fastdata manifest (format={found!r})")
-    if m.get("version") != FORMAT_VERSION:
+    if m.get("version") not in READ_VERSIONS:
         raise ShardFormatError(f"{path}: format version {m.get('version')!r} is not supported "
-                               f"by this fastdata (reads version {FORMAT_VERSION})")
+                               f"by this fastdata (reads versions "
+                               f"{', '.join(map(str, READ_VERSIONS))})")
     check_manifest(m, path)
     return m
 
@@ -217,6 +231,27 @@ def check_manifest(m: dict, path: str) -> None:
     end = _check_shards(m, f)
     f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
     _check_records(m, f)
+    _check_targets(m, f)
+
+
+def label_kind(m: dict) -> str:
+    """A checked manifest's label kind (a version 1 set's: ``"class"``)."""
+    return m.get("label_kind", "class")
+
+
+def _check_targets(m: dict, f) -> None:
+    """``check_manifest`` of ``label_kind`` and ``targets``."""
+    kind = label_kind(m)
+    f("label_kind", kind, kind in LABEL_KINDS, f"one of {', '.join(LABEL_KINDS)}")
+    t = m.get("targets")
+    if kind == "class":
+        f("targets", t, t is None, "absent for class labels")
+        return
+    shape = [m["num_samples"], len(m["classes"])]
+    f("targets", t, isinstance(t, dict) and t.get("file") == TARGETS
+      and t.get("shape") == shape and isinstance(t.get("sha256"), str)
+      and re.fullmatch(r"[0-9a-f]{64}", t["sha256"]) is not None,
+      f"{{file: {TARGETS}, shape: {shape}, sha256}}")
 
 
 def _check_shards(m: dict, f) -> int:
@@ -268,6 +303,59 @@ def json_text(obj: Any, *, sort_keys: bool = False) -> str:
     encode those, and the escape reads back as the same name."""
     text = json.dumps(obj, indent=1, sort_keys=sort_keys, ensure_ascii=False)
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def write_targets(path: str, targets: np.ndarray) -> dict:
+    """Write a set's ``(N, K)`` float32 targets to ``path`` (``.npy``, through a temporary
+    file renamed into place); returns the manifest's ``targets`` entry."""
+    from fastdata.outdir import temp_path
+
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(targets, np.float32), allow_pickle=False)
+    data = buf.getvalue()
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    return {"file": TARGETS, "shape": list(targets.shape),
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def read_targets(root: str, entry: dict) -> np.ndarray:
+    """The targets a checked manifest's ``entry`` describes, checked against it (a regular
+    file of the set's own, its checksum, dtype, shape, finite values).
+
+    Raises:
+        ShardFormatError: the file is missing, damaged or not what the manifest says.
+    """
+    path = os.path.join(root, TARGETS)
+    n, k = entry["shape"]
+    limit = 4096 + 4 * n * k            # the .npy header, then the values
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ShardFormatError(f"{path}: cannot open the set's targets ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ShardFormatError(f"{path}: not a regular file")
+        data = f.read(limit + 1)
+    ok = len(data) <= limit and hashlib.sha256(data).hexdigest() == entry["sha256"]
+    try:
+        values = np.load(io.BytesIO(data), allow_pickle=False) if ok else None
+    except ValueError:
+        values = None
+    if values is None or values.dtype != np.float32 or values.shape != (n, k) \
+            or not np.isfinite(values).all():
+        raise ShardFormatError(f"{path}: damaged (not the {n}x{k} float32 targets whose "
+                               f"checksum the manifest holds); convert again")
+    return values
 
 
 def write_json_atomic(path: str, obj: Any) -> None:

@@ -25,7 +25,8 @@ import simplejpeg
 
 from fastdata.env import available_memory
 from fastdata.format import (LMDB_LABELS, LMDB_META, PAGE, ShardFormatError, ShardMeta,
-                             check_size, lmdb_crc_key, lmdb_key, read_manifest)
+                             check_size, label_kind, lmdb_crc_key, lmdb_key, read_manifest,
+                             read_targets)
 
 
 log = logging.getLogger("fastdata")
@@ -613,6 +614,9 @@ class ShardSet:
         self.container, self.encoding = m["container"], m["encoding"]
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
+        #: "class" (``labels`` int64 (N,)), "multi_label" or "regression" (float32 (N, K);
+        #: ``classes`` then names the K columns)
+        self.label_kind = label_kind(m)
         reader = READERS[self.container]
         self.shards = [reader(os.path.join(self.root, s["file"]), sizes=self.sizes,
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
@@ -685,6 +689,10 @@ class ShardSet:
 
     @property
     def labels(self) -> np.ndarray:
+        """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
+        rows or regression targets (``label_kind``)."""
+        if self._labels is None and self.label_kind != "class":
+            self._labels = read_targets(self.root, self.manifest["targets"])
         if self._labels is None:
             parts = [s.labels() for s in self.shards]
             for shard, part in zip(self.shards, parts):     # else a loss fails far from here
@@ -713,8 +721,10 @@ class ShardSet:
         shard = np.searchsorted(self._starts, idx, side="right") - 1
         return shard, idx - self._starts[shard]
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        return self.read_batch([i])[0], int(self.labels[i])
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int | np.ndarray]:
+        image = self.read_batch([i])[0]         # checks i
+        label = self.labels[i]
+        return image, int(label) if label.ndim == 0 else label
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdata.format import crc32, shard_checksum
+from fastdata.format import TARGETS, ShardFormatError, crc32, shard_checksum
 from fastdata.readers import ShardReader, ShardSet, decode_jpeg
 
 
@@ -98,4 +98,9 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
             problems += verify_shard(reader, entry, len(ds.classes))
         bar.update(entry["count"])
     bar.close()
+    if ds.label_kind != "class":
+        try:
+            ds.labels       # the targets file, checked against the manifest as it is read
+        except ShardFormatError as e:
+            problems.append(Problem(TARGETS, None, str(e).split(": ", 1)[-1]))
     return problems

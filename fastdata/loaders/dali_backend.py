@@ -138,7 +138,8 @@ class DaliBackend(Backend):
             images, labels = fn.external_source(
                 source=source, num_outputs=2, batch=True, layout=[None if encoded else "HWC",
                                                                  None],
-                dtype=[types.UINT8, types.INT64])
+                dtype=[types.UINT8, types.INT64 if l.dataset.label_kind == "class"
+                       else types.FLOAT])
             if encoded:
                 images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",
                                            output_type=types.RGB)
@@ -235,7 +236,9 @@ class DaliBackend(Backend):
             out = self._host[shape, dtype].get()
             self.plugin.feed_ndarray(t, out)
         if out.dim() != 4:                                   # labels
-            return out.reshape(-1).to(l.device, non_blocking=True)
+            targets = l.dataset.label_kind != "class"      # (B, K), else (B,)
+            out = out.reshape(shape[0], -1) if targets else out.reshape(-1)
+            return out.to(l.device, non_blocking=True)
         out = out.to(l.device, non_blocking=True)
         if l.transform.channels_last:
             out = out.permute(0, 3, 1, 2)                    # NHWC storage = channels_last

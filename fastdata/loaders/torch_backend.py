@@ -272,7 +272,8 @@ class _BatchReader:
         batch's augmentation. ``params``: this batch's crop boxes and flips, (B, 5) int64, drawn
         here rather than in the training loop's thread; None without augmentation."""
         b = len(labels)
-        pinned = self._pool(("labels", b), (b,), labels.dtype).get().copy_(labels)
+        pinned = self._pool(("labels", *labels.shape), labels.shape,
+                            labels.dtype).get().copy_(labels)
         if not self.needs_transform:
             return raw, pinned, None
         g = torch.Generator().manual_seed(seed)

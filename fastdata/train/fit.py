@@ -23,6 +23,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -59,21 +60,48 @@ def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int 
 
 @torch.no_grad()
 def evaluate(step: TrainStep, loader) -> float:
-    """Top-1 accuracy over the loader, summed over all ranks (one host sync at the end)."""
+    """Over the loader, summed over all ranks (one host sync at the end): top-1 accuracy for
+    class labels, the share of labels right (logit > 0 for 1) for multi-label targets, the
+    mean squared error for regression targets."""
     model = step.module
     was_training = model.training
     model.eval()
-    counts = torch.zeros(2, dtype=torch.int64, device=step.device)
+    sums = torch.zeros(2, dtype=torch.float64, device=step.device)
     for images, labels in loader:
         if step.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         with step.autocast():
-            logits = model(images)
-        counts[0] += (logits.argmax(1) == labels).sum()
-        counts[1] += labels.numel()
+            out = model(images)
+        if labels.dim() == 1:
+            sums[0] += (out.argmax(1) == labels).sum()
+        elif loader.dataset.label_kind == "multi_label":
+            sums[0] += ((out > 0) == (labels > 0.5)).sum()
+        else:
+            sums[0] += (out.float() - labels).square().sum()
+        sums[1] += labels.numel()
     model.train(was_training)
-    correct, total = all_reduce_sum(counts).tolist()
-    return correct / max(total, 1)
+    total, n = all_reduce_sum(sums).tolist()
+    return total / max(n, 1)
+
+
+def _count(seen: torch.Tensor, labels: torch.Tensor) -> None:
+    """Add a batch's labels to the samples seen per class (soft and multi-hot rows by their
+    mass), on the device: ``bincount`` would sync on CUDA."""
+    if labels.dim() == 1:
+        seen.index_add_(0, labels, torch.ones_like(labels, dtype=seen.dtype))
+    elif labels.shape[1] == len(seen):
+        seen += labels.sum(0)
+
+
+def _scores(step: TrainStep, loader) -> dict:
+    """The evaluation's record: ``val_mse`` for regression targets, else ``val_acc``."""
+    kind = loader.dataset.label_kind
+    return {"val_mse" if kind == "regression" else "val_acc": evaluate(step, loader)}
+
+
+def _scores_text(rec: dict) -> str:
+    return "".join(f", {k.replace('_', ' ')} {rec[k]:.3f}" for k in ("val_acc", "val_mse")
+                   if k in rec)
 
 
 def _save(path: str, state: dict) -> None:
@@ -205,7 +233,8 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
         for epoch in range(epoch0, epochs):
             loader.set_epoch(epoch)
             step.model.train()
-            seen = torch.zeros(nclass, dtype=torch.int64, device=step.device)
+            # samples a class was the label of (float: soft and multi-hot targets count by mass)
+            seen = torch.zeros(nclass, dtype=torch.float64, device=step.device)
             loss_sum = n_sum = 0.0
             t0 = t_log = time.perf_counter()
             stopped = False
@@ -216,7 +245,7 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
             # k counts from the epoch's start, also in a resumed epoch
             for k, (images, labels) in enumerate(loader, 1 + first):
                 step(images, labels, close_window=k == len(loader))
-                seen.index_add_(0, labels, torch.ones_like(labels))   # bincount syncs on CUDA
+                _count(seen, labels)
                 bar.update(images.shape[0])
                 if log_every and k % log_every == 0:
                     m = step.read_metrics()
@@ -246,16 +275,17 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
             rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
                    "loss": loss_sum / max(n_sum, 1), "seconds": secs,
                    "images_per_s": n_sum / max(secs, 1e-9),
-                   "lr": step.optimizer.param_groups[0]["lr"], "label_counts": seen.tolist(),
+                   "lr": step.optimizer.param_groups[0]["lr"],
+                   "label_counts": np.round(seen.tolist(), 3).tolist(),
                    "complete": not stopped}
             halt = interrupted()    # in the epoch's last window: stop without evaluating
             if eval_loader is not None and not stopped and not halt:
-                rec["val_acc"] = evaluate(step, eval_loader)
+                rec.update(_scores(step, eval_loader))
             history.append(rec)
             if checkpoint_dir:
                 _append_log(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), rec)
             log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
-                     f", val acc {rec['val_acc']:.3f}" if "val_acc" in rec else "")
+                     _scores_text(rec))
             if stopped:
                 break
             save(epoch + 1)

@@ -55,6 +55,15 @@ def _device_of(model: nn.Module) -> torch.device:
     return p.device if p is not None else torch.device("cpu")
 
 
+def loss_for(label_kind: str, *, label_smoothing: float = 0.0) -> nn.Module:
+    """The loss for a shard set's ``label_kind``: cross-entropy for class labels (indices or
+    soft targets), BCE-with-logits for multi-label targets, MSE for regression targets."""
+    choice("label_kind", label_kind, ("class", "multi_label", "regression"))
+    if label_kind == "class":
+        return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    return nn.BCEWithLogitsLoss() if label_kind == "multi_label" else nn.MSELoss()
+
+
 class TrainStep:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn=None,
                  label_smoothing: float = 0.0, precision: str | None = None, accum_steps: int = 1,
