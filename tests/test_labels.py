@@ -179,3 +179,20 @@ def test_cli_labels_info_and_resume(flat, tmp_path, capsys):
     shutil.copy(labels, tmp_path / "kept.csv")
     assert cli(["-q", "convert", src, out, "--resume"]) == 0    # the saved options: --labels
     assert fastdata.open(out).labels.tolist() == [targets(k) for k in range(N)]
+
+
+@pytest.mark.parametrize("kind", ["multi_label", "regression"])
+def test_fastdata_train_picks_the_loss_of_the_label_kind(flat, tmp_path, capsys, kind):
+    src, names = flat
+    header = ["path", "cat", "dog", "car"] if kind == "multi_label" else ["path", "age"]
+    rows = [[p, *targets(k)] if kind == "multi_label" else [p, k / N]
+            for k, p in enumerate(names)]
+    out = str(tmp_path / "o")
+    convert(src, out, sizes=[16], labels=write_csv(tmp_path / "l.csv", header, rows),
+            progress=False)
+    assert cli(["-q", "train", out, "--val", out, "--model", "tiny", "--epochs", "1",
+                "--batch-size", "4", "--device", "cpu", "--workers", "0", "--log-every", "0",
+                "--schedule", "none"]) == 0
+    said = capsys.readouterr().out
+    assert ("held-out accuracy" in said and "each label counted" in said
+            if kind == "multi_label" else "held-out mean squared error" in said), said
