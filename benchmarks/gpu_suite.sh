@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# The GPU measurements of benchmarks/RESULTS.md ("GPU"), for the device tool's H100/H200 image
-# (Python 3.12 with torch, torchvision, h5py, numpy, Pillow, pytest; no network).
+# The GPU measurements of benchmarks/RESULTS.md ("GPU"), for an H100/H200 machine image with
+# Python 3.12, torch, torchvision, h5py, numpy, Pillow and pytest, and no network.
 #
-# Here, once:   bash benchmarks/gpu_runbook.sh prepare
+# Here, once:   bash benchmarks/gpu_suite.sh prepare
 #   downloads lmdb, simplejpeg, pytest-timeout, ukui-wallpapers and DALI for CUDA 13 with its
-#   libraries into the ignored folders .p1 ... .p5 (each under the device tool's 64 MiB carry:
-#   DALI's 199 MB wheel travels as a tar cut in four).
-# There, one call per part, back to back (a machine goes back after 30 s idle, and with it
-# /tmp): run with carry [".pK"] the command `bash benchmarks/gpu_runbook.sh K`.
+#   libraries into the ignored folders .p1 ... .p5 (each under 64 MiB, the most one copy to the
+#   GPU machine may take: DALI's 199 MB wheel travels as a tar cut in four).
+# There, one run per part, back to back (the machine is released after 30 s idle, and with it
+# /tmp): copy .pK over, then run the command `bash benchmarks/gpu_suite.sh K`.
 #   1: tests marked gpu, TrainStep vs by hand (ResNet-50), photos, shards, bench ResNet-50
 #   2: bench ResNet-18, host syncs, `fastdata train` (bf16, fp16 + accum, torchrun)
 #   3: shards at 512 and their bench, gpu_fed.py (ResNet-18), `fastdata demo`
 #   4: TrainStep vs by hand (ResNet-18, fp16), gpu_fed.py (ResNet-50), `train --compile`
-#   fed (instead of 1, stop 25: ~4 min): tests marked gpu, photos, raw shards, gpu_fed.py ResNet-18/50
+#   fed (instead of 1, ~4 min): tests marked gpu, photos, raw shards, gpu_fed.py ResNet-18/50
 #      (8 and 16 threads), bench torch ResNet-18/50
 #   5: DALI installed: its tests, host syncs, bench torch vs dali (ResNet-50/18, 512 px,
 #      no model),
 #      `train --backend dali`
-# Issue 7's GPU table alone (every loader on one run per model, with its plot), six calls
-# (`NOTESTS=1 bash benchmarks/gpu_runbook.sh 7a` leaves out the tests, where device time is short):
+# The GPU table alone (every loader on one run per model, with its plot), six runs
+# (`NOTESTS=1 bash benchmarks/gpu_suite.sh 7a` leaves out the tests, where time is short):
 #   7a (carry .p1): tests marked gpu, photos, raw HDF5 / raw LMDB / JPEG HDF5 shards at 256;
 #   7b, 7c, 7d (carry .p2, .p3, .p4): DALI's parts only; 7e (carry .p5): DALI installed, bench
 #   baseline, torch and dali on the three sets, ResNet-50 (table, JSON, plot); 7f: the same
 #   for ResNet-18.
-# Figures land in $OUT (the device tool's). Without gpu_fed.py and the no-model row, the five
-# parts held the machine 17 of a session's 30 minutes (RESULTS.md, "GPU").
+# Figures land in $OUT. Without gpu_fed.py and the no-model row, the five parts held the
+# machine 17 minutes (RESULTS.md, "GPU").
 set -u
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 t0=$(date +%s); T() { echo "== $(( $(date +%s) - t0 ))s $*"; }
@@ -42,7 +42,7 @@ setup() {     # parts 1 and fed: wheels, photos (in the background), tests marke
   $FD info --env
   (python3 benchmarks/make_photos.py /tmp/photos --deb /tmp/pay/ukui-wallpapers_*.deb \
     > /tmp/photos.log 2>&1) &
-  [ -n "${NOTESTS:-}" ] && return   # NOTESTS=1: time is short (issue 7's table needs none)
+  [ -n "${NOTESTS:-}" ] && return   # NOTESTS=1: time is short (the table needs none)
   T tests; python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests_gpu.txt" | tail -20
 }
 case "${1:-}" in       # the carried folder of this part: its files go to /tmp/pay
@@ -57,7 +57,7 @@ install_dali() {
     nvidia_libnvcomp*.whl nvidia_nvimgcodec*.whl nvidia_nvjpeg*.whl astunparse*.whl gast*.whl \
     libcst*.whl makefun*.whl nvtx*.whl optree*.whl)
 }
-table() {     # issue 7's table for one model: every loader on the three sets, one run
+table() {     # the GPU table for one model: every loader on the three sets, one run
   bench /tmp/raw /tmp/lmdb /tmp/jpg --source /tmp/photos --backends baseline,torch,dali \
     --model "resnet$1" --json "$OUT/table$1.json" --plot "$OUT/table$1.png" | tee "$OUT/table$1.txt"
 }
