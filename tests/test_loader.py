@@ -190,6 +190,27 @@ def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(
     assert not children() - before
 
 
+def test_worker_processes_that_raised_are_gone_at_once(tmp_path):
+    """A pass whose worker raised (a damaged sample) stops its workers as the error comes out:
+    they were left waiting for the DataLoader's shutdown, 5 s each, whenever the collector
+    reached the pool."""
+    src = plain_folder(tmp_path / "src", per_class=4)
+    out = tmp_path / "jpeg"
+    convert(src, str(out), encoding="jpeg", sizes=[16], shard_size=4, workers=1,
+            progress=False)
+    ds = fastdata.open(out)
+    payload = bytes(ds.read_encoded([5])[0])
+    shard = out / ds.manifest["shards"][1]["file"]
+    shard.write_bytes(shard.read_bytes().replace(payload, bytes(len(payload))))
+    before = children()
+    loader = make(str(out), train=False, num_workers=2, workers="process")
+    for _ in range(2):
+        with pytest.raises(OSError, match="not a readable JPEG"):
+            list(loader)
+        assert not children() - before      # no worker left waiting
+    loader.close()
+
+
 def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards):
     """Workers started under one seed make the batches of another loaded afterwards."""
     kw = dict(dtype=torch.float32, augment=True, crop=12, train=True)

@@ -482,15 +482,21 @@ class _WorkerProcesses:
                     images = self.ring.give_back(slot, images)
                 yield images, torch.as_tensor(labels), params
         except BaseException as e:          # a worker's error, one that died, Ctrl-C...
-            self.broken = not isinstance(e, GeneratorExit)  # ...then not used again
+            if not isinstance(e, GeneratorExit):    # ...then not used again: stopped now
+                self.shutdown(kill=True)
             raise
         finally:
             self.busy = False
 
-    def shutdown(self) -> None:
-        """Stop the worker processes now, even while an iterator over them is held."""
+    def shutdown(self, *, kill: bool = False) -> None:
+        """Stop the worker processes now, even while an iterator over them is held; ``kill``:
+        without waiting for them (after an error the DataLoader's own shutdown waited 5 s for
+        each worker, and did it whenever the collector reached the pool)."""
         self.closed = self.broken = True
         for it in (self._iterator, getattr(self._dl, "_iterator", None)):
+            for w in getattr(it, "_workers", ()) if kill else ():
+                if w.is_alive():
+                    w.terminate()
             stop = getattr(it, "_shutdown_workers", None)     # DataLoader's, not public
             if stop is not None:
                 stop()
