@@ -19,6 +19,8 @@ interleaved, after 3 untimed batches:
 * ``PIL TrivialAugment ...``: the same two with torchvision's TrivialAugmentWide (one PIL
   operation per image) instead of the ColorJitter.
 * ``TrivialAugment batch_transform``: fastdata's batched ``TrivialAugment`` instead.
+* with ``--dali``: the DALI backend (CPU-only mode), built-in and with the PIL TrivialAugment
+  ``sample_transform`` (run by the reader threads that feed DALI).
 
 Prints one JSON line per run and a table of medians.
 """
@@ -135,7 +137,7 @@ class Mixed:
             yield self.mix(x, y)
 
 
-def contenders(photos: str, shards: str, classes: int) -> dict:
+def contenders(photos: str, shards: str, classes: int, dali: bool = False) -> dict:
     mix = T.RandomChoice([T.MixUp(0.8, num_classes=classes), T.CutMix(1.0, num_classes=classes)])
     heavy = T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(0.25), mix])
     fd = dict(batch_size=BATCH, crop=CROP, device="cpu", num_workers=WORKERS)
@@ -158,6 +160,9 @@ def contenders(photos: str, shards: str, classes: int) -> dict:
         "PIL TrivialAugment, per image": folder(trivial_augment, False),
         "TrivialAugment batch_transform": fastdata.Loader(
             shards, batch_transform=T.TrivialAugment(), **fd),
+        **({"DALI built-in": fastdata.Loader(shards, backend="dali", **fd),
+            "DALI PIL TrivialAugment sample_transform": fastdata.Loader(
+                shards, backend="dali", sample_transform=trivial_sample, **fd)} if dali else {}),
     }
 
 
@@ -167,6 +172,8 @@ def main():
     ap.add_argument("--work", default="/tmp/fd-recipes")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", type=int, default=40, help="timed batches a run")
+    ap.add_argument("--dali", action="store_true", help="add the DALI backend (CPU-only mode)")
+    ap.add_argument("--only", default="", help="run the contenders whose name has this text")
     a = ap.parse_args()
     torch.set_num_threads(1)    # the loaders parallelise over their own workers
     shards = os.path.join(a.work, "hdf5-raw-256")
@@ -174,7 +181,8 @@ def main():
         convert(a.photos, shards, container="hdf5", sizes=[256], encoding="raw", progress=False)
     warm(a.photos)
     warm(shards)
-    loaders = contenders(a.photos, shards, len(fastdata.open(shards).classes))
+    loaders = {k: v for k, v in contenders(a.photos, shards, len(fastdata.open(shards).classes),
+                                           a.dali).items() if a.only in k}
     runs: dict[str, list[float]] = {k: [] for k in loaders}
     for r in range(a.rounds):
         for name, loader in loaders.items():
@@ -185,11 +193,11 @@ def main():
     med = {k: statistics.median(v) for k, v in runs.items()}
     print("\n| Contender | img/s (median) | runs | vs per image |\n| --- | --- | --- | --- |")
     ref = {k: k.replace(" sample_transform", ", per image") for k in med
-           if "sample_transform" in k}
+           if "sample_transform" in k and k.replace(" sample_transform", ", per image") in med}
     ref["heavy"] = "heavy, per image"
     ref["TrivialAugment batch_transform"] = "PIL TrivialAugment, per image"
     for name, rate in med.items():
-        vs = f"{rate / med[ref[name]]:.1f}x" if ref.get(name) else ""
+        vs = f"{rate / med[ref[name]]:.1f}x" if ref.get(name) in med else ""
         print(f"| {name} | {rate:.0f} | {', '.join(f'{v:.0f}' for v in runs[name])} | {vs} |")
 
 
