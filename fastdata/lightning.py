@@ -8,7 +8,11 @@ training epoch exactly where the checkpoint was taken, mid-epoch included.
 """
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from fastdata._optional import require
+from fastdata.readers import ShardSet
 
 L = require("lightning", "fastdata.lightning")
 
@@ -62,8 +66,10 @@ class ShardDataModule(L.LightningDataModule):
             ``loader_args``.
     """
 
-    def __init__(self, train=None, val=None, test=None, *, batch_size: int,
-                 eval_batch_size: int | None = None, **loader_args):
+    def __init__(self, train: str | os.PathLike | ShardSet | None = None,
+                 val: str | os.PathLike | ShardSet | None = None,
+                 test: str | os.PathLike | ShardSet | None = None, *, batch_size: int,
+                 eval_batch_size: int | None = None, **loader_args: Any):
         super().__init__()
         taken = sorted({"rank", "world_size", "device", "train"} & set(loader_args))
         if taken:

@@ -22,9 +22,13 @@ import math
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fastdata.loaders import Loader
 from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer
@@ -136,7 +140,7 @@ def _append_log(path: str, rec: dict) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
+def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | None = None,
         checkpoint_dir: str | None = None, checkpoint_every: int | None = None,
         resume: bool = True, log_every: int = 50, max_steps: int | None = None,
         progress: bool = True) -> list[dict]:
@@ -146,7 +150,8 @@ def fit(step: TrainStep, loader, *, epochs: int, eval_loader=None,
         step: the model, optimizer and schedule (``TrainStep``).
         loader: the training ``Loader`` (its ``set_epoch`` is called each epoch).
         epochs: passes over the training set, in all (a resumed run trains the rest).
-        eval_loader: a ``Loader`` with ``train=False``: top-1 accuracy after each epoch.
+        eval_loader: a ``Loader`` with ``train=False``, evaluated after each epoch
+            (``evaluate``).
         checkpoint_dir: folder of ``last.pt`` (resumed from when ``resume``) and per-rank logs;
             locked for the run. None: no checkpoints.
         checkpoint_every: optimizer steps between checkpoints within an epoch.
