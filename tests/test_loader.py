@@ -278,16 +278,22 @@ def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["torch", "dali"])
-def test_cuda_batches_never_make_the_host_wait_for_the_gpu(shards, backend):
+@pytest.mark.parametrize("backend,recipe", [("torch", False), ("dali", False), ("torch", True)])
+def test_cuda_batches_never_make_the_host_wait_for_the_gpu(shards, backend, recipe):
     """A copy from pageable memory first waits for its stream's earlier work (CUDA's rule):
     labels and crop parameters copied that way made the training loop wait for the GPU at
     every batch. With the GPU kept busy for about a second on the training stream (and on
-    the torch backend's side stream), the next batches must still come at once."""
+    the torch backend's side stream), the next batches must still come at once; also with a
+    heavy batch transform (colour, erasing, MixUp/CutMix, TrivialAugment), whose operations
+    must not read a device value on the host either."""
     if backend == "dali":
         pytest.importorskip("nvidia.dali")
+    from fastdata import transforms as T
+    heavy = T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(), T.TrivialAugment(),
+                       T.RandomChoice([T.MixUp(0.8, num_classes=3), T.CutMix(num_classes=3)])])
     loader = fastdata.Loader(shards["hdf5"], backend=backend, batch_size=4, size=32, crop=24,
-                             device="cuda", num_workers=2, prefetch=1)
+                             device="cuda", num_workers=2, prefetch=1,
+                             batch_transform=heavy if recipe else None)
     it = iter(loader)
     next(it)
     streams = [torch.cuda.current_stream()]
