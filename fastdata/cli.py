@@ -552,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
         f"WARNING {category.__name__}: {message}\n"
     try:
         return a.func(a)
+    except BrokenPipeError:     # `fastdata info out/ | head`: the reader left, as for any tool
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no error at exit
+        return 141
     except (ValueError, OSError, ImportError) as e:     # bad input or damaged data: no traceback
         log.error("%s", e)
         return 2

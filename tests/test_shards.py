@@ -368,3 +368,11 @@ def test_cli_help_states_defaults(command, capsys):
     for piece in expected.get(command, []):
         assert piece in text, piece
     assert "(default None)" not in text and "(default False)" not in text
+
+
+def test_output_cut_short_by_the_reader_is_not_an_error(shard_sets):
+    """`fastdata info OUT | head -1`: the reader leaves, and fastdata says nothing about it."""
+    path = shard_sets[1]["hdf5", "raw"]
+    r = subprocess.run(["bash", "-c", f'"{sys.executable}" -m fastdata.cli info "{path}" '
+                       f'| head -1'], capture_output=True, text=True, timeout=120)
+    assert r.stdout.count("\n") == 1 and "Broken pipe" not in r.stderr, r.stderr
