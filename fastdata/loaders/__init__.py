@@ -7,10 +7,12 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -143,17 +145,70 @@ def gpu_jpeg_available() -> tuple[bool, str]:
 
 
 class Loader:
-    """Iterate a shard set as ``(images, labels)`` batches, per the batch contract."""
+    """Iterate a shard set as ``(images, labels)`` batches on a device.
 
-    def __init__(self, path, *, backend: str = "torch", batch_size: int, train: bool = True,
-                 size: int | None = None, crop: int | None = None, augment: bool | None = None,
-                 device=None, dtype=torch.float32, channels_last: bool | None = None,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+    ``for images, labels in loader``: ``images`` is ``(B, 3, crop, crop)`` in ``dtype`` and the
+    memory format asked for, normalised with ``mean``/``std`` (uint8 as stored with
+    ``dtype=torch.uint8``); ``labels`` int64 ``(B,)``, or float32 ``(B, K)`` for multi-label and
+    regression sets and after MixUp/CutMix. Both backends give the same samples in the same
+    order for the same arguments. ``len(loader)``: batches per epoch for this rank.
+
+    Args:
+        path: the shard set's folder, or an open ``ShardSet``.
+        backend: ``"torch"`` (reader threads or processes, augmentation on the device) or
+            ``"dali"`` (an NVIDIA DALI pipeline fed by the same order).
+        batch_size: samples per batch on this rank.
+        train: training order and augmentation (shuffled, full batches, RandomResizedCrop and
+            flip), or evaluation (in order, every sample once over the ranks, centre crop).
+        size: the stored size to read (default: the largest); may change between epochs.
+        crop: the output size (default: the stored size); may change between epochs.
+        augment: RandomResizedCrop + flip (default: ``train``).
+        device: where batches go (default: CUDA when available, else the CPU).
+        dtype: float32, bfloat16, float16 or uint8 (a dtype or its name).
+        channels_last: the memory format of ``images`` (default: on CUDA).
+        mean: per-channel means, of values in [0, 1], subtracted.
+        std: per-channel standard deviations divided by.
+        scale: RandomResizedCrop's range of the crop's area.
+        ratio: RandomResizedCrop's range of the crop's aspect ratio.
+        shuffle: shuffle each epoch (default: ``train``).
+        seed: the order's and the augmentation's seed; with the epoch, rank and batch it
+            decides every random draw.
+        drop_last: drop each epoch's partial batch (default: ``train``).
+        rank: this process's rank (default: ``torch.distributed``'s, else 0).
+        world_size: the ranks sharing the set (default: ``torch.distributed``'s, else 1).
+        num_workers: reader threads or processes (default: the usable cores, at most 8);
+            0 reads in the calling thread.
+        workers: ``"thread"`` or ``"process"`` (the torch backend's).
+        prefetch: batches read ahead of the consumer.
+        mp_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` for process workers.
+        jpeg_decode: where JPEG shards are decoded by the torch backend: ``"auto"``,
+            ``"cpu"`` or ``"gpu"`` (nvJPEG through torchvision).
+        sample_transform: ``fn(image, rng) -> image`` per stored image, before the crop, in
+            the reader workers (``docs/augmentation.md``).
+        batch_transform: ``fn(images, labels) -> (images, labels)`` on the whole batch on the
+            device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
+
+    Raises:
+        ValueError: an argument out of its range or choices (the message names the valid
+            ones), or a transform that cannot run where it would have to.
+        TypeError: a transform that is not callable.
+        ShardFormatError: ``path`` is not a readable shard set.
+    """
+
+    def __init__(self, path: str | os.PathLike | ShardSet, *, backend: str = "torch",
+                 batch_size: int, train: bool = True, size: int | None = None,
+                 crop: int | None = None, augment: bool | None = None,
+                 device: str | torch.device | None = None,
+                 dtype: torch.dtype | str = torch.float32, channels_last: bool | None = None,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None, jpeg_decode: str = "auto",
-                 sample_transform=None, batch_transform=None):
+                 sample_transform: Callable | None = None,
+                 batch_transform: Callable | None = None):
         choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
