@@ -441,7 +441,7 @@ def autocontrast(x: torch.Tensor) -> torch.Tensor:
 def equalize(x: torch.Tensor) -> torch.Tensor:
     """PIL's (and torchvision's) histogram equalisation of each channel's 8-bit levels."""
     n, c, h, w = x.shape
-    levels = _as_levels(x).view(n * c, h * w)
+    levels = _as_levels(x).reshape(n * c, h * w)
     hist = torch.zeros(n * c, 256, dtype=torch.int64, device=x.device)
     hist.scatter_add_(1, levels, torch.ones_like(levels))
     index = torch.arange(256, device=x.device)

@@ -216,6 +216,11 @@ def test_trivial_augment_draws_an_operation_per_image_the_same_on_either_path():
         assert torch.allclose(a[k], fn(x[k:k + 1], mags[k:k + 1])[0], atol=1e-6)
     y, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(5))
     assert torch.equal(y, a)
+    # as the loader hands it on CUDA: channels_last
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(op.grouped(cl.clone(memory_format=torch.channels_last), kinds, mags),
+                          a, atol=1e-6)
+    assert torch.allclose(op.everywhere(cl, kinds, mags), a, atol=1e-6)
     only = T.TrivialAugment(ops=["solarize"])
     assert set(only.draw(8, x, None)[0].tolist()) == {0}
     with pytest.raises(ValueError, match="ops="):
