@@ -1,9 +1,7 @@
-"""Where a GPU training step fed by the torch backend loses time against its ceiling.
+"""Where a GPU training step fed by a ``fastdata.Loader`` loses time against its ceiling.
 
-On the H100 (benchmarks/RESULTS.md, "GPU"), the torch backend fed ResNet-18 at 47% of its
-ceiling although, alone, it delivered as many images per second as the model takes (DALI fed
-ResNet-50 at 98%, the torch backend at 89%). Each variant below adds one part of the loader's
-work to the same ``TrainStep`` on one fixed on-device batch, so the part that costs shows:
+Each variant below adds one part of the loader's work to the same ``TrainStep`` on one fixed
+on-device batch, so the part that costs shows:
 
   augment alone  the loader's GPU crop/resize/normalise of a stored uint8 batch, no step
   ceiling        the step alone
@@ -15,9 +13,14 @@ work to the same ``TrainStep`` on one fixed on-device batch, so the part that co
                    instead of one per sample: raw HDF5 only)
   loader-N       fed by ``fastdata.Loader`` with N threads (what ``fastdata bench`` measures)
   procs-N        fed by ``fastdata.Loader`` with N worker processes (``workers="process"``)
+  R alone        with ``--recipes R``: recipe R's ``batch_transform`` on an on-device batch, no step
+  R-N            fed by ``fastdata.Loader`` with N threads and recipe R as its ``batch_transform``
+                 (``heavy``: ColorJitter + RandomErasing + MixUp or CutMix, as in recipes.py;
+                 ``trivial``: the batched TrivialAugment); the ceiling stays the step without one
 
     python benchmarks/gpu_fed.py /tmp/raw --model resnet18      # a raw shard set stored at 256
     python benchmarks/gpu_fed.py /tmp/raw --profile $OUT/fed.json   # + where 10 fed steps go
+    python benchmarks/gpu_fed.py /tmp/raw --model resnet50 --procs "" --recipes heavy,trivial
 
 Needs a CUDA device; ``--device cpu --model resnet8 --batch 16 --crop 24 --steps 3`` checks the
 logic on a CPU.
@@ -32,10 +35,15 @@ import numpy as np
 import torch
 
 import fastdata
+from fastdata import transforms as T
 from fastdata.augment import Augment
 from fastdata.train.models import build_model
 from fastdata.train.step import TrainStep, input_dtype
 from gpu_step import timed
+from recipes import heavy_recipe
+
+RECIPES = {"heavy": lambda classes: heavy_recipe(classes)[0],
+           "trivial": lambda classes: T.TrivialAugment()}
 
 
 def rate(dev, fn, steps: int, batch: int, rounds: int = 3) -> float:
@@ -52,11 +60,17 @@ def main() -> None:
     ap.add_argument("--crop", type=int, default=224)
     ap.add_argument("--threads", default="4,16")
     ap.add_argument("--procs", default="8", help="worker-process counts ('' for none)")
+    ap.add_argument("--recipes", default="", help=f"batch_transform recipes fed with each "
+                    f"thread count, of {sorted(RECIPES)} ('' for none)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile", help="also profile 10 steps fed by the last loader: the top "
                     "kernels/ops here, the timeline (chrome trace) to this file")
     a = ap.parse_args()
+    recipes = [r for r in a.recipes.split(",") if r]
+    for r in recipes:
+        if r not in RECIPES:
+            ap.error(f"--recipes: unknown recipe {r!r}; valid: {sorted(RECIPES)}")
     dev = torch.device(a.device)
     torch.backends.cudnn.benchmark = dev.type == "cuda"
     ds = fastdata.open(a.shards)
@@ -88,6 +102,10 @@ def main() -> None:
         step(x, y)
 
     rows["augment alone"] = rate(dev, lambda: aug(raw_dev, g), a.steps, b)
+    unit = torch.rand(x.shape, device=dev).contiguous(memory_format=torch.channels_last)
+    for r in recipes:
+        fn, gen = RECIPES[r](len(ds.classes)), torch.Generator(dev).manual_seed(2)
+        rows[f"{r} alone"] = rate(dev, lambda: fn(unit.clone(), y, generator=gen), a.steps, b)
     rows["ceiling"] = rate(dev, lambda: step(x, y), a.steps, b)
     rows["gpu-augment"] = rate(dev, lambda: step(aug(raw_dev, g), y), a.steps, b)
     rows["h2d"] = rate(dev, h2d, a.steps, b)
@@ -117,6 +135,10 @@ def main() -> None:
                 t.join()
         it = _fed(ds, a, dev, dtype, num_workers=n)
         rows[f"loader-{n}"] = rate(dev, lambda: step(*next(it)), a.steps, b)
+        for r in recipes:
+            fed = _fed(ds, a, dev, dtype, num_workers=n,
+                       batch_transform=RECIPES[r](len(ds.classes)))
+            rows[f"{r}-{n}"] = rate(dev, lambda: step(*next(fed)), a.steps, b)
     for n in (int(p) for p in a.procs.split(",") if p):
         procs = _fed(ds, a, dev, dtype, num_workers=n, workers="process")
         rows[f"procs-{n}"] = rate(dev, lambda: step(*next(procs)), a.steps, b)
@@ -128,7 +150,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{a.model} batch {b}, {s}px stored → {a.crop}, {dtype} channels_last on {name}:")
     for k, v in rows.items():
-        print(f"  {k:<12} {v:8.0f} img/s  {v / top:6.1%} of the ceiling")
+        print(f"  {k:<14} {v:8.0f} img/s  {v / top:6.1%} of the ceiling")
 
 
 _LOADERS: list = []     # closed at the end (worker processes left running make noise)

@@ -137,9 +137,14 @@ class Mixed:
             yield self.mix(x, y)
 
 
-def contenders(photos: str, shards: str, classes: int, dali: bool = False) -> dict:
+def heavy_recipe(classes: int) -> tuple[T.Compose, T.RandomChoice]:
+    """The heavy recipe's ``batch_transform``, and its MixUp-or-CutMix part alone."""
     mix = T.RandomChoice([T.MixUp(0.8, num_classes=classes), T.CutMix(1.0, num_classes=classes)])
-    heavy = T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(0.25), mix])
+    return T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(0.25), mix]), mix
+
+
+def contenders(photos: str, shards: str, classes: int, dali: bool = False) -> dict:
+    heavy, mix = heavy_recipe(classes)
     fd = dict(batch_size=BATCH, crop=CROP, device="cpu", num_workers=WORKERS)
 
     def folder(jitter, erase):

@@ -248,6 +248,9 @@ class ColorJitter(BatchTransform):
         if _native_ok(images):          # per pixel in one or two passes, not per op
             native.color_jitter(images, torch.cat(factors, 1).view(n, 4), order)
             return images, labels
+        if _fused_gpu_ok(images):       # the same, in a Triton kernel
+            gpu_kernels().color_jitter(images, torch.cat(factors, 1).view(n, 4), order)
+            return images, labels
         for k in order:
             images = ops[k][0](images, factors[k])
         return images, labels
@@ -255,6 +258,22 @@ class ColorJitter(BatchTransform):
 
 def _native_ok(images: torch.Tensor) -> bool:
     return images.device.type == "cpu" and images.dtype == torch.float32 and native.available()
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_kernels():
+    """``fastdata.gpu_kernels`` where Triton imports, else None."""
+    try:
+        from fastdata import gpu_kernels as kernels
+    except Exception:  # noqa: BLE001 - no Triton, or a broken one: the torch operations
+        return None
+    return kernels
+
+
+def _fused_gpu_ok(images: torch.Tensor) -> bool:
+    _, _, _, w = images.shape
+    return (images.is_cuda and images.dtype == torch.float32 and
+            images.stride(2) == w * images.stride(3) and gpu_kernels() is not None)
 
 
 class RandomGrayscale(BatchTransform):
@@ -374,8 +393,11 @@ class MixUp(_Mix):
             for k in range(len(images) - 1, 0, -1):
                 images[k].lerp_(images[k - 1], 1 - lam)
             images[0].lerp_(last, 1 - lam)
-        else:
-            images = images.lerp(images.roll(1, 0), 1 - lam)
+        else:       # lerp(images, images.roll(1, 0)) without the rolled copy
+            out = torch.empty_like(images)
+            torch.lerp(images[1:], images[:-1], 1 - lam, out=out[1:])
+            torch.lerp(images[:1], images[-1:], 1 - lam, out=out[:1])
+            images = out
         return images, y.lerp(y.roll(1, 0), 1 - lam)
 
 
@@ -404,9 +426,9 @@ class CutMix(_Mix):
 def adjust_sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """torchvision's: blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
     (its border pixels kept)."""
-    kernel = torch.ones(3, 3, dtype=x.dtype, device=x.device)
-    kernel[1, 1] = 5.0
-    kernel = (kernel / kernel.sum()).expand(3, 1, 3, 3)
+    kernel = _constant(((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0)), str(x.device),
+                       x.dtype) / 13
+    kernel = kernel.expand(3, 1, 3, 3)
     smooth = x.clone()
     smooth[..., 1:-1, 1:-1] = torch.nn.functional.conv2d(x, kernel, groups=3)
     return _blend(x, smooth, f)

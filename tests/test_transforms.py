@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import colorsys
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -84,6 +87,37 @@ def test_colour_jitter_kernel_equals_the_torch_ops():
     a, _ = op(cl, None, generator=torch.Generator().manual_seed(0))
     b, _ = op(x.double(), None, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(a.double(), b, atol=2e-5)
+
+
+_TRITON_CHECK = """
+import torch
+from fastdata import gpu_kernels, native
+x = torch.rand(5, 3, 23, 41, generator=torch.Generator().manual_seed(0))
+x[0] = 0.5
+x[1, :, :4] = 1.0
+f = torch.rand(5, 4, generator=torch.Generator().manual_seed(1)) * 1.6 + 0.2
+f[:, 3] -= 1.0
+for layout in (torch.contiguous_format, torch.channels_last):
+    y = x.contiguous(memory_format=layout)
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1], [2, 3], [3, 1, 0], []):
+        a, b = y.clone(memory_format=layout), y.clone()
+        gpu_kernels.color_jitter(a, f, order)
+        native.color_jitter(b, f, order)
+        assert torch.allclose(a, b, atol=1e-5), (order, (a - b).abs().max())
+print("same")
+"""
+
+
+def test_colour_jitter_gpu_kernel_equals_the_c_kernel_in_tritons_interpreter():
+    """The Triton kernel that runs ColorJitter on CUDA, run by Triton's interpreter on the CPU:
+    the same arithmetic as the C kernel, for every kind of order and both layouts."""
+    pytest.importorskip("triton")
+    if not native.available():
+        pytest.skip("the C kernel is not built")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _TRITON_CHECK], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip() == "same", out.stderr[-2000:]
 
 
 def test_random_grayscale():
@@ -337,6 +371,19 @@ def test_operations_on_cuda_match_the_cpu():
         assert torch.allclose(fn(x.cuda(), f.cuda()).cpu(), fn(x.clone(), f), atol=1e-5)
     assert torch.allclose(T.adjust_hue(x.cuda(), f.view(-1).cuda() - 1).cpu(),
                           T.adjust_hue(x, f.view(-1) - 1), atol=1e-5)
+    jitter = T.ColorJitter(0.8, 0.8, 0.8, 0.5)   # float32: the Triton kernel, where it imports
+    for seed in range(4):
+        for layout in (torch.contiguous_format, torch.channels_last):
+            fused, _ = jitter(x.cuda().contiguous(memory_format=layout), None,
+                              generator=torch.Generator("cuda").manual_seed(seed))
+            ops, _ = jitter(x.cuda().double(), None,
+                            generator=torch.Generator("cuda").manual_seed(seed))
+            assert torch.allclose(fused.double(), ops, atol=2e-5)
+    labels = torch.arange(32) % 5
+    for mix in (T.MixUp(0.8, num_classes=5), T.CutMix(1.0, num_classes=5)):
+        a, ya = mix(x.cuda(), labels.cuda(), generator=torch.Generator("cuda").manual_seed(3))
+        b, yb = mix(x.clone(), labels, generator=torch.Generator().manual_seed(3))
+        assert torch.allclose(a.cpu(), b, atol=1e-6) and torch.allclose(ya.cpu(), yb)
     op = T.TrivialAugment()
     kinds, mags = op.draw(32, x, torch.Generator().manual_seed(2))
     on_gpu = op.everywhere(x.cuda(), kinds.cuda(), mags.cuda()).cpu()

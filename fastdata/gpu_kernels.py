@@ -1,0 +1,141 @@
+"""Fused GPU kernels for the batch operations, written in Triton.
+
+``transforms.ColorJitter`` as separate torch operations makes about thirty passes over a batch
+(the hue rotation alone some twenty); a training step that should take the whole GPU then
+waits for them. Here the four adjustments run per pixel in one pass (two where contrast needs
+the mean of what comes before it), the same arithmetic as the CPU's C kernel
+(``_native.c``). Triton ships with PyTorch's CUDA builds on Linux; without it the operations
+fall back to torch's (``transforms`` imports this module only where Triton imports).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def clamp01(x):
+    return tl.minimum(tl.maximum(x, 0.0), 1.0)
+
+
+@triton.jit
+def luma(r, g, b):
+    return 0.2989 * r + 0.587 * g + 0.114 * b
+
+
+@triton.jit
+def hue(r, g, b, shift):
+    maxc = tl.maximum(tl.maximum(r, g), b)
+    minc = tl.minimum(tl.minimum(r, g), b)
+    cr = maxc - minc
+    flat = cr == 0.0
+    s = cr / tl.where(flat, 1.0, maxc)
+    inv = 1.0 / tl.where(flat, 1.0, cr)
+    rc, gc, bc = (maxc - r) * inv, (maxc - g) * inv, (maxc - b) * inv
+    h = tl.where(maxc == r, bc - gc, tl.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
+    h = h * (1.0 / 6.0) + 1.0
+    h = h - tl.floor(h) + shift
+    h = h - tl.floor(h)
+    h6 = h * 6.0
+    k = tl.floor(h6)
+    f = h6 - k
+    k = tl.where(k >= 6.0, k - 6.0, k)
+    v = maxc
+    p = clamp01(v * (1.0 - s))
+    q = clamp01(v * (1.0 - s * f))
+    t = clamp01(v * (1.0 - s * (1.0 - f)))
+    # torchvision's _hsv2rgb: the sector k picks each channel among v, p, q, t
+    nr = tl.where(k == 0.0, v, tl.where(k == 1.0, q, tl.where(k == 2.0, p, tl.where(
+        k == 3.0, p, tl.where(k == 4.0, t, v)))))
+    ng = tl.where(k == 0.0, t, tl.where(k == 1.0, v, tl.where(k == 2.0, v, tl.where(
+        k == 3.0, q, p))))
+    nb = tl.where(k == 0.0, p, tl.where(k == 1.0, p, tl.where(k == 2.0, t, tl.where(
+        k == 3.0, v, tl.where(k == 4.0, v, q)))))
+    return tl.where(flat, r, nr), tl.where(flat, g, ng), tl.where(flat, b, nb)
+
+
+@triton.jit
+def adjust(op, r, g, b, fb, fc, fs, fh, mean):
+    # 0 brightness, 1 contrast (blend with the image's mean luma), 2 saturation, 3 hue
+    if op == 3:
+        r, g, b = hue(r, g, b, fh)
+    else:
+        w = tl.where(op == 0, fb, tl.where(op == 1, fc, fs))
+        o = tl.where(op == 0, 0.0, tl.where(op == 1, mean, luma(r, g, b)))
+        r = clamp01(w * r + (1.0 - w) * o)
+        g = clamp01(w * g + (1.0 - w) * o)
+        b = clamp01(w * b + (1.0 - w) * o)
+    return r, g, b
+
+
+# the order is drawn per batch: one compiled kernel for every order
+@triton.jit(do_not_specialize=["o0", "o1", "o2", "o3", "stop"])
+def jitter(x, factors, means, partial, s_img, s_chan, s_pix, pixels, o0, o1, o2, o3, stop,
+           WRITE: tl.constexpr, BLOCK: tl.constexpr):
+    """Apply the first ``stop`` of ops ``o0..o3`` to one block of one image's pixels;
+    WRITE: store them, else store the block's luma sum (for contrast's mean)."""
+    img, blk = tl.program_id(0), tl.program_id(1)
+    pix = blk * BLOCK + tl.arange(0, BLOCK)
+    inside = pix < pixels
+    at = x + img.to(tl.int64) * s_img + pix.to(tl.int64) * s_pix
+    r = tl.load(at, mask=inside, other=0.0)
+    g = tl.load(at + s_chan, mask=inside, other=0.0)
+    b = tl.load(at + 2 * s_chan, mask=inside, other=0.0)
+    fb, fc = tl.load(factors + 4 * img), tl.load(factors + 4 * img + 1)
+    fs, fh = tl.load(factors + 4 * img + 2), tl.load(factors + 4 * img + 3)
+    mean = tl.load(means + img)
+    for k in tl.static_range(4):
+        if k == 0:
+            op = o0
+        elif k == 1:
+            op = o1
+        elif k == 2:
+            op = o2
+        else:
+            op = o3
+        if k < stop:
+            r, g, b = adjust(op, r, g, b, fb, fc, fs, fh, mean)
+    if WRITE:
+        tl.store(at, r, mask=inside)
+        tl.store(at + s_chan, g, mask=inside)
+        tl.store(at + 2 * s_chan, b, mask=inside)
+    else:
+        tl.store(partial + img * tl.num_programs(1) + blk,
+                 tl.sum(tl.where(inside, luma(r, g, b), 0.0), axis=0))
+
+
+
+
+def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int]) -> None:
+    """``transforms.ColorJitter``'s adjustments in place, as ``native.color_jitter`` on the
+    CPU: ``images`` float32 ``(B, 3, H, W)``, contiguous or channels_last; ``factors``
+    ``(B, 4)`` on its device (brightness, contrast, saturation, hue); ``order`` the
+    adjustments (0-3) in order. Queued on the current stream; nothing is read on the host.
+
+    Raises:
+        ValueError: images of another dtype, shape or layout, or a bad order.
+    """
+    n, c, h, w = images.shape
+    if images.dtype != torch.float32 or c != 3 or images.stride(2) != w * images.stride(3):
+        raise ValueError(f"images must be float32 (B, 3, H, W), contiguous or channels_last, "
+                         f"not {images.dtype} {tuple(images.shape)} strides {images.stride()}")
+    ops = [int(k) for k in order]
+    if len(ops) > 4 or any(k not in range(4) for k in ops):
+        raise ValueError(f"order must be up to 4 of 0-3, not {ops}")
+    if not ops or n == 0:
+        return
+    blocks = -(-h * w // BLOCK)
+    factors = factors.to(torch.float32).contiguous()
+    args = [*images.stride()[:2], images.stride(3), h * w, *(ops + [0] * (4 - len(ops)))]
+    means = torch.zeros(n, dtype=torch.float32, device=images.device)
+    if 1 in ops:        # contrast: the mean luma of what the ops before it make
+        partial = torch.empty((n, blocks), dtype=torch.float32, device=images.device)
+        jitter[(n, blocks)](images, factors, means, partial, *args, ops.index(1), WRITE=False,
+                            BLOCK=BLOCK)
+        means = partial.sum(1) / (h * w)
+    jitter[(n, blocks)](images, factors, means, means, *args, len(ops), WRITE=True, BLOCK=BLOCK)
