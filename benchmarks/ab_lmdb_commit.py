@@ -21,8 +21,8 @@ from unittest import mock
 
 import lmdb
 
-from converters.convert import convert
-from converters.writers import WRITERS, LMDBWriter
+from fastdata.converters.convert import convert
+from fastdata.converters.writers import WRITERS, LMDBWriter
 
 
 class WritemapWriter(LMDBWriter):

@@ -19,7 +19,7 @@ from unittest import mock
 
 import numpy as np
 
-from converters.writers import LMDBWriter
+from fastdata.converters.writers import LMDBWriter
 from fastdata.format import ShardMeta, crc32, shard_checksum
 
 

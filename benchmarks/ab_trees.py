@@ -39,7 +39,7 @@ import os, resource, shutil, sys, time
 sys.path.insert(0, sys.argv[1])
 if sys.argv[6] == "torch":
     import torch
-from converters.convert import convert
+from fastdata.converters.convert import convert
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (
         resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
@@ -61,7 +61,7 @@ else:
 SCAN = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from converters.scan import scan_folder
+from fastdata.converters.scan import scan_folder
 best = float("inf")
 for _ in range(10):
     t = time.perf_counter()
@@ -91,8 +91,8 @@ print(n / (time.perf_counter() - t))
 def decode_ab(photos: str, size: int, rounds: int, n: int = 300) -> None:
     """Worker CPU time of ``prepare`` per image: simplejpeg into RGBX vs PIL's decoder (the
     fast path switched off, as in tests/test_convert_inputs.py), interleaved rounds."""
-    from converters import decode
-    from converters.scan import scan_folder
+    from fastdata.converters import decode
+    from fastdata.converters.scan import scan_folder
 
     files = [os.path.join(photos, p) for p, _ in scan_folder(photos).files[:n]]
     opts = decode.DecodeOptions(sizes=(size,))
@@ -182,7 +182,7 @@ def main() -> None:
         if a.job == "scan":
             interleaved(trees, a.rounds, "scan", SCAN, a.photos)
             return
-        from converters.convert import convert
+        from fastdata.converters.convert import convert
 
         shards = os.path.join(tmp, "raw")
         convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)

@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata.bench import Bench
 from fastdata.env import env_info
 

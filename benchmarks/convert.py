@@ -28,8 +28,8 @@ import numpy as np
 from PIL import Image
 
 import fastdata
-from converters.convert import convert
-from converters.scan import scan_folder
+from fastdata.converters.convert import convert
+from fastdata.converters.scan import scan_folder
 from fastdata.env import env_info
 from fastdata.readers import page_aligned
 

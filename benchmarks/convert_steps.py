@@ -40,9 +40,9 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-import converters.pool as pool_mod
-from converters import decode
-from converters.scan import scan_folder
+import fastdata.converters.pool as pool_mod
+from fastdata.converters import decode
+from fastdata.converters.scan import scan_folder
 from fastdata.env import parent_garbage_frozen
 from fastdata.format import crc32
 

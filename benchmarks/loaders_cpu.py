@@ -24,7 +24,7 @@ import torch
 
 import fastdata
 from compare_cpu import warm
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata.baseline import PILFolder
 from fastdata.bench import rss_tree_mb
 

@@ -1,1 +1,2 @@
-"""Writers that pack an image folder into a fastdata shard set (entry: ``converters.convert``)."""
+"""Writers that pack an image folder into a fastdata shard set; installed as
+``fastdata.converters`` (entry point: ``fastdata.converters.convert.convert``)."""

@@ -3,8 +3,8 @@
 Workers return payloads in input order through a bounded window of in-flight batches, so memory
 stays flat (the window, plus a shard's JPEG payloads until it is written; raw pixels go straight
 into the shard file) whatever the dataset size. A worker that dies or hangs is detected: its
-batch is retried one image at a time in a fresh pool (``converters.pool``) and the image that
-kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
+batch is retried one image at a time in a fresh pool (``fastdata.converters.pool``) and the
+image that kills a worker is skipped and reported. Shards are written atomically; ``manifest.json``
 last. ``resume=True`` keeps every complete shard whose checksum verifies and continues after it.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from converters.decode import DecodeOptions
-from converters.pool import Decoder, in_flight
-from converters.labels import scan_labeled
-from converters.scan import Scan, scan_folder
-from converters.writers import WRITERS
+from fastdata.converters.decode import DecodeOptions
+from fastdata.converters.pool import Decoder, in_flight
+from fastdata.converters.labels import scan_labeled
+from fastdata.converters.scan import Scan, scan_folder
+from fastdata.converters.writers import WRITERS
 from fastdata.checks import choice, integer, printable
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION,
@@ -255,7 +255,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
             resume: bool = False, progress: bool = True, labels: str | None = None) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``; return the manifest.
 
-    ``labels``: a CSV file of labels (``converters.labels``) instead of class folder names."""
+    ``labels``: a CSV file of labels (``fastdata.converters.labels``) instead of class folder
+    names."""
     choice("container", container, CONTAINERS)
     choice("encoding", encoding, ENCODINGS)
     choice("fit", fit, FITS)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from converters.scan import Files, Scan, walk_images
+from fastdata.converters.scan import Files, Scan, walk_images
 
 #: a labels file larger than this is refused before it is parsed
 MAX_LABELS_BYTES = 1 << 30

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from converters.decode import DecodeOptions, Ring, Scratch, prepare_batch
+from fastdata.converters.decode import DecodeOptions, Ring, Scratch, prepare_batch
 from fastdata.env import parent_garbage_frozen
 
 log = logging.getLogger("fastdata.convert")

@@ -20,7 +20,7 @@ class PILFolder(torch.utils.data.Dataset):
     def __init__(self, root: str, *, crop: int = 224, exclude=()):
         """``exclude``: paths (relative to ``root``) left out, such as the inputs a conversion
         of ``root`` skipped as unreadable, so the baseline reads the images the shards hold."""
-        from converters.scan import scan_folder
+        from fastdata.converters.scan import scan_folder
 
         scan, exclude = scan_folder(root), set(exclude)
         self.root, self.classes, self.crop = root, scan.classes, crop

@@ -98,6 +98,48 @@ class _Clock:
             self.seconds = time.perf_counter() - self.t0
 
 
+def _checked(backends, *, crop, **counts) -> list[str]:
+    """The backends, each once in the order given; raises ValueError on a bad argument."""
+    backends = list(dict.fromkeys(backends))
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad or not backends:
+        raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
+                         f"{', '.join(BACKENDS)}")
+    for name, v in counts.items():
+        integer(name, v, 0 if name == "warmup" else 1)
+    integer("crop", crop, 1, optional=True)
+    return backends
+
+
+def _open_sets(out) -> list:
+    from fastdata.readers import ShardSet
+
+    sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike)) else out)]
+    if not sets:
+        raise ValueError("give at least one shard set")
+    return sets
+
+
+def _common_size(sets, size: int | None) -> int:
+    """``size``, or the largest stored size that every set holds; each set must hold it."""
+    common = set.intersection(*(set(d.sizes) for d in sets))
+    if size is None and not common:
+        raise ValueError("the shard sets share no stored size (" + "; ".join(
+            f"{d.root}: {', '.join(map(str, d.sizes))}" for d in sets) + ")")
+    size = max(common) if size is None else size
+    for d in sets:
+        d.stored_size(size)    # names the set and its sizes
+    return size
+
+
+def _source_folder(source: str | None, ds) -> str | None:
+    """The baseline's image folder: ``source``, else the manifest's where it still exists."""
+    if source is not None and not os.path.isdir(source):
+        raise ValueError(f"source={source!r} is not a directory (the baseline's image folder)")
+    src = source or ds.manifest.get("source")
+    return src if src and os.path.isdir(src) else None
+
+
 class Bench:
     def __init__(self, out, *, source: str | None = None, backends=BACKENDS,
                  model: str = "none", batch_size: int = 64, size: int | None = None,
@@ -108,39 +150,18 @@ class Bench:
         must share the stored ``size``, by default the largest they all hold).
         ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
         the layout the step runs it in; without one, the device's default)."""
-        from fastdata.readers import ShardSet
         from fastdata.train.step import default_precision, input_dtype
 
-        backends = list(dict.fromkeys(backends))        # each once, in the order given
-        bad = [b for b in backends if b not in BACKENDS]
-        if bad or not backends:
-            raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
-                             f"{', '.join(BACKENDS)}")
-        for name, v, low in (("batch_size", batch_size, 1), ("batches", batches, 1),
-                             ("repeat", repeat, 1), ("warmup", warmup, 0)):
-            integer(name, v, low)
-        integer("crop", crop, 1, optional=True)
-        self.sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike))
-                                          else out)]
-        if not self.sets:
-            raise ValueError("give at least one shard set")
+        backends = _checked(backends, batch_size=batch_size, batches=batches, repeat=repeat,
+                            warmup=warmup, crop=crop)
+        self.sets = _open_sets(out)
         self.ds = self.sets[0]          # the ceiling's images; its manifest names the source
-        common = set.intersection(*(set(d.sizes) for d in self.sets))
-        if size is None and not common:
-            raise ValueError("the shard sets share no stored size (" + "; ".join(
-                f"{d.root}: {', '.join(map(str, d.sizes))}" for d in self.sets) + ")")
-        self.size = max(common) if size is None else size
-        for d in self.sets:
-            d.stored_size(self.size)    # names the set and its sizes
+        self.size = _common_size(self.sets, size)
         self.crop = crop or min(224, self.size)
         self.device = resolve_device(device)
         self.precision = precision or default_precision(self.device)
         self.dtype = input_dtype(self.precision, self.device)
-        if source is not None and not os.path.isdir(source):
-            raise ValueError(f"source={source!r} is not a directory (the baseline's image "
-                             f"folder)")
-        src = source or self.ds.manifest.get("source")
-        self.source = src if src and os.path.isdir(src) else None
+        self.source = _source_folder(source, self.ds)
         self.backends, self.model_name = backends, model
         self.batch_size, self.warmup, self.batches, self.repeat = batch_size, warmup, batches, \
             repeat

@@ -65,7 +65,7 @@ def _convert_options(a) -> dict:
     given, those of the conversion being resumed (said in the log)."""
     given = {k: getattr(a, k) for k in CONVERT_DEFAULTS if getattr(a, k) is not None}
     if a.resume and not given:
-        from converters.convert import saved_options
+        from fastdata.converters.convert import saved_options
 
         found = saved_options(a.out)
         if found is not None:
@@ -88,7 +88,7 @@ def _convert_options(a) -> dict:
 
 
 def cmd_convert(a) -> int:
-    from converters.convert import ConversionError, convert
+    from fastdata.converters.convert import ConversionError, convert
 
     try:
         convert(a.src, a.out, **_convert_options(a), workers=a.workers, on_error=a.on_error,
@@ -343,7 +343,7 @@ def cmd_bench(a) -> int:
 
 def cmd_demo(a) -> int:
     """Draw the sample set, convert it (HDF5 + LMDB), train on it, bench the loaders."""
-    from converters.convert import convert
+    from fastdata.converters.convert import convert
     from fastdata._optional import available
     from fastdata.demo import make_sample_folder
 

@@ -1,6 +1,7 @@
 """fastdata's C kernel (``fastdata/_native.c``, built at install when a C compiler is there):
 crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC → float32. (Its
-other function, ``pack_rgb``, packs the converter's pixels: ``converters.decode.pack_into``.)
+other functions: ``pack_rgb`` packs the converter's pixels,
+``fastdata.converters.decode.pack_into``; ``color_jitter``, ``transforms.ColorJitter``'s.)
 
 On CPU it is the default for float32 output (``Augment(kernel="auto")``); where it was not
 built, the torch ops do the same work: the loader runs 1.6–2.4× slower (``benchmarks/ab_cpu.py

@@ -11,7 +11,7 @@ import sys
 import pytest
 from PIL import Image
 
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata.bench import Bench, table
 from fastdata.cli import main
 from tests.conftest import plain_folder

@@ -13,10 +13,10 @@ import pytest
 from PIL import Image
 
 import fastdata
-import converters.pool as pool_mod
-from converters import decode
-from converters.convert import ConversionError, convert
-from converters.scan import scan_folder
+import fastdata.converters.pool as pool_mod
+from fastdata.converters import decode
+from fastdata.converters.convert import ConversionError, convert
+from fastdata.converters.scan import scan_folder
 from fastdata.cli import main as cli
 from tests.conftest import (garbage_left_for_forks, odd_folder, plain_folder, smooth,
                             tree_digest)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastdata
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from tests.test_loader import N, ids_of, seen, shards  # noqa: F401  (shards: fixture)
 
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'fastdata[dali]')")

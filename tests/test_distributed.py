@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 import fastdata
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from tests.conftest import in_private_mounts, plain_folder
 
 # each rank: the samples of two training epochs and of one evaluation, by global rank

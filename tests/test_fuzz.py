@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from tests.conftest import plain_folder
 
 CASES = 18          # per container and encoding

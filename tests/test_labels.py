@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fastdata
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata.cli import main as cli
 from fastdata.format import ShardFormatError
 from fastdata.train.fit import evaluate

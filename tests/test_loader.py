@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import fastdata
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata import native
 from fastdata.augment import (Augment, crop_resize_batched, crop_resize_per_sample,
                               packed_params, random_resized_crop_boxes, resized_patches)

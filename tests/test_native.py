@@ -114,7 +114,7 @@ def test_the_converter_packs_pixels_like_pillow_with_and_without_the_kernel(monk
     export) or, without it, through Pillow: the same bytes either way, tails included."""
     from PIL import Image
 
-    from converters import decode
+    from fastdata.converters import decode
 
     rng = np.random.default_rng(sum(size))
     img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 4), np.uint8), "RGBX")

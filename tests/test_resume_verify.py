@@ -13,8 +13,8 @@ import weakref
 import pytest
 
 import fastdata
-from converters import writers
-from converters.convert import convert
+from fastdata.converters import writers
+from fastdata.converters.convert import convert
 from fastdata._optional import available
 from fastdata.cli import main as cli
 from fastdata.verify import verify
@@ -23,8 +23,8 @@ from tests.conftest import cold_read_cost, in_private_mounts, plain_folder
 # A converting child that is slow per image, so it can be killed between shard writes.
 CHILD = """
 import sys, time
-from converters import decode
-from converters.convert import convert
+from fastdata.converters import decode
+from fastdata.converters.convert import convert
 real = decode.prepare
 decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
 convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], sizes=[8, 16],

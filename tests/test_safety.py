@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import fastdata
-from converters import decode
-from converters import pool as pool_mod
-from converters.convert import convert
+from fastdata.converters import decode
+from fastdata.converters import pool as pool_mod
+from fastdata.converters.convert import convert
 from fastdata.cli import main as cli
 from fastdata.format import ShardFormatError
 from fastdata.outdir import FolderBusyError, FolderLock

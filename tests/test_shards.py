@@ -19,8 +19,8 @@ from PIL import Image
 
 import fastdata
 from fastdata import readers
-from converters import writers
-from converters.convert import convert
+from fastdata.converters import writers
+from fastdata.converters.convert import convert
 from fastdata.cli import main as cli
 from tests.conftest import plain_folder
 
@@ -230,7 +230,7 @@ def test_reader_errors(shard_sets, tmp_path):
 def test_bad_arguments_are_named(folder, tmp_path, monkeypatch, kwargs, match):
     # the memory checks against a fixed 16 GiB: on a 128 GiB machine the 21 JPEGs at 65536 px
     # passed the check (31.5 GiB) and their conversion ran for minutes (seen on the GPU machine)
-    monkeypatch.setattr("converters.convert.usable_memory", lambda: 16 * 2**30)
+    monkeypatch.setattr("fastdata.converters.convert.usable_memory", lambda: 16 * 2**30)
     with pytest.raises(ValueError, match=match):
         convert(folder, str(tmp_path / "o"), progress=False, **kwargs)
 
@@ -274,7 +274,7 @@ def test_raw_pixels_are_written_around_the_page_cache(folder, tmp_path, monkeypa
 LMDB_FAULTS = """
 import resource, sys
 import numpy as np
-from converters.writers import LMDBWriter
+from fastdata.converters.writers import LMDBWriter
 size, n = int(sys.argv[2]), 96
 w = LMDBWriter(sys.argv[1], sizes=(size,), encoding="raw", capacity=n)
 pixels = np.full(3 * size * size, 7, np.uint8)

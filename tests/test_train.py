@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import fastdata
-from converters.convert import convert
+from fastdata.converters.convert import convert
 from fastdata.train import TrainStep, fit, make_scheduler
 from fastdata.train.models import SmallResNet
 from tests.conftest import plain_folder

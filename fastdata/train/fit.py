@@ -204,7 +204,6 @@ def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | N
 
 def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every, resume,
          log_every, max_steps, rank, group, progress) -> list[dict]:
-    checkpoint_dir = os.path.dirname(ckpt) if ckpt else None
     epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
         epoch0, start = _load(ckpt, step, loader)
@@ -212,93 +211,125 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
         if epoch0 >= epochs:
             log.info("nothing left to train: %s is at the end of epoch %d (epochs=%d)", ckpt,
                      epoch0 - 1, epochs)
-    nclass = len(loader.dataset.classes)
+    run = _Run(step, loader, ckpt=ckpt, checkpoint_every=checkpoint_every, log_every=log_every,
+               max_steps=max_steps, rank=rank, group=group, progress=progress)
     history = []
-
-    def save(epoch: int) -> None:
-        if ckpt and step.at_window_end:
-            if rank == 0:
-                _save(ckpt, _state(step, loader, epoch))
-            barrier()
-
-    # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
-    # saving there (fastdata/interrupt.py), at the same step on every rank
-    latch = SigintLatch(enabled=bool(ckpt), signals=(signal.SIGINT, signal.SIGTERM))
-
-    def interrupted() -> bool:
-        return bool(ckpt) and any_rank(latch.hit, group)
-
-    def stop(epoch: int):
-        if rank == 0:
-            log.warning("interrupted (%s): %s saved at epoch %d, step %d; run the same command "
-                        "again to resume", latch.signal or "on another rank", ckpt, epoch,
-                        step.steps)
-        raise KeyboardInterrupt
     try:
         for epoch in range(epoch0, epochs):
-            loader.set_epoch(epoch)
-            step.model.train()
-            # samples a class was the label of (float: soft and multi-hot targets count by mass)
-            seen = torch.zeros(nclass, dtype=torch.float64, device=step.device)
-            loss_sum = n_sum = 0.0
-            t0 = t_log = time.perf_counter()
-            stopped = False
-            first = start if epoch == epoch0 else 0
-            per = loader.order.batch_size
-            bar = tqdm(total=len(loader) * per, initial=first * per, unit="img",
-                       desc=f"epoch {epoch}", disable=not progress, dynamic_ncols=True)
-            # k counts from the epoch's start, also in a resumed epoch
-            for k, (images, labels) in enumerate(loader, 1 + first):
-                step(images, labels, close_window=k == len(loader))
-                _count(seen, labels)
-                bar.update(images.shape[0])
-                if log_every and k % log_every == 0:
-                    m = step.read_metrics()
-                    bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
-                    loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
-                    now = time.perf_counter()
-                    log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(loader),
-                             m["loss"], m["samples"] / max(now - t_log, 1e-9))
-                    t_log = now
-                if not step.at_window_end:
-                    continue
-                inner = k < len(loader)         # the epoch's end saves anyway, below
-                halt = inner and interrupted()
-                stopped = max_steps is not None and step.steps >= max_steps
-                if halt or stopped or (inner and checkpoint_every
-                                       and step.steps % checkpoint_every == 0):
-                    save(epoch)                 # once, whichever of them asked
-                if halt:
-                    stop(epoch)
-                if stopped:
-                    break
-            m = step.read_metrics()
-            loss_sum, n_sum = loss_sum + m["loss"] * m["samples"], n_sum + m["samples"]
-            bar.set_postfix(loss=f"{loss_sum / max(n_sum, 1):.4f}", refresh=False)
-            bar.close()             # its last line stays: the epoch's img/s and loss
-            secs = time.perf_counter() - t0
-            rec = {"epoch": epoch, "rank": rank, "steps": step.steps, "samples": int(n_sum),
-                   "loss": loss_sum / max(n_sum, 1), "seconds": secs,
-                   "images_per_s": n_sum / max(secs, 1e-9),
-                   "lr": step.optimizer.param_groups[0]["lr"],
-                   "label_counts": np.round(seen.tolist(), 3).tolist(),
-                   "complete": not stopped}
-            halt = interrupted()    # in the epoch's last window: stop without evaluating
+            rec, stopped = run.train_epoch(epoch, start if epoch == epoch0 else 0)
+            halt = run.interrupted()    # in the epoch's last window: stop without evaluating
             if eval_loader is not None and not stopped and not halt:
                 rec.update(_scores(step, eval_loader))
             history.append(rec)
-            if checkpoint_dir:
-                _append_log(os.path.join(checkpoint_dir, f"log-rank{rank}.jsonl"), rec)
-            log.info("epoch %d: loss %.4f, %.0f img/s%s", epoch, rec["loss"], rec["images_per_s"],
-                     _scores_text(rec))
+            run.record(rec)
             if stopped:
                 break
-            save(epoch + 1)
-            if halt or interrupted():       # (or during the evaluation)
-                stop(epoch + 1)
+            run.save(epoch + 1)
+            if halt or run.interrupted():       # (or during the evaluation)
+                run.stop(epoch + 1)
     finally:
-        latch.restore()
+        run.latch.restore()
     return history
+
+
+class _Run:
+    """One rank's training epochs: progress, loss logs, checkpoints and the agreed stop."""
+
+    def __init__(self, step: TrainStep, loader, *, ckpt, checkpoint_every, log_every, max_steps,
+                 rank, group, progress):
+        self.step, self.loader, self.ckpt, self.rank, self.group = step, loader, ckpt, rank, group
+        self.checkpoint_every, self.log_every, self.max_steps = checkpoint_every, log_every, \
+            max_steps
+        self.progress = progress
+        self.nclass = len(loader.dataset.classes)
+        # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
+        # saving there (fastdata/interrupt.py), at the same step on every rank
+        self.latch = SigintLatch(enabled=bool(ckpt), signals=(signal.SIGINT, signal.SIGTERM))
+
+    def save(self, epoch: int) -> None:
+        if self.ckpt and self.step.at_window_end:
+            if self.rank == 0:
+                _save(self.ckpt, _state(self.step, self.loader, epoch))
+            barrier()
+
+    def interrupted(self) -> bool:
+        return bool(self.ckpt) and any_rank(self.latch.hit, self.group)
+
+    def stop(self, epoch: int):
+        if self.rank == 0:
+            log.warning("interrupted (%s): %s saved at epoch %d, step %d; run the same command "
+                        "again to resume", self.latch.signal or "on another rank", self.ckpt,
+                        epoch, self.step.steps)
+        raise KeyboardInterrupt
+
+    def train_epoch(self, epoch: int, first: int) -> tuple[dict, bool]:
+        """Epoch ``epoch`` from its batch ``first``; returns its record and whether
+        ``max_steps`` stopped it."""
+        step, loader = self.step, self.loader
+        loader.set_epoch(epoch)
+        step.model.train()
+        # samples a class was the label of (float: soft and multi-hot targets count by mass)
+        seen = torch.zeros(self.nclass, dtype=torch.float64, device=step.device)
+        self.loss_sum = self.n_sum = 0.0
+        t0 = self.t_log = time.perf_counter()
+        stopped = False
+        per = loader.order.batch_size
+        bar = tqdm(total=len(loader) * per, initial=first * per, unit="img",
+                   desc=f"epoch {epoch}", disable=not self.progress, dynamic_ncols=True)
+        # k counts from the epoch's start, also in a resumed epoch
+        for k, (images, labels) in enumerate(loader, 1 + first):
+            step(images, labels, close_window=k == len(loader))
+            _count(seen, labels)
+            bar.update(images.shape[0])
+            if self.log_every and k % self.log_every == 0:
+                self._log(epoch, k, bar)
+            if step.at_window_end and self._window_closed(epoch, k):
+                stopped = True
+                break
+        self._add(step.read_metrics())
+        bar.set_postfix(loss=f"{self.loss_sum / max(self.n_sum, 1):.4f}", refresh=False)
+        bar.close()             # its last line stays: the epoch's img/s and loss
+        secs = time.perf_counter() - t0
+        n = self.n_sum
+        return {"epoch": epoch, "rank": self.rank, "steps": step.steps, "samples": int(n),
+                "loss": self.loss_sum / max(n, 1), "seconds": secs,
+                "images_per_s": n / max(secs, 1e-9),
+                "lr": step.optimizer.param_groups[0]["lr"],
+                "label_counts": np.round(seen.tolist(), 3).tolist(),
+                "complete": not stopped}, stopped
+
+    def _add(self, m: dict) -> None:
+        self.loss_sum, self.n_sum = self.loss_sum + m["loss"] * m["samples"], \
+            self.n_sum + m["samples"]
+
+    def _log(self, epoch: int, k: int, bar) -> None:
+        m = self.step.read_metrics()
+        bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
+        self._add(m)
+        now = time.perf_counter()
+        log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(self.loader),
+                 m["loss"], m["samples"] / max(now - self.t_log, 1e-9))
+        self.t_log = now
+
+    def _window_closed(self, epoch: int, k: int) -> bool:
+        """After the window that batch ``k`` closed: checkpoint and stop as asked; returns
+        whether ``max_steps`` is reached."""
+        inner = k < len(self.loader)          # the epoch's end saves anyway
+        halt = inner and self.interrupted()
+        stopped = self.max_steps is not None and self.step.steps >= self.max_steps
+        if halt or stopped or (inner and self.checkpoint_every
+                               and self.step.steps % self.checkpoint_every == 0):
+            self.save(epoch)                  # once, whichever of them asked
+        if halt:
+            self.stop(epoch)
+        return stopped
+
+    def record(self, rec: dict) -> None:
+        if self.ckpt:
+            _append_log(os.path.join(os.path.dirname(self.ckpt), f"log-rank{self.rank}.jsonl"),
+                        rec)
+        log.info("epoch %d: loss %.4f, %.0f img/s%s", rec["epoch"], rec["loss"],
+                 rec["images_per_s"], _scores_text(rec))
 
 
 def _state(step: TrainStep, loader, epoch: int) -> dict:
