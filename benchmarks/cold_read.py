@@ -1,6 +1,5 @@
 """A first pass over shard sets that are not in the page cache, then a second one (figures in
-benchmarks/RESULTS.md, "Reads out of the page cache"; the README's
-"Reading" section quotes them).
+docs/performance.md, "Reading from the disk").
 
     python -W ignore benchmarks/cold_read.py OUT [OUT ...] --rounds 3
 
@@ -71,7 +70,7 @@ def main() -> None:
                 continue
             ds = fastdata.open(root)
             for reader in ds.shards:
-                reader.readahead = {"on": True, "off": False}.get(a.readahead, ds.readahead)
+                reader.fits = {"on": True, "off": False}.get(a.readahead, ds.readahead)
             order = np.random.default_rng(r).permutation(len(ds))
             rates.setdefault((root, "cold"), []).append(one_pass(ds, order, a.batch))
             rates.setdefault((root, "cached"), []).append(one_pass(ds, order, a.batch))

@@ -1,5 +1,5 @@
 """`fastdata verify` of shard sets that are not in the page cache, this tree against another
-(figures in benchmarks/RESULTS.md, "Reads out of the page cache").
+(figures in docs/performance.md, "Reading from the disk").
 
     python benchmarks/cold_verify.py OUT [OUT ...] --ref /tmp/fd-ref --rounds 4
 

@@ -6,7 +6,7 @@ vs FFCV 1.0.2 (raw and JPEG .beton written from the same 256x256 pixels).
     .venv/bin/python benchmarks/compare_cpu.py /tmp/photos --work /tmp/fd-compare \
         --ffcv-python /tmp/ffcv-venv/bin/python     # see benchmarks/ffcv_cpu.py for that venv
 
-Prints a markdown table (figures in benchmarks/RESULTS.md) and writes WORK/compare.json; then,
+Prints a markdown table (docs/performance.md, "Loading on a CPU"), writes WORK/compare.json; then
 with ``--rounds``, × baseline measured pairwise in interleaved rounds (baseline, then each
 fastdata torch set, seconds apart), which this noisy machine needs for a trustworthy ratio.
 Batch 64, 2 workers/threads, RandomResizedCrop(224) + flip + normalise to float32; fastdata and

@@ -1,4 +1,4 @@
-"""Converter and reader throughput (figures recorded in benchmarks/RESULTS.md).
+"""Converter and reader throughput (figures in docs/performance.md, "Converting").
 
     python benchmarks/make_photos.py /tmp/photos
     python benchmarks/convert.py /tmp/photos --size 256 --size 128

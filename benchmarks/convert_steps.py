@@ -1,4 +1,4 @@
-"""Per-step costs behind the converter's design choices (figures in benchmarks/RESULTS.md).
+"""Per-step costs behind the converter's design choices (each step timed both ways).
 
     python -W ignore benchmarks/convert_steps.py /tmp/photos
 

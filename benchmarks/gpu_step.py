@@ -1,6 +1,6 @@
 """``TrainStep`` vs a plain hand-written training loop on synthetic on-device data, and whether
 ``TrainStep``'s hot loop is free of host syncs (``torch.cuda.set_sync_debug_mode("error")``).
-Figures: benchmarks/RESULTS.md, "GPU".
+Figures: docs/performance.md, "Feeding a GPU".
 
     python benchmarks/gpu_step.py --model resnet50 --batch 256 --crop 224     # on the GPU
     .venv/bin/python benchmarks/gpu_step.py --device cpu --model resnet8 --batch 16 --crop 64 \\

@@ -1,4 +1,4 @@
-"""Loader-only throughput on this CPU machine, one run (figures in benchmarks/RESULTS.md).
+"""Loader-only throughput on a CPU, one run (figures in docs/performance.md).
 
     python benchmarks/make_photos.py /tmp/photos
     python benchmarks/loaders_cpu.py /tmp/photos --work /tmp/fd-loaders

@@ -1,7 +1,7 @@
 """Random passes over shard sets out of the page cache, inside a memory cgroup smaller or
 larger than the set: readahead as ``ShardSet`` chooses it ("auto"), forced on, forced off
 (where a reader asks for each batch's pages at once instead); figures in
-benchmarks/RESULTS.md, "Reads out of the page cache").
+docs/performance.md, "Reading from the disk").
 
     sudo python benchmarks/readahead_memory.py OUT [OUT ...] --limit-mib 100,200,400,600
 
@@ -38,9 +38,9 @@ def child(root: str, mode: str, samples: int, passes: int, use_loader: bool) -> 
     ds = fastdata.open(root)
     chosen = ds.readahead
     if mode != "auto":
-        ds.readahead = mode == "on"     # a Loader's choice for its readers
+        ds.readahead = mode == "on"
         for r in ds.shards:
-            r.readahead = ds.readahead
+            r.fits = ds.readahead     # read at random: readahead as if the set fit, or not
     loader = fastdata.Loader(ds, train=True, batch_size=64, device="cpu") if use_loader else None
     figures = []
     for p in range(passes):     # another random order each pass, as epochs

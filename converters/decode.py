@@ -140,7 +140,7 @@ def _tiff_orientation(tiff: bytes) -> int | None:
 
 def _packed_rgb(img: Image.Image) -> bytes:
     """``img.tobytes("raw", "RGB")`` in one piece: ``tobytes`` packs 64 KiB at a time and
-    joins the pieces, a copy more (46 → 35 µs at 256 px: ``benchmarks/convert_steps.py``)."""
+    joins the pieces, a copy more."""
     n = 3 * img.width * img.height
     try:
         encoder = Image._getencoder(img.mode, "raw", ("RGB", 0, 1))
@@ -154,10 +154,9 @@ def _packed_rgb(img: Image.Image) -> bytes:
 
 
 class Scratch:
-    """A worker's decode buffer, used image after image, so that it stays in the CPU's caches:
-    per 256 px image 0-11 µs less than a fresh array each in one process (depending on where
-    the allocator puts those), a whole HDF5 conversion 1.03× (``benchmarks/RESULTS.md``, stop
-    32). What ``take`` returns is valid until the next ``take``."""
+    """A worker's decode buffer, used image after image, so that it stays in the CPU's caches
+    (a fresh array each time lands wherever the allocator puts it). What ``take`` returns is
+    valid until the next ``take``."""
 
     def __init__(self):
         self._buf = np.empty(0, np.uint8)
@@ -177,11 +176,9 @@ def _decode_jpeg(data: bytes, opts: DecodeOptions,
     The same library, IDCT and power-of-two DCT scaling as PIL's ``Image.draft``, so the same
     pixels, except that an image shrunk by ``FAST_UPSAMPLE_SHRINK`` or more after decoding gets
     libjpeg-turbo's fast chroma upsampling: there it is as close to the pixels before JPEG
-    coding as the default's, and the decode takes a tenth less time
-    (``benchmarks/upsampling.py``). ``prepare()`` at 256 px took 0.98 instead of 1.22 ms of
-    CPU per image before that (``benchmarks/ab_trees.py``): PIL decodes into its own buffer and
-    repacks. The header and the Exif orientation are read here too, not by ``Image.open``,
-    which parses the markers in Python: 5 instead of 35 µs (``benchmarks/convert_steps.py``).
+    coding as the default's, and the decode takes a tenth less time. Not through PIL, which
+    decodes into its own buffer and repacks. The header and the Exif orientation are read here
+    too, not by ``Image.open``, which parses the markers in Python.
     With ``scratch``, the pixels are decoded into it (the image is a view of it).
     """
     if data[:3] != b"\xff\xd8\xff":
@@ -220,7 +217,7 @@ _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"
 
 def _read(path: str) -> bytes:
     """The file's bytes, as ``open(path, "rb").read()`` gives them without its buffered reader
-    (5.4 instead of 8 µs for a 19 KB JPEG), once its first bytes show an image format and its
+    (a copy less), once its first bytes show an image format and its
     size is one an image can have: nothing else is loaded. A FIFO or a device is refused
     before it is read (opened without blocking)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NONBLOCK", 0))
@@ -269,7 +266,7 @@ def _load(path: str, opts: DecodeOptions, scratch: Scratch | None = None) -> Ima
 def pack_into(img: Image.Image, out: np.ndarray) -> None:
     """``img``'s pixels as packed RGB into ``out`` (uint8, 3 bytes a pixel): through fastdata's C
     kernel from Pillow's Arrow export (no copy of the image), else through Pillow's packing and
-    a copy. 15 instead of 33 µs at 256 px, CRC included (``benchmarks/convert_steps.py``)."""
+    a copy."""
     if _native_pack is not None and img.mode in ("RGB", "RGBX"):
         try:
             _native_pack(*img.__arrow_c_array__(), out)

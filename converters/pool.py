@@ -29,9 +29,7 @@ POLL_S = 1.0                        # how often a wait for results looks for a h
 
 def batch_size(sizes) -> int:
     """Images per worker task: 16 up to 256 px, fewer for bigger ones (about ``BATCH_BYTES`` of
-    raw pixels), so that the images in flight take about the same memory at any size (8 at any
-    size held 8× more at 1024 px). At 256 px 16 converts as fast as 8 did
-    (``benchmarks/RESULTS.md``, "Converter")."""
+    raw pixels), so that the images in flight take about the same memory at any size."""
     return max(1, min(MAX_BATCH, BATCH_BYTES // sum(3 * s * s for s in sizes)))
 
 
@@ -91,8 +89,8 @@ class Decoder:
     Each worker has a pipe of its own and holds at most ``QUEUED`` batches; the parent reads
     whichever result is ready and hands that worker the next batch, so a worker slowed down
     by big images holds up no other: results wait for their turn here. No threads:
-    ``concurrent.futures.ProcessPoolExecutor``'s two cost the parent 33-40 instead of 19-25 µs of
-    CPU per image (``benchmarks/convert_steps.py``). Forked workers return raw pixels through
+    ``concurrent.futures.ProcessPoolExecutor``'s two nearly double the parent's CPU per image
+    (``benchmarks/convert_steps.py`` times each step). Forked workers return raw pixels through
     a shared ``Ring`` (the parent's CPU time per image is then one copy, not a pipe read, an
     unpickle and a fresh allocation).
     """

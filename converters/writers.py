@@ -10,11 +10,9 @@ while the workers wait); JPEG payloads, whose total size is known only at the en
 until then. Layouts are documented in ``fastdata.format``.
 
 Raw HDF5 pixels that fill whole pages (64 px and up) are written with ``O_DIRECT``: the disk
-reads them from the ring itself, with no copy into the page cache. That copy was the writer's
-main cost (32–470 µs of kernel time per 256 px image, most where the pages were new to this
-virtual machine; 20–26 µs now). The pixels are on the disk when a conversion returns, and a
-conversion larger than memory does not push everything else out of the cache
-(``benchmarks/RESULTS.md``, "Converter").
+reads them from the ring itself, with no copy into the page cache, which was the writer's
+main cost. The pixels are on the disk when a conversion returns, and a conversion larger than
+memory does not push everything else out of the cache.
 """
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ from fastdata.outdir import temp_path
 # raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value
 # into pages it mallocs and frees them all at the commit: kept under glibc's trim threshold
 # (128 KiB, or twice the largest block it has mapped and freed), they are reused; ~3 MiB went
-# back to the OS at each commit, and the next transaction's pages faulted in anew (22.5 faults
-# and ~0.2 ms of kernel time per 256 px sample in a fresh process; benchmarks/RESULTS.md)
+# back to the OS at each commit, and the next transaction's pages faulted in anew
 COMMIT_BYTES = 64 << 10
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -131,9 +128,7 @@ class ShardWriter:
 def _allocate(fd: int, offset: int, length: int) -> None:
     """Disk blocks for a byte range of ``fd`` before it is written: a full disk is an OSError
     when the shard starts, not a failure halfway; and ext4 writes into allocated blocks with
-    ~20% less CPU than into a sparse range
-    (``benchmarks/convert_steps.py``).
-    A file system (or OS) that cannot allocate ahead is left sparse."""
+    less CPU than into a sparse range. A file system (or OS) that cannot allocate ahead is left sparse."""
     try:
         if hasattr(os, "posix_fallocate"):      # not on macOS
             os.posix_fallocate(fd, offset, length)
@@ -152,9 +147,8 @@ def _open_direct(path: str) -> int | None:
 
 
 def _pwrite_all(fd: int, buffers, offset: int, fallback: int | None = None) -> None:
-    """``buffers`` one after another from ``offset`` on, in as few system calls as the OS takes:
-    8 samples of 196 KB in one took 37 instead of 44 µs of CPU per sample
-    (``benchmarks/convert_steps.py``). What an ``O_DIRECT`` ``fd`` refuses (``EINVAL``: memory
+    """``buffers`` one after another from ``offset`` on, in as few system calls as the OS takes
+    (a call per sample costs CPU). What an ``O_DIRECT`` ``fd`` refuses (``EINVAL``: memory
     off a page boundary, the rest of a write the OS cut short, a file system that opens files
     that way but does not write them so) goes through ``fallback``."""
     views = [memoryview(b).cast("B") for b in buffers]
@@ -298,8 +292,7 @@ class LMDBWriter(ShardWriter):
 
         # no writemap: values written through the map made the kernel read in (zero) the
         # file's pages on each write fault. A commit every few samples writes LMDB's dirty
-        # pages with ``pwritev`` and frees them: 0.22 / 0.13 instead of 0.27 / 0.30 ms of the
-        # writer's CPU per 256 px image (benchmarks/ab_lmdb_commit.py)
+        # pages with ``pwritev`` and frees them, for less of the writer's CPU
         # the map is address space only (no writemap: the file grows as pages are written);
         # what the data needs is allocated on the disk (a small set fits a small disk)
         map_size = int(need * 1.5) + (64 << 20)

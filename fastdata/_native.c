@@ -268,7 +268,7 @@ static PyObject *color_jitter(PyObject *self, PyObject *args) {
 /* Pillow's 4-byte pixels (RGB, RGBX) -> packed RGB. The image comes through the Arrow C data
  * interface (Pillow >= 11.2 exports its memory without a copy), the output into a writable
  * buffer: the converter packs straight into its shared ring, where Pillow's own packing went
- * into a new bytes object that was then copied there (benchmarks/RESULTS.md, "Converter"). */
+ * into a new bytes object that was then copied there. */
 struct ArrowSchema {
     const char *format, *name, *metadata;
     int64_t flags, n_children;

@@ -66,8 +66,7 @@ def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
 def _resizer(out: int):
     """``patch → patch resized to (out, out)``, as ``F.interpolate(mode="bilinear",
     antialias=True, align_corners=False)``: through its aten op where torch has it, which
-    skips ~3 µs of Python checks an image, held under the GIL (`ab_trees.py --job loader`:
-    1.07x NCHW, 1.09x channels_last, rounds 0.93-1.36)."""
+    skips the Python checks of ``interpolate``, held under the GIL, at every image."""
     op = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
     if op is None:
         return lambda p: F.interpolate(p, size=(out, out), mode="bilinear", antialias=True,
@@ -88,7 +87,7 @@ def resized_patches(images, boxes, flips, out: int):
                                img.storage_offset() + t * sh + l * sw)
         resize = (h, w) != (out, out)
         if flips[k]:    # mirror the source crop, usually smaller than the output: the resize
-            patch = patch.flip(-1)      # commutes with it, bit for bit (ab_cpu.py, "flip")
+            patch = patch.flip(-1)      # commutes with it, bit for bit
         elif resize:    # a dense patch halves the uint8 AA kernel's time on CPU
             patch = patch.contiguous(memory_format=torch.channels_last)
         if resize:
@@ -247,7 +246,7 @@ class Augment:
                                     dtype=torch.float16 if half else torch.float32)
             return out.copy_(y)
         # each image normalised as soon as it is resized, while in cache: one pass over the
-        # float output instead of three (benchmarks/ab_cpu.py, "fused")
+        # float output instead of three
         put = self._put(out)
         for k, patch in enumerate(resized_patches(x, boxes, flips, side)):
             put(k, patch)

@@ -175,7 +175,7 @@ def cmd_info(a) -> int:
                 echo(f"  warning: PIL is not pillow-simd; fix: {SIMD_FIX}")
             if not env["native_kernel"]:
                 echo("  warning: fastdata's C kernel was not built (no C compiler at install): "
-                     "CPU augmentation runs 1.6-2.4x slower")
+                     "CPU augmentation runs about half as fast")
         if not a.out:
             return 0
     if not a.out:
@@ -254,7 +254,6 @@ def train_run(a) -> dict:
                              f"not the training set's {train.dataset.classes}")
         torch.manual_seed(a.seed)
         # channels_last on every device: on CPU too it was faster for the demo's resnet8
-        # (benchmarks/RESULTS.md, "Model layout")
         model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info,
                           channels_last=True)
         if a.optimizer == "sgd":

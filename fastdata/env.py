@@ -219,9 +219,8 @@ def keep_freed_memory(limit: int = 1 << 30) -> bool:
     unmapping them (``mallopt`` M_MMAP_THRESHOLD and M_TRIM_THRESHOLD).
 
     A training step on the CPU allocates its activations afresh at every step; by default
-    glibc maps blocks this large anew each time and faults their pages in again: with this
-    setting a resnet8 step ran 16% (loader-fed) to 26% (fixed batch) faster here
-    (``benchmarks/ab_malloc.py``). CUDA's caching allocator already does this for GPU memory.
+    glibc maps blocks this large anew each time and faults their pages in again, which this
+    setting avoids. CUDA's caching allocator already does this for GPU memory.
     Process-wide, for programs (``fastdata train`` and ``bench`` on a CPU), not for library
     code. Returns False where there is no glibc ``mallopt``.
     """

@@ -4,8 +4,7 @@ other functions: ``pack_rgb`` packs the converter's pixels,
 ``fastdata.converters.decode.pack_into``; ``color_jitter``, ``transforms.ColorJitter``'s.)
 
 On CPU it is the default for float32 output (``Augment(kernel="auto")``); where it was not
-built, the torch ops do the same work: the loader runs 1.6–2.4× slower (``benchmarks/ab_cpu.py
---pairs native``, RESULTS.md).
+built, the torch ops do the same work, at about half the loader's speed.
 """
 from __future__ import annotations
 

@@ -49,10 +49,21 @@ class ShardReader:
 
     container = ""
     zero_copy = False       # ``payload`` of a raw sample is an (S, S, 3) view of a memory map
-    #: whether the kernel reads ahead of the shard's maps. Set before the shard opens (an open
-    #: LMDB env serves every reader of its file in the process); ``ShardSet`` and ``Loader``
-    #: choose it (see ``ShardSet.__init__``)
-    readahead = False
+    #: how the shard will be read: ``"random"`` (a shuffled order; the default) or
+    #: ``"sequential"`` (file order: ``verify``, an unshuffled ``Loader``). Set before it opens
+    access = "random"
+    #: whether the whole set fits in half the memory available when it opened (``ShardSet``)
+    fits = False
+
+    @property
+    def readahead(self) -> bool:
+        """Whether the kernel reads ahead of the shard's maps, resolved once where the shard
+        opens (an open LMDB env serves every reader of its file in the process): in file order
+        always; at random where the set fits, so its first pass comes from the disk in large
+        windows. On a larger set each window would read many times the bytes wanted and push
+        out what is cached: there a batch asks for its samples' pages at once instead
+        (``docs/performance.md``, "Reading from the disk")."""
+        return self.access == "sequential" or self.fits
 
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None):
         """``count``: the samples the manifest gives the shard (None: its own metadata's)."""
@@ -523,8 +534,7 @@ def decode_jpeg(buf, out: np.ndarray) -> None:
     """Decode a stored JPEG straight into ``out`` (H, W, 3 uint8).
 
     simplejpeg (libjpeg-turbo, no intermediate copies, releases the GIL) gives identical pixels
-    to PIL and lifts the torch loader on JPEG shards from 1474 to 2383 img/s
-    (``benchmarks/ab_cpu.py``). PIL stays as the fallback for what libjpeg-turbo refuses.
+    to PIL, faster. PIL stays as the fallback for what libjpeg-turbo refuses.
     """
     try:
         h, w, _, _ = simplejpeg.decode_jpeg_header(buf)
@@ -544,8 +554,8 @@ def will_need(spans) -> None:
     """Tell the kernel that the pages under ``spans`` (``(address, bytes)`` in memory maps) are
     wanted now (``madvise(MADV_WILLNEED)``): it starts reading them all at once, so that the
     reads overlap, where touching them would fault them in one 4 KiB page at a time, each read
-    waiting for the one before (raw 256 px at random, out of the page cache: 3400-5600 img/s
-    instead of ~350; RESULTS.md, "Reads out of the page cache"). Advice only: nothing where
+    waiting for the one before (an order of magnitude slower from the disk; docs/performance.md,
+    "Reading from the disk"). Advice only: nothing where
     the platform lacks it; an address no longer mapped is refused, not a fault."""
     madvise = _madvise()
     if madvise is None:
@@ -628,22 +638,13 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
-        # Read ahead where it pays (RESULTS.md, "Reads out of the page cache"): on a set that
-        # fits in half the memory available when it opens (the rest is room for what the
-        # program holds later: a 563 MiB set that a 700 MiB cgroup's limit let read ahead,
-        # with a loader holding ~300 MB, read 10-15x the bytes at 360-500 img/s). Its first
-        # pass at random then comes from the disk in large windows (raw 256 px LMDB here:
-        # ~5000 img/s instead of ~330). Not on a larger set, where each window (8 MiB on this
-        # project's VM) reads many times the bytes wanted and pushes out what is cached (a set
-        # 2.8x the memory: 150-200 img/s); there a batch asks for its samples' pages at once
-        # instead (raw LMDB from a shard's second batch in a process: ~3000-5700 img/s
-        # instead of ~340), a call that would cost every cached epoch of a set that fits ~5 us
-        # a sample. Reads in file order always read ahead (``verify``, an unshuffled ``Loader``).
+        # half the memory available: the rest is room for what the program holds later (its
+        # loader's buffers, its model), which the page cache cannot have
         memory = available_memory()
         nbytes = sum(s.get("bytes", 0) for s in m["shards"])
         self.readahead = memory is not None and 2 * nbytes <= memory     # at random
         for reader in self.shards:
-            reader.readahead = self.readahead
+            reader.fits = self.readahead
 
     def _check_files(self) -> None:
         """Each shard file that exists must be a regular file inside the set's folder (a link
@@ -810,8 +811,8 @@ def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
 def page_aligned(shape: tuple[int, ...]) -> np.ndarray:
     """An uninitialised uint8 array whose data starts on a page: ``np.empty``'s large arrays
     start 16 bytes into one, and copying 256 px samples out of raw HDF5 shards (which start on
-    a page) into such an array ran 2.2x slower than into one starting on a page or a cache
-    line (AMD EPYC Zen 4, ``benchmarks/RESULTS.md``)."""
+    a page) into such an array ran at half the speed of a copy into one starting on a page
+    or a cache line (seen on AMD Zen 4)."""
     n = int(np.prod(shape))
     buf = np.empty(n + PAGE, np.uint8)
     k = -buf.ctypes.data % PAGE

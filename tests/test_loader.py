@@ -371,12 +371,11 @@ def test_lmdb_views_become_tensors_without_a_warning(shards):
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="drops pages with posix_fadvise")
 def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, monkeypatch):
-    """Out of the page cache, one 4 KiB fault at a time, raw 256 px ran ~330 img/s here: the
-    kernel reads ahead where that pays, in file order (eval) and at random over a set that
-    fits in half the memory available (~5000 img/s); not at random over a larger one, where
-    each window would read many times the bytes wanted, but there a batch asks for its
-    samples' pages at once (raw LMDB: where the values it has read place them; ~3000-5500
-    img/s; RESULTS.md)."""
+    """Out of the page cache, the kernel reads ahead where that pays, in file order (eval) and
+    at random over a set that fits in half the memory available; not at random over a larger
+    one, where each window would read many times the bytes wanted, but there a batch asks for
+    its samples' pages at once (raw LMDB: where the values it has read place them) instead of
+    faulting them in one 4 KiB page at a time."""
     src = plain_folder(tmp_path / "src")
     sets = {c: str(tmp_path / c) for c in ("hdf5", "lmdb")}
     for c, out in sets.items():

@@ -243,9 +243,8 @@ def test_verify_catches_one_flipped_byte(folder, tmp_path, capsys, container, en
 def test_verify_reads_lmdb_shards_out_of_the_page_cache_with_readahead(folder, tmp_path,
                                                                        monkeypatch):
     """Read at random, a set larger than memory is mapped without readahead, so a
-    shard out of the page cache comes in one 4 KiB fault at a time: verify of 3000 raw 256 px
-    images took ~8.5 s instead of ~0.7 (RESULTS.md). Verify reads in file order, with
-    readahead, whatever the set's size."""
+    shard out of the page cache comes in one 4 KiB fault at a time. Verify reads in file order,
+    with readahead, whatever the set's size."""
     monkeypatch.setattr(fastdata.readers, "available_memory", lambda: 64 << 10)
     out = tmp_path / "l"
     convert(folder, str(out), container="lmdb", sizes=[64], workers=1, progress=False)

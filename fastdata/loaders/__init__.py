@@ -230,10 +230,9 @@ class Loader:
                            drop_last=drop_last)
         self._resume, self._iterations = False, 0      # see __iter__
         self._upscale_warned = False
-        # read ahead in file order, and at random where the set fits in memory (ShardSet);
-        # a set shared by loaders takes the latest one's choice for the shards it opens next
+        # a set shared by loaders takes the latest one's order for the shards it opens next
         for reader in self.dataset.shards:
-            reader.readahead = self.dataset.readahead or not self.order.shuffle
+            reader.access = "random" if self.order.shuffle else "sequential"
         self.train = self.order.train
         self._size = self.dataset.size
         if size is not None:

@@ -55,9 +55,7 @@ class _Source:
     Raw batches are read into page-aligned arrays that are used again: DALI copies what a
     call returns before it calls again (``external_source``'s ``no_copy=False``), so the
     previous call's array is free then. A fresh array per batch is mapped anew by malloc from
-    32 MiB up (a batch of 171 at 256 px), and its pages fault in at every batch:
-    ``read_batch`` of 256 samples at 256 px ran 1.4-2.0x as fast into a reused array
-    (``benchmarks/ab_out_array.py``)."""
+    32 MiB up (a batch of 171 at 256 px), and its pages fault in at every batch."""
 
     def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int,
                  sample_transform=None):

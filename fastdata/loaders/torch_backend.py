@@ -53,8 +53,7 @@ def one_intraop_thread() -> None:
     """Make ATen ops in *this* thread single-threaded (OpenMP's per-thread nthreads setting).
 
     Worker threads already process whole batches in parallel; ops inside each starting an
-    OpenMP team as wide as the machine oversubscribe the cores (2 cores, RRC224 float32:
-    2991 → 3503 img/s, ``benchmarks/ab_cpu.py``).
+    OpenMP team as wide as the machine oversubscribe the cores.
     ``torch.set_num_threads`` would also change the default of every later thread, the
     training loop's included.
     """
@@ -105,9 +104,8 @@ class _Ring:
 
     Made in the parent before the workers start (a forked worker inherits them, a spawned one
     receives them), lent with a job when it is sent, and lent again only once nothing in the
-    parent references the batch made in it (as ``BufferPool``). Fresh shared memory for each
-    result took 33-63 ms of a worker's 44-72 ms per batch (RandomResizedCrop 224 float32, 64
-    images; benchmarks/RESULTS.md, "Torch loader, CPU").
+    parent references the batch made in it (as ``BufferPool``): fresh shared memory for each
+    result, faulted in and zeroed by the kernel, took most of a worker's time per batch.
     """
 
     def __init__(self, count: int, nbytes: int):
@@ -235,7 +233,7 @@ class _BatchReader:
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_transform
                  and self.sample_transform is None else None)
         if views is not None:   # each image's crop is read from the map: no batch copy first
-            raw = [_tensor(v) for v in views]   # HDF5 1.07x; LMDB: RESULTS.md
+            raw = [_tensor(v) for v in views]
         else:
             # the stored pixels are the result on a device, and as channels_last uint8
             as_is = not self.on_host or not self.needs_transform and self.transform.channels_last
@@ -325,8 +323,7 @@ class TorchBackend(Backend):
     def iterate(self, batches, epoch, start):
         l = self.loader
         if self._reader is None or self._reader.key != (l.size, l.crop):
-            # kept across epochs: its recycled buffers are already faulted in (a fresh set
-            # each epoch cost 16% of uint8 throughput: benchmarks/ab_cpu.py, "epochs")
+            # kept across epochs: its recycled buffers are already faulted in
             self._reader = _BatchReader(l, l.size)
         reader = self._reader       # this loop's, even if the size or crop changes meanwhile
         host = self._host(reader, batches, epoch, start)
@@ -409,7 +406,7 @@ class _BatchDataset(torch.utils.data.Dataset):
         if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
             images = (images.dtype, images.shape, images.stride(), images.storage_offset())
         if self.reader.on_host:     # pickled as bytes: as a tensor it would take a shared
-            labels = labels.numpy()     # memory segment of its own (~1.2x the loader's speed)
+            labels = labels.numpy()     # memory segment of its own for a few bytes
         return slot, images, labels, params
 
 
@@ -437,7 +434,7 @@ def _as_sent(item):
 class _WorkerProcesses:
     """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
     their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
-    them again cost ~80 ms a pass with fork, ~1.1 s with spawn: RESULTS.md, "Torch loader, CPU")."""
+    them again delays each pass's first batch, by a second with spawn)."""
 
     def __init__(self, reader, loader, *, persistent: bool):
         l = loader

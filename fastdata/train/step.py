@@ -78,8 +78,8 @@ class TrainStep:
                              f"or None")
         self.precision, self.accum_steps = precision, accum_steps
         self.clip_grad_norm = clip_grad_norm
-        # on a CPU the better layout depends on the model (benchmarks/ab_layout.py: resnet8
-        # 1.3x faster channels_last, the tiny model 0.66x), so the default is CUDA only
+        # on a CPU the better layout depends on the model (resnet8 runs faster channels_last,
+        # the tiny model slower), so the default is CUDA only
         if channels_last is None:
             channels_last = self.device.type == "cuda"
         self.channels_last = bool(channels_last)

@@ -1,9 +1,10 @@
 """This tree vs another checkout of fastdata (e.g. an older commit), the runs interleaved round
-by round so machine noise hits both alike; figures in RESULTS.md.
+by round so machine noise hits both alike (the A/B figures of docs/performance.md).
 
-    git worktree add /tmp/fd-ref 1d069fc
-    .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref
-    .venv/bin/python -W ignore benchmarks/ab_trees.py /tmp/photos --ref /tmp/fd-ref --job loader
+    git worktree add /tmp/fd-ref <commit>
+    .venv/bin/python -W ignore benchmarks/compare_trees.py /tmp/photos --ref /tmp/fd-ref
+    .venv/bin/python -W ignore benchmarks/compare_trees.py /tmp/photos --ref /tmp/fd-ref \
+        --job loader
 
 Each run is a fresh interpreter with its tree first on ``sys.path``.
 ``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` once did: the
@@ -12,8 +13,7 @@ all its processes per image too; with ``--torch``, in an interpreter that import
 (as ``benchmarks/convert.py``'s once did, and a notebook's); with ``--fresh``, the
 previous output deleted and synced before the clock (as ``benchmarks/convert.py`` does, which
 also runs each conversion in a fresh interpreter, without torch), and also timed
-with the sync after it (its "on disk" figure). First, in this tree, the worker's
-per-image CPU time with the simplejpeg decode path vs PIL's decoder.
+with the sync after it (its "on disk" figure).
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
 mode) over raw shards stored at ``--size`` (made by this tree; ``--container``, HDF5 by default),
@@ -34,9 +34,19 @@ import sys
 import tempfile
 import time
 
-CONVERT = """
-import os, resource, shutil, sys, time
+# each child runs one tree's code: its fastdata, and its converters/ folder as
+# fastdata.converters (an editable install would map that name to the installed tree's folder)
+PRELUDE = """
+import importlib.util, os, sys
 sys.path.insert(0, sys.argv[1])
+_conv = os.path.join(sys.argv[1], "converters")
+_spec = importlib.util.spec_from_file_location(
+    "fastdata.converters", os.path.join(_conv, "__init__.py"), submodule_search_locations=[_conv])
+sys.modules["fastdata.converters"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules["fastdata.converters"])
+"""
+CONVERT = PRELUDE + """
+import os, resource, shutil, sys, time
 if sys.argv[6] == "torch":
     import torch
 from fastdata.converters.convert import convert
@@ -58,9 +68,8 @@ if fresh:
 else:
     print(rate, per_image)
 """
-SCAN = """
+SCAN = PRELUDE + """
 import sys, time
-sys.path.insert(0, sys.argv[1])
 from fastdata.converters.scan import scan_folder
 best = float("inf")
 for _ in range(10):
@@ -69,9 +78,8 @@ for _ in range(10):
     best = min(best, time.perf_counter() - t)
 print(n / best)
 """
-LOADER = """
+LOADER = PRELUDE + """
 import sys, time
-sys.path.insert(0, sys.argv[1])
 import torch, fastdata
 torch.set_num_threads(1)
 loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
@@ -86,28 +94,6 @@ for e in range(epochs):
         n += len(x) if t is not None else 0
 print(n / (time.perf_counter() - t))
 """
-
-
-def decode_ab(photos: str, size: int, rounds: int, n: int = 300) -> None:
-    """Worker CPU time of ``prepare`` per image: simplejpeg into RGBX vs PIL's decoder (the
-    fast path switched off, as in tests/test_convert_inputs.py), interleaved rounds."""
-    from fastdata.converters import decode
-    from fastdata.converters.scan import scan_folder
-
-    files = [os.path.join(photos, p) for p, _ in scan_folder(photos).files[:n]]
-    opts = decode.DecodeOptions(sizes=(size,))
-    fast = decode._decode_jpeg
-    ms: dict[str, list[float]] = {"PIL": [], "simplejpeg": []}
-    for _ in range(rounds):
-        for side, fn in (("PIL", lambda *a: None), ("simplejpeg", fast)):
-            decode._decode_jpeg = fn
-            t = time.process_time()
-            for f in files:
-                decode.prepare(f, opts)
-            ms[side].append((time.process_time() - t) / len(files) * 1e3)
-    decode._decode_jpeg = fast
-    print(f"prepare() {size}px, {len(files)} images: " + ", ".join(
-        f"{k} {statistics.median(v):.2f} ms CPU/img" for k, v in ms.items()))
 
 
 def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -> None:
@@ -173,7 +159,6 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="fd-ab-")
     try:
         if a.job == "convert":
-            decode_ab(a.photos, a.size, a.rounds)
             for container in ("hdf5", "lmdb"):
                 interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
                             os.path.join(tmp, "{name}"), container, str(a.size),
