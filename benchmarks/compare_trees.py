@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 # each child runs one tree's code: its fastdata, and its converters/ folder as
 # fastdata.converters (an editable install would map that name to the installed tree's folder)

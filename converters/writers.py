@@ -128,7 +128,8 @@ class ShardWriter:
 def _allocate(fd: int, offset: int, length: int) -> None:
     """Disk blocks for a byte range of ``fd`` before it is written: a full disk is an OSError
     when the shard starts, not a failure halfway; and ext4 writes into allocated blocks with
-    less CPU than into a sparse range. A file system (or OS) that cannot allocate ahead is left sparse."""
+    less CPU than into a sparse range. A file system (or OS) that cannot allocate ahead is left
+    sparse."""
     try:
         if hasattr(os, "posix_fallocate"):      # not on macOS
             os.posix_fallocate(fd, offset, length)

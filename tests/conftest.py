@@ -255,3 +255,43 @@ def tree_digest(root) -> dict:
 @pytest.fixture
 def folder(tmp_path):
     return plain_folder(tmp_path / "src")
+
+
+# ---- the loader tests' shard sets (hdf5 and lmdb, sizes 16 and 32, N samples) ----
+N = 23      # not a multiple of any batch size or world size used here
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    from fastdata.converters.convert import convert
+
+    tmp = tmp_path_factory.mktemp("loader")
+    src = plain_folder(tmp / "src", per_class=8)
+    os.remove(os.path.join(src, "c", "img_007.jpg"))        # 24 files → N = 23
+    out = {}
+    for c in ("hdf5", "lmdb"):
+        out[c] = str(tmp / c)
+        convert(src, out[c], container=c, sizes=[16, 32], shard_size=6, workers=1,
+                progress=False)
+    return out
+
+
+def ids_of(ds) -> dict:
+    """Pixel fingerprint → sample index (every fixture image is unique)."""
+    raw = ds.read_batch(range(len(ds)), size=16)
+    return {hashlib.md5(raw[i].tobytes()).hexdigest(): i for i in range(len(ds))}
+
+
+def seen(loader, ids) -> list[list[int]]:
+    """The sample indices of each batch of a uint8, unaugmented loader (16 px, NCHW)."""
+    import torch
+
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.shape[1:] == (3, 16, 16) and images.is_contiguous()   # NCHW on CPU
+        nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
+        batch = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
+        assert labels.tolist() == loader.dataset.labels[batch].tolist()
+        out.append(batch)
+    return out

@@ -11,14 +11,14 @@ import torch
 
 import fastdata
 from fastdata.converters.convert import convert
-from tests.test_loader import N, ids_of, seen, shards  # noqa: F401  (shards: fixture)
+from tests.conftest import N, ids_of, seen
 
 pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'fastdata[dali]')")
 gpu = pytest.mark.gpu          # skipped without CUDA (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def jpeg_shards(tmp_path_factory, shards):  # noqa: F811
+def jpeg_shards(tmp_path_factory, shards):
     tmp = tmp_path_factory.mktemp("dali")
     src = str(tmp / "src")
     from tests.conftest import plain_folder
@@ -43,7 +43,7 @@ def both(path, **kw):
 @pytest.mark.parametrize("kind", ["hdf5", "lmdb", "jpeg-hdf5", "jpeg-lmdb"])
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_same_batches_as_torch_backend(shards, jpeg_shards, kind, train, world):  # noqa: F811
+def test_same_batches_as_torch_backend(shards, jpeg_shards, kind, train, world):
     path = jpeg_shards[kind[5:]] if kind.startswith("jpeg") else shards[kind]
     for rank in range(world):
         t, d = both(path, train=train, rank=rank, world_size=world, size=32, crop=24)
@@ -59,7 +59,7 @@ def test_same_batches_as_torch_backend(shards, jpeg_shards, kind, train, world):
 
 
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
-def test_eval_exactly_once_and_pixels_untouched(shards, container):  # noqa: F811
+def test_eval_exactly_once_and_pixels_untouched(shards, container):
     ds = fastdata.open(shards[container])
     ids = ids_of(ds)
     per_rank = []
@@ -73,7 +73,7 @@ def test_eval_exactly_once_and_pixels_untouched(shards, container):  # noqa: F81
 
 
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
-def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):  # noqa: F811
+def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):
     """DALI copies each batch the source hands it, so the source reads later batches into the
     same few arrays (a fresh one faults its pages in at every batch), pixels intact."""
     from fastdata.loaders import dali_backend
@@ -91,7 +91,7 @@ def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):  # noqa
     assert len(made) <= 2 * loader.prefetch + 4 < 3 * len(loader)
 
 
-def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):  # noqa: F811
+def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):
     """In CPU-only mode the output tensors are pooled: a batch the caller still holds is never
     written again, and one it let go of is used again."""
     ds = fastdata.open(shards["hdf5"])
@@ -112,7 +112,7 @@ def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):  # noqa
 @pytest.mark.parametrize("opts", [dict(crop=24), dict(crop=12, size=16),
                                   dict(channels_last=True, dtype=torch.bfloat16, crop=20),
                                   dict(dtype="float16")])
-def test_no_augmentation_images_match_torch_backend(shards, jpeg_shards, kind, opts):  # noqa: F811
+def test_no_augmentation_images_match_torch_backend(shards, jpeg_shards, kind, opts):
     path = jpeg_shards["lmdb"] if kind == "jpeg-lmdb" else shards[kind]
     t, d = both(path, train=False, **{"size": 32, **opts})
     a, b = list(t), list(d)
@@ -125,7 +125,7 @@ def test_no_augmentation_images_match_torch_backend(shards, jpeg_shards, kind, o
         assert diff.mean() < 0.02 and diff.max() < 0.5      # normalised units (1/255/std)
 
 
-def test_train_augmentation_crops_and_flips(shards):  # noqa: F811
+def test_train_augmentation_crops_and_flips(shards):
     kw = dict(batch_size=8, size=32, crop=24, device="cpu", seed=1)
     aug = torch.cat([x for x, _ in fastdata.Loader(shards["hdf5"], backend="dali", **kw)])
     plain = torch.cat([x for x, _ in fastdata.Loader(shards["hdf5"], backend="dali",
@@ -134,7 +134,7 @@ def test_train_augmentation_crops_and_flips(shards):  # noqa: F811
     assert (aug - plain).abs().mean(dim=(1, 2, 3)).gt(0.05).float().mean() > 0.5
 
 
-def test_resume_mid_epoch_and_progressive_size(shards):  # noqa: F811
+def test_resume_mid_epoch_and_progressive_size(shards):
     kw = dict(batch_size=3, seed=2, size=16, device="cpu")
     whole = labels_of(fastdata.Loader(shards["lmdb"], backend="dali", **kw))
     a = fastdata.Loader(shards["lmdb"], backend="dali", **kw)
@@ -159,7 +159,7 @@ def test_resume_mid_epoch_and_progressive_size(shards):  # noqa: F811
     assert x.shape[-1] == 24 and torch.equal(x, u)
 
 
-def test_a_new_crop_every_epoch_keeps_one_pipeline(shards):  # noqa: F811
+def test_a_new_crop_every_epoch_keeps_one_pipeline(shards):
     """Progressive resizing (FFCV's schedules change the resolution every epoch): each crop's
     pipeline, with its threads and buffers, used to be kept for good (6 threads more each)."""
     loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, device="cpu",
@@ -174,7 +174,7 @@ def test_a_new_crop_every_epoch_keeps_one_pipeline(shards):  # noqa: F811
     assert threads[-1] <= threads[1], threads
 
 
-def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F811
+def test_missing_dali_names_the_extra_and_import_stays_light(shards):
     code = (
         "import sys; import fastdata\n"
         "assert 'nvidia.dali' not in sys.modules\n"
@@ -187,7 +187,7 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):  # noqa: F
     assert "pip install 'fastdata[dali]'" in r.stdout and "backend='dali'" in r.stdout
 
 
-def test_torch_only_arguments_are_named_not_silently_dropped(shards):  # noqa: F811
+def test_torch_only_arguments_are_named_not_silently_dropped(shards):
     with pytest.warns(UserWarning, match=r"workers='process', mp_context='spawn' apply to the "
                                          r"torch backend only and are ignored"):
         loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, device="cpu",
@@ -195,7 +195,7 @@ def test_torch_only_arguments_are_named_not_silently_dropped(shards):  # noqa: F
     assert len(labels_of(loader)) == len(loader)
 
 
-def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
+def test_fork_child_does_not_destroy_inherited_pipelines(shards):
     """A forked worker whose garbage collector meets the parent's DALI pipeline (a reference
     cycle loader <-> backend) must not crash: it died with SIGSEGV, first in DataLoader workers,
     then in a convert worker whose collector ran inside threading's after-fork hook."""
@@ -229,7 +229,7 @@ def test_fork_child_does_not_destroy_inherited_pipelines(shards):  # noqa: F811
 
 
 @gpu
-def test_gpu_pipeline_matches_cpu_labels(jpeg_shards, shards):  # noqa: F811
+def test_gpu_pipeline_matches_cpu_labels(jpeg_shards, shards):
     for path in (jpeg_shards["hdf5"], shards["hdf5"]):
         kw = dict(batch_size=4, size=32, crop=24, train=False, seed=1)
         g = fastdata.Loader(path, backend="dali", device="cuda", dtype=torch.bfloat16, **kw)

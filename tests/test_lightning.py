@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tests.test_loader import N, ids_of, shards  # noqa: F401  (shards: fixture)
+from tests.conftest import N, ids_of
 
 L = pytest.importorskip("lightning", reason="Lightning not installed (fastdata[lightning])")
 
@@ -51,7 +51,7 @@ def trainer(**kw):
 
 
 @pytest.mark.parametrize("stop", [N // 4 + 2, N // 4])   # mid-way through epoch 1; epoch 0's end
-def test_epochs_eval_and_mid_epoch_resume_under_a_trainer(shards, tmp_path, stop):  # noqa: F811
+def test_epochs_eval_and_mid_epoch_resume_under_a_trainer(shards, tmp_path, stop):
     ids = ids_of(fastdata.open(shards["hdf5"]))
     path = shards["hdf5"]
     whole = Recorder(ids)
@@ -76,7 +76,7 @@ def test_epochs_eval_and_mid_epoch_resume_under_a_trainer(shards, tmp_path, stop
     assert first.seen["train"] + rest.seen["train"] == whole.seen["train"]
 
 
-def test_loader_arguments_the_trainer_sets_are_refused(shards):  # noqa: F811
+def test_loader_arguments_the_trainer_sets_are_refused(shards):
     with pytest.raises(ValueError, match="rank"):
         ShardDataModule(shards["hdf5"], batch_size=4, rank=1)
 
@@ -87,7 +87,7 @@ sys.path.insert(0, sys.argv[3])
 import fastdata
 from fastdata.lightning import ShardDataModule
 from tests.test_lightning import ARGS, Recorder
-from tests.test_loader import ids_of
+from tests.conftest import ids_of
 
 path, out = sys.argv[1], sys.argv[2]
 model = Recorder(ids_of(fastdata.open(path)))
@@ -101,7 +101,7 @@ with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
 """
 
 
-def test_two_processes_split_training_and_evaluate_every_sample_once(shards, tmp_path):  # noqa: F811
+def test_two_processes_split_training_and_evaluate_every_sample_once(shards, tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(DDP_SCRIPT)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,6 @@ import fastdata
 from fastdata import native
 from fastdata import transforms as T
 from fastdata.train.step import TrainStep
-from tests.test_loader import shards  # noqa: F401  (fixture)
 
 LUMA = np.array([0.2989, 0.587, 0.114])
 
@@ -280,7 +279,7 @@ def run(path, **kw):
     return list(fastdata.Loader(path, **{**args, **kw}))
 
 
-def test_an_identity_batch_transform_changes_nothing(shards):  # noqa: F811
+def test_an_identity_batch_transform_changes_nothing(shards):
     # bfloat16: the built-in path rounds to uint8 after the resize (a grey level is 0.017
     # after normalising) and bfloat16 holds 8 bits (0.016 at 2)
     for kw, tol in (({}, 1e-4), ({"dtype": "bfloat16", "channels_last": True}, 0.05)):
@@ -292,7 +291,7 @@ def test_an_identity_batch_transform_changes_nothing(shards):  # noqa: F811
 
 
 @pytest.mark.parametrize("workers", [(0, "thread"), (2, "process")])
-def test_hooks_give_the_same_batches_whatever_the_workers(shards, workers):  # noqa: F811
+def test_hooks_give_the_same_batches_whatever_the_workers(shards, workers):
     kw = dict(sample_transform=flip_some, batch_transform=RECIPE)
     a = run(shards["lmdb"], num_workers=2, **kw)
     b = run(shards["lmdb"], num_workers=workers[0], workers=workers[1], **kw)
@@ -304,7 +303,7 @@ def test_hooks_give_the_same_batches_whatever_the_workers(shards, workers):  # n
     assert any(not torch.equal(x, u) for (x, _), (u, _) in zip(a, plain))  # the flips count
 
 
-def test_sample_transform_sees_the_stored_image_before_the_crop(shards):  # noqa: F811
+def test_sample_transform_sees_the_stored_image_before_the_crop(shards):
     seen = []
 
     def record(image, rng):
@@ -319,7 +318,7 @@ def test_sample_transform_sees_the_stored_image_before_the_crop(shards):  # noqa
     assert np.array_equal(x.permute(0, 2, 3, 1).numpy(), 255 - stored)
 
 
-def test_hook_errors_name_the_problem(shards):  # noqa: F811
+def test_hook_errors_name_the_problem(shards):
     with pytest.raises(ValueError, match="shape"):
         run(shards["hdf5"], sample_transform=wrong_shape)
     with pytest.raises(ValueError, match="cannot be sent to worker processes"):
@@ -332,7 +331,7 @@ def test_hook_errors_name_the_problem(shards):  # noqa: F811
         fastdata.Loader(shards["hdf5"], batch_size=4, batch_transform="mixup")
 
 
-def test_both_backends_give_the_same_labels_with_a_batch_transform(shards):  # noqa: F811
+def test_both_backends_give_the_same_labels_with_a_batch_transform(shards):
     pytest.importorskip("nvidia.dali", reason="DALI not installed")
     kw = dict(sample_transform=flip_some, batch_transform=RECIPE)
     torch_ = run(shards["lmdb"], **kw)
