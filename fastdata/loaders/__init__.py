@@ -10,7 +10,7 @@ import importlib
 import os
 import pickle
 import warnings
-import weakref
+import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -51,17 +51,37 @@ def ordered(pool, fn, jobs, depth: int):
         yield window.popleft().result()
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Spec:
+    """What a backend reads of its loader, fixed for one pass (``Loader`` makes one at the
+    start of each): the backends hold no loader, and a pass in flight keeps the settings it
+    started with when the loader's size or crop changes."""
+
+    dataset: ShardSet
+    order: Order
+    device: torch.device
+    size: int
+    crop: int | None
+    transform: Augment
+    needs_transform: bool
+    sample_transform: Callable | None
+    batch_stage: BatchStage | None
+    num_workers: int
+    workers: str
+    prefetch: int
+    mp_context: str | None
+    jpeg_decode: str
+
+
 class Backend:
-    """Base of loader backends: ``iterate(...)`` yields ``(images, labels)`` per batch."""
+    """Base of loader backends: ``iterate(spec, ...)`` yields ``(images, labels)`` per batch."""
 
     name = ""
 
-    def __init__(self, loader: "Loader"):
-        # a weak reference: a loader dropped without close() goes at once, and its backend's
-        # threads, worker processes and buffers with it (a cycle would wait for the collector)
-        self.loader = weakref.proxy(loader)
+    def __init__(self, spec: Spec):
+        """``spec``: the loader's settings when it was made (threads, devices)."""
 
-    def iterate(self, batches: list[np.ndarray], epoch: int, start: int):
+    def iterate(self, spec: Spec, batches: list[np.ndarray], epoch: int, start: int):
         """``batches[k]`` is batch number ``start + k`` of ``epoch`` for this rank."""
         raise NotImplementedError
 
@@ -252,7 +272,7 @@ class Loader:
                                         sample_transform is not None)
         module, cls = BACKENDS[backend].split(":")
         self.backend_name = backend
-        self._backend: Backend = getattr(importlib.import_module(module), cls)(self)
+        self._backend: Backend = getattr(importlib.import_module(module), cls)(self._spec())
 
     # ---- the contract ----
     @property
@@ -295,6 +315,14 @@ class Loader:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
         return self.augment or self.crop is not None or self.dtype != torch.uint8
 
+    def _spec(self) -> Spec:
+        return Spec(dataset=self.dataset, order=self.order, device=self.device, size=self.size,
+                    crop=self.crop, transform=self.transform,
+                    needs_transform=self.needs_transform(),
+                    sample_transform=self.sample_transform, batch_stage=self.batch_stage,
+                    num_workers=self.num_workers, workers=self.workers, prefetch=self.prefetch,
+                    mp_context=self.mp_context, jpeg_decode=self.jpeg_decode)
+
     def __len__(self) -> int:
         return len(self.order)
 
@@ -325,7 +353,8 @@ class Loader:
         self._iterations += 1
         me = self._iterations
         batches = order.batches()
-        for images, labels in self._backend.iterate(batches, order.epoch, order.position):
+        for images, labels in self._backend.iterate(self._spec(), batches, order.epoch,
+                                                    order.position):
             if me == self._iterations:
                 order.position += 1
             yield images, labels

@@ -28,7 +28,7 @@ import torch
 from fastdata._optional import require
 from fastdata.augment import center_boxes
 from fastdata.loaders import Backend, ordered
-from fastdata.loaders.torch_backend import BufferPool
+from fastdata.loaders.buffers import BufferPool
 from fastdata.readers import page_aligned
 from fastdata.transforms import apply_sample_transform
 
@@ -100,17 +100,17 @@ class _Source:
 class DaliBackend(Backend):
     name = "dali"
 
-    def __init__(self, loader):
-        super().__init__(loader)
+    def __init__(self, spec):
+        super().__init__(spec)
         need = "backend='dali'"
         self.dali = require("nvidia.dali", need)
         self.fn, self.types = require("nvidia.dali.fn", need), require("nvidia.dali.types", need)
         self.plugin = require("nvidia.dali.plugin.pytorch", need)
-        self.gpu = loader.device.type == "cuda"
-        self.threads = max(1, loader.num_workers)
-        if loader.workers != "thread" or loader.mp_context is not None:
-            warnings.warn(f"backend='dali' runs DALI's own threads: workers={loader.workers!r}, "
-                          f"mp_context={loader.mp_context!r} apply to the torch backend only and "
+        self.gpu = spec.device.type == "cuda"
+        self.threads = max(1, spec.num_workers)
+        if spec.workers != "thread" or spec.mp_context is not None:
+            warnings.warn(f"backend='dali' runs DALI's own threads: workers={spec.workers!r}, "
+                          f"mp_context={spec.mp_context!r} apply to the torch backend only and "
                           f"are ignored here", stacklevel=3)
         self._reads: cf.ThreadPoolExecutor | None = None
         self._pipes: dict[tuple, tuple] = {}
@@ -118,8 +118,8 @@ class DaliBackend(Backend):
         self._copies = None         # the side stream DALI's GPU outputs are copied out on
 
     # ---- pipeline ----
-    def _build(self, size: int):
-        l, fn, types = self.loader, self.fn, self.types
+    def _build(self, l, size: int):
+        fn, types = self.fn, self.types
         # a sample transform takes pixels: JPEGs are then decoded by the reader threads
         encoded = l.dataset.encoding == "jpeg" and l.sample_transform is None
         if self._reads is None:
@@ -145,15 +145,15 @@ class DaliBackend(Backend):
                 images = images.gpu()
             if self.gpu:    # a host batch would reach torch as pageable memory, and copying
                 labels = labels.gpu()   # that makes the host wait for the training step
-            images = self._augment(images, size)
+            images = self._augment(l, images, size)
             pipe.set_outputs(images, labels)
         pipe.build()
         _PIPELINES.add(pipe)
         return pipe, source
 
-    def _augment(self, images, size: int):
+    def _augment(self, l, images, size: int):
         """The built-in crop, resize, flip and normalisation of the pipeline's images."""
-        l, fn, types = self.loader, self.fn, self.types
+        fn, types = self.fn, self.types
         t = l.transform
         out = l.crop or size
         if t.train:
@@ -178,12 +178,12 @@ class DaliBackend(Backend):
             std=[255 * s for s in t.std] if norm else [1.0])
 
     # ---- iteration ----
-    def iterate(self, batches, epoch, start):
-        size = self.loader.size
-        key = (size, self.loader.crop)
+    def iterate(self, spec, batches, epoch, start):
+        size = spec.size
+        key = (size, spec.crop)
         # taken out while in use: an iteration started meanwhile builds its own pipeline
-        pipe, source = self._pipes.pop(key, None) or self._build(size)
-        order, stage = self.loader.order, self.loader.batch_stage
+        pipe, source = self._pipes.pop(key, None) or self._build(spec, size)
+        order, stage = spec.order, spec.batch_stage
         seeds = (order.batch_seed(epoch, start + k) for k in itertools.count())
         source.start(batches, seeds)
         seeds = (order.batch_seed(epoch, start + k) for k in itertools.count())
@@ -196,10 +196,10 @@ class DaliBackend(Backend):
                     finished = True
                     return
                 except RuntimeError as e:       # DALI names the batch slot, not the sample
-                    root = self.loader.dataset.root
+                    root = spec.dataset.root
                     raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
                                        f"names any damaged shard and sample\n{e}") from e
-                images, labels = self._to_torch(images), self._to_torch(labels)
+                images, labels = self._to_torch(spec, images), self._to_torch(spec, labels)
                 seed = next(seeds)
                 yield (images, labels) if stage is None else stage(images, labels, seed)
         finally:
@@ -209,13 +209,12 @@ class DaliBackend(Backend):
                 # each pipeline holds its threads and buffers (6 threads more per crop, kept)
                 self._pipes = {key: (pipe, source)}
 
-    def _to_torch(self, tl) -> torch.Tensor:
+    def _to_torch(self, l, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy). A GPU batch is
         copied on a side stream, which the training stream then waits for: copied on the
         training stream, it queued behind the step, and DALI, which hands that output buffer
         out again at a later ``run()``, made the host wait for the step (the GPU test
         ``test_cuda_batches_never_make_the_host_wait_for_the_gpu[dali]``)."""
-        l = self.loader
         t = tl.as_tensor()
         on_gpu = isinstance(t, self.plugin.TensorGPU)
         shape, dtype = tuple(t.shape()), self.plugin.to_torch_type[t.dtype]

@@ -7,18 +7,14 @@ task, so it is spread over the workers (raw shards: it crops views of the memory
 while the batch's read transactions are held, with no batch copy). On CUDA the buffer, the
 labels and the crop parameters are pinned, copied ``non_blocking`` on a side stream and
 transformed there, ``prefetch`` batches ahead of the consumer. Worker processes make a CPU
-device's batches in shared buffers the parent lends them (``_Ring``).
+device's batches in shared buffers the parent lends them (``Ring``).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
 import ctypes
-import functools
 import itertools
-import math
-import os
-import threading
 import weakref
 from collections import deque
 
@@ -26,122 +22,11 @@ import numpy as np
 import torch
 
 from fastdata.augment import packed_params
-from fastdata.env import parent_garbage_frozen
 from fastdata.loaders import Backend, ordered
+from fastdata.loaders.buffers import BufferPool, tensor_in
+from fastdata.loaders.workers import WorkerProcesses, one_intraop_thread
 from fastdata.readers import guard_faults
 from fastdata.transforms import apply_sample_transform
-
-
-@functools.lru_cache(maxsize=1)
-def _openmp():
-    """The OpenMP runtime torch uses (found among the loaded libraries), or None."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libgomp" in line or "libiomp" in line}
-    except OSError:
-        return None
-    own = os.path.dirname(torch.__file__)       # torch's own copy first (others may be loaded)
-    for path in sorted(paths, key=lambda p: not p.startswith(own)):
-        try:
-            return ctypes.CDLL(path)
-        except OSError:
-            pass
-    return None
-
-
-def one_intraop_thread() -> None:
-    """Make ATen ops in *this* thread single-threaded (OpenMP's per-thread nthreads setting).
-
-    Worker threads already process whole batches in parallel; ops inside each starting an
-    OpenMP team as wide as the machine oversubscribe the cores.
-    ``torch.set_num_threads`` would also change the default of every later thread, the
-    training loop's included.
-    """
-    torch.get_num_threads()         # this thread's lazy OpenMP set-up runs now, not afterwards
-    lib = _openmp()
-    if lib is not None:
-        lib.omp_set_num_threads(1)
-
-
-def _use_count(t: torch.Tensor | torch.UntypedStorage) -> int:
-    storage = t if isinstance(t, torch.UntypedStorage) else t.untyped_storage()
-    return torch._C._storage_Use_Count(storage._cdata)
-
-
-class BufferPool:
-    """Tensors of one shape, handed out again only when nothing references them any more.
-
-    Each ``get()`` returns a new *view* of a pooled tensor: a view holds its storage, so while
-    the caller (or a batch derived from it, or a queued result) is alive the storage's use count
-    stays above idle and the buffer is not handed out again. ``shared``: each tensor in shared
-    memory from the start (a worker process's result, which would be copied there). Thread-safe.
-    """
-
-    def __init__(self, shape, dtype, *, pin: bool = False, shared: bool = False):
-        self.shape, self.dtype, self.pin, self.shared = tuple(shape), dtype, pin, shared
-        self._all: list[torch.Tensor] = []
-        self._idle = 0
-        self._lock = threading.Lock()
-        self.recycle = hasattr(torch._C, "_storage_Use_Count")
-
-    def get(self) -> torch.Tensor:
-        with self._lock:
-            if self.recycle:
-                for t in self._all:
-                    if _use_count(t) == self._idle:
-                        return t.view(self.shape)
-            t = torch.empty(self.shape, dtype=self.dtype, pin_memory=self.pin)
-            if self.shared:
-                t.share_memory_()
-            if self.recycle and len(self._all) < 64:
-                self._all.append(t)
-                self._idle = _use_count(t)    # only the pool's own tensor holds it
-            return t.view(self.shape)
-
-
-class _Ring:
-    """Shared-memory buffers that worker processes make their batches in, one job at a time.
-
-    Made in the parent before the workers start (a forked worker inherits them, a spawned one
-    receives them), lent with a job when it is sent, and lent again only once nothing in the
-    parent references the batch made in it (as ``BufferPool``): fresh shared memory for each
-    result, faulted in and zeroed by the kernel, took most of a worker's time per batch.
-    """
-
-    def __init__(self, count: int, nbytes: int):
-        self.storages = [torch.empty(nbytes, dtype=torch.uint8).share_memory_().untyped_storage()
-                         for _ in range(count)]
-        self._idle = [_use_count(s) for s in self.storages]
-        self._lent = [False] * count
-
-    def lend(self) -> int | None:
-        """A free buffer's number (now lent), or None when every one is in use."""
-        for k, storage in enumerate(self.storages):
-            if not self._lent[k] and _use_count(storage) == self._idle[k]:
-                self._lent[k] = True
-                return k
-        return None
-
-    def give_back(self, slot: int, images):
-        """A job's result: ``images`` as a tensor over buffer ``slot`` where the worker made
-        it there (it sent ``(dtype, shape, stride, offset)``), else as the worker sent it."""
-        if isinstance(images, tuple):
-            dtype, shape, stride, offset = images
-            images = torch.empty(0, dtype=dtype).set_(self.storages[slot], offset, shape, stride)
-        self._lent[slot] = False
-        return images
-
-    def reclaim(self) -> None:
-        """Every buffer back, those of jobs whose results were never taken included: only
-        once no worker may still be making a batch in one."""
-        self._lent = [False] * len(self._lent)
-
-
-def _in(storage: torch.UntypedStorage | None, shape, dtype) -> torch.Tensor | None:
-    """A contiguous tensor at the start of ``storage``, None if it does not fit there."""
-    if storage is None or math.prod(shape) * dtype.itemsize > storage.nbytes():
-        return None
-    return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
 
 def _tensor(view: np.ndarray) -> torch.Tensor:
@@ -172,14 +57,14 @@ def decode_on_device(jpegs: list[torch.Tensor], device) -> torch.Tensor:
 class _BatchReader:
     """Read (and on CPU, transform) one batch. Picklable for worker processes."""
 
-    def __init__(self, loader, size: int):
-        self.ds, self.size, self.transform = loader.dataset, size, loader.transform
-        self.on_host = loader.device.type == "cpu"      # CPU: all output work in the workers
-        self.needs_transform = loader.needs_transform()
-        self.key = (size, self.transform.crop)
-        self.pin = loader.device.type == "cuda"
-        self.gpu_jpeg = loader.jpeg_decode == "gpu"     # decoded on the device (``_cuda``)
-        self.sample_transform, self.stage = loader.sample_transform, loader.batch_stage
+    def __init__(self, spec):
+        self.ds, self.size, self.transform = spec.dataset, spec.size, spec.transform
+        self.on_host = spec.device.type == "cpu"        # CPU: all output work in the workers
+        self.needs_transform = spec.needs_transform
+        self.key = (spec.size, spec.crop)
+        self.pin = spec.device.type == "cuda"
+        self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
+        self.sample_transform, self.stage = spec.sample_transform, spec.batch_stage
         self._pools: dict = {}
 
     def _pool(self, key, shape, dtype, result: bool = True):
@@ -200,7 +85,7 @@ class _BatchReader:
                 result: bool = True) -> torch.Tensor:
         """A buffer for a result (in ``ring``, a worker process's lent buffer, where it fits)
         or, with ``result=False``, for a step before it."""
-        t = _in(ring, shape, dtype) if result else None
+        t = tensor_in(ring, shape, dtype) if result else None
         return self._pool(key, shape, dtype, result).get() if t is None else t
 
     def ring_bytes(self, batch: int) -> int | None:
@@ -284,17 +169,16 @@ class _BatchReader:
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, loader):
-        super().__init__(loader)
+    def __init__(self, spec):
+        super().__init__(spec)
         self._pool: cf.ThreadPoolExecutor | None = None
         self._reader: _BatchReader | None = None
-        self._workers: _WorkerProcesses | None = None   # kept from one pass to the next
+        self._workers: WorkerProcesses | None = None   # kept from one pass to the next
         self._all_workers: weakref.WeakSet = weakref.WeakSet()   # for close(), passes' own too
         self._stream = None         # the side stream that copies and augments on CUDA
 
     # ---- host stage: ordered batches from threads, processes or the calling thread ----
-    def _host(self, reader, batches, epoch, start):
-        l = self.loader
+    def _host(self, l, reader, batches, epoch, start):
         # each batch's augmentation seed drawn as it is sent (~8 us a batch, for an epoch of
         # tens of thousands of batches a wait before its first)
         jobs = ((idx, l.order.batch_seed(epoch, start + k)) for k, idx in enumerate(batches))
@@ -307,35 +191,33 @@ class TorchBackend(Backend):
                                                    initializer=one_intraop_thread)
             yield from ordered(self._pool, reader, jobs, l.num_workers + l.prefetch)
         else:
-            yield from self._processes(reader, jobs)
+            yield from self._processes(l, reader, jobs)
 
-    def _processes(self, reader, jobs):
-        l = self.loader
+    def _processes(self, l, reader, jobs):
         w = self._workers
         if w is not None and w.busy:    # a pass still under way has them: this one its own
-            w = _WorkerProcesses(reader, l, persistent=False)
+            w = WorkerProcesses(reader, l, persistent=False)
         elif w is None or not w.usable((reader, l.num_workers, l.prefetch, l.mp_context)):
             self._workers = None        # first: the old ones stop before new ones start
-            w = self._workers = _WorkerProcesses(reader, l, persistent=True)
+            w = self._workers = WorkerProcesses(reader, l, persistent=True)
         self._all_workers.add(w)
         yield from w.run(jobs)
 
-    def iterate(self, batches, epoch, start):
-        l = self.loader
+    def iterate(self, spec, batches, epoch, start):
+        l = spec
         if self._reader is None or self._reader.key != (l.size, l.crop):
             # kept across epochs: its recycled buffers are already faulted in
-            self._reader = _BatchReader(l, l.size)
+            self._reader = _BatchReader(l)
         reader = self._reader       # this loop's, even if the size or crop changes meanwhile
-        host = self._host(reader, batches, epoch, start)
+        host = self._host(l, reader, batches, epoch, start)
         if l.device.type == "cpu":
             for images, labels, _ in host:
                 yield images, labels
         else:
             seeds = (l.order.batch_seed(epoch, start + k) for k in itertools.count())
-            yield from self._cuda(zip(host, seeds), reader)
+            yield from self._cuda(l, zip(host, seeds), reader)
 
-    def _cuda(self, host, reader):
-        l = self.loader
+    def _cuda(self, l, host, reader):
         dev = l.device
         if self._stream is None or self._stream.device != dev:
             self._stream = torch.cuda.Stream(dev)
@@ -389,112 +271,3 @@ class TorchBackend(Backend):
             w.shutdown()
 
 
-class _BatchDataset(torch.utils.data.Dataset):
-    """Job ``(indices, seed, slot)``: that batch, made in ring buffer ``slot`` where
-    one was lent; the result is ``(slot, images, labels, params)``, with ``images`` as
-    ``(dtype, shape, stride, offset)`` where it was made there (the parent has that memory),
-    and on CPU ``labels`` as a numpy array."""
-
-    def __init__(self, reader, ring: _Ring | None):
-        self.reader = reader
-        self.storages = ring.storages if ring is not None else []
-
-    def __getitem__(self, job):
-        *batch, slot = job
-        buffer = None if slot is None else self.storages[slot]
-        images, labels, params = self.reader(*batch, ring=buffer)
-        if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
-            images = (images.dtype, images.shape, images.stride(), images.storage_offset())
-        if self.reader.on_host:     # pickled as bytes: as a tensor it would take a shared
-            labels = labels.numpy()     # memory segment of its own for a few bytes
-        return slot, images, labels, params
-
-
-class _Lending(torch.utils.data.Sampler):
-    """A pass's jobs, each with a ring buffer lent as the DataLoader sends it (None when none
-    is free: the worker then makes the batch in fresh shared memory)."""
-
-    def __init__(self, ring: _Ring | None):
-        self.ring, self.jobs = ring, iter(())
-
-    def __iter__(self):
-        # first run as the DataLoader sends a pass's first job, which it does after waiting
-        # for its workers to finish the jobs of a pass left unfinished (persistent workers:
-        # ``_reset``); those jobs' buffers come back (tests/test_loader.py checks both)
-        if self.ring is not None:
-            self.ring.reclaim()
-        for job in self.jobs:
-            yield *job, None if self.ring is None else self.ring.lend()
-
-
-def _as_sent(item):
-    return item     # not the default's conversion, which makes the tuples lists
-
-
-class _WorkerProcesses:
-    """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
-    their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
-    them again delays each pass's first batch, by a second with spawn)."""
-
-    def __init__(self, reader, loader, *, persistent: bool):
-        l = loader
-        nbytes = reader.ring_bytes(l.order.batch_size)
-        self.ring = None
-        if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
-            # the jobs in flight, the batch the consumer holds, one it has just been handed
-            self.ring = _Ring(l.num_workers * l.prefetch + 2, nbytes)
-        self.key = (reader, l.num_workers, l.prefetch, l.mp_context)
-        self.busy = self.broken = self.closed = False
-        self._iterator = None
-        self._lending = _Lending(self.ring)
-        self._dl = torch.utils.data.DataLoader(
-            _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
-            collate_fn=_as_sent, num_workers=l.num_workers, prefetch_factor=l.prefetch,
-            multiprocessing_context=l.mp_context, persistent_workers=persistent,
-            pin_memory=l.device.type == "cuda")     # pins for the current CUDA device
-
-    def usable(self, key) -> bool:
-        """Whether a pass may use these workers: made for ``key``, and none has failed or died
-        (a killed one is noticed when it happens, wherever the main thread then is)."""
-        it = getattr(self._dl, "_iterator", None)   # DataLoader's own, when persistent
-        return (key == self.key and not self.broken
-                and all(p.is_alive() for p in getattr(it, "_workers", ())))
-
-    def run(self, jobs):
-        """The pass's ``(images, labels, params)``; one pass at a time (see ``busy``)."""
-        self.busy = True
-        try:
-            self._lending.jobs = jobs
-            with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs
-                batches = self._iterator = iter(self._dl)   # the workers start or resume here
-            while True:
-                if self.closed:
-                    raise RuntimeError("the loader was closed: its worker processes are gone; "
-                                       "make a new Loader to read on")
-                try:
-                    slot, images, labels, params = next(batches)
-                except StopIteration:
-                    return
-                if slot is not None:
-                    images = self.ring.give_back(slot, images)
-                yield images, torch.as_tensor(labels), params
-        except BaseException as e:          # a worker's error, one that died, Ctrl-C...
-            if not isinstance(e, GeneratorExit):    # ...then not used again: stopped now
-                self.shutdown(kill=True)
-            raise
-        finally:
-            self.busy = False
-
-    def shutdown(self, *, kill: bool = False) -> None:
-        """Stop the worker processes now, even while an iterator over them is held; ``kill``:
-        without waiting for them (after an error the DataLoader's own shutdown waited 5 s for
-        each worker, and did it whenever the collector reached the pool)."""
-        self.closed = self.broken = True
-        for it in (self._iterator, getattr(self._dl, "_iterator", None)):
-            for w in getattr(it, "_workers", ()) if kill else ():
-                if w.is_alive():
-                    w.terminate()
-            stop = getattr(it, "_shutdown_workers", None)     # DataLoader's, not public
-            if stop is not None:
-                stop()
-        self._iterator = None
