@@ -40,6 +40,9 @@ log = logging.getLogger("fastdata.convert")
 SHARD_BYTES = 256 << 20             # default --shard-size keeps a shard near this
 
 
+ENGINES = ("local", "ray")
+
+
 class ConversionError(RuntimeError):
     pass
 
@@ -249,14 +252,13 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     return None
 
 
-def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
-            quality: int = 90, fit: str = "crop", workers: int | None = None,
-            shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
-            resume: bool = False, progress: bool = True, labels: str | None = None) -> dict:
-    """Pack the image folder ``src`` into a shard set at ``out``; return the manifest.
-
-    ``labels``: a CSV file of labels (``fastdata.converters.labels``) instead of class folder
-    names."""
+def _checked(*, engine, address, container, sizes, encoding, quality, fit, workers,
+             shard_size, on_error, overwrite, resume) -> tuple:
+    """``convert()``'s arguments checked: ``(sizes, quality, workers, shard_size)`` as used;
+    raises ValueError naming a bad one and the valid choices."""
+    choice("engine", engine, ENGINES)
+    if address is not None and engine != "ray":
+        raise ValueError(f"address={address!r} is for engine='ray', not {engine!r}")
     choice("container", container, CONTAINERS)
     choice("encoding", encoding, ENCODINGS)
     choice("fit", fit, FITS)
@@ -272,6 +274,51 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
                   or default_shard_size(sizes, encoding))
     if overwrite and resume:
         raise ValueError("overwrite and resume exclude each other")
+    return sizes, quality, workers, shard_size
+
+
+def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
+            quality: int = 90, fit: str = "crop", workers: int | None = None,
+            shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
+            resume: bool = False, progress: bool = True, labels: str | None = None,
+            engine: str = "local", address: str | None = None) -> dict:
+    """Pack the image folder ``src`` into a shard set at ``out``.
+
+    Args:
+        src: an ImageFolder-style folder (a subfolder per class), or any folder with
+            ``labels``.
+        out: the shard set's folder (made if missing; refused if it holds other files).
+        container: ``"hdf5"`` or ``"lmdb"``.
+        sizes: the stored square sizes, powers of two >= 8.
+        encoding: ``"raw"`` uint8 pixels or ``"jpeg"`` records (at ``quality``, 1-100).
+        fit: how a non-square image becomes a square: ``"crop"``, ``"pad"`` or ``"stretch"``.
+        workers: decode processes of the local engine (default: the usable cores).
+        shard_size: source files per shard (default: ~256 MiB of raw pixels a shard). A shard
+            holds the readable ones of one such range of the sorted file list.
+        on_error: ``"skip"`` an unreadable input (reported in the manifest) or ``"raise"``.
+        overwrite: replace a set at ``out`` (only files fastdata wrote there).
+        resume: finish an interrupted conversion, keeping every shard that verifies.
+        progress: show progress bars.
+        labels: a CSV file of labels (``fastdata.converters.labels``) instead of class folder
+            names.
+        engine: ``"local"`` (``workers`` decode processes) or ``"ray"`` (a task per shard on a
+            Ray cluster: ``fastdata.converters.ray_engine``); the same shards either way.
+        address: the Ray cluster's address (default: ``RAY_ADDRESS``, or a local cluster that
+            ``ray.init`` starts).
+
+    Returns:
+        The manifest written to ``out/manifest.json``.
+
+    Raises:
+        ValueError: a bad argument, or ``out`` holds another conversion or foreign files.
+        ConversionError: no image could be read, or one could not with ``on_error="raise"``.
+        FolderBusyError: another conversion holds ``out``.
+        KeyboardInterrupt: Ctrl-C, after keeping the complete shards for ``resume``.
+    """
+    sizes, quality, workers, shard_size = _checked(
+        engine=engine, address=address, container=container, sizes=sizes, encoding=encoding,
+        quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
+        overwrite=overwrite, resume=resume)
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
@@ -305,8 +352,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         if kept:
             log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
                      kept[-1].start + kept[-1].count)
-        shards, skipped = _write_shards(job, kept, workers=workers, on_error=on_error,
-                                        progress=progress)
+        shards, skipped = _make_shards(job, kept, engine=engine, address=address,
+                                       workers=workers, on_error=on_error, progress=progress)
         return _write_manifest(job, shards, skipped)
     except BaseException:
         lock.release()
@@ -362,6 +409,28 @@ def _finished(job: _Job) -> dict | None:
     return None
 
 
+def _make_shards(job: _Job, kept: list[ShardMeta], *, engine: str, address: str | None,
+                 workers: int, on_error: str, progress: bool) -> tuple[list[dict], list[dict]]:
+    """The shards after the ``kept`` ones, by ``engine``; the manifest's ``shards`` and
+    ``skipped`` entries."""
+    if engine == "local":
+        return _write_shards(job, kept, workers=workers, on_error=on_error, progress=progress)
+    from fastdata.converters import ray_engine
+
+    try:
+        return ray_engine.write_shards(job, kept, address=address, on_error=on_error,
+                                       progress=progress)
+    finally:        # shards of tasks whose worker died, or never placed
+        remove_own(job.out, leftover_temps(job.out))
+
+
+def range_end(pos: int, shard_size: int, files: int) -> int:
+    """Where the range of source files holding position ``pos`` ends. A shard holds the
+    readable files of one range, ``[k * shard_size, (k + 1) * shard_size)``, so that any
+    engine cuts the same shards (a range with none readable adds its skips to the next)."""
+    return min((pos // shard_size + 1) * shard_size, files)
+
+
 def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: str,
                   progress: bool) -> tuple[list[dict], list[dict]]:
     """Decode the files after the ``kept`` shards and write them into shards; returns the
@@ -397,19 +466,19 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
             latch.check()
             bar.update(len(results))
             for pos, payloads, crcs, error in results:
+                end = range_end(pos, job.shard_size, len(files))
                 if error is not None:
                     if on_error == "raise":
                         raise ConversionError(f"cannot read {files[pos][0]!r}: {error}")
                     shard_skipped.append({"path": files[pos][0], "reason": error})
-                    continue
-                if shard is None:   # sized for the files left: only the last shard ends short
-                    shard = WRITERS[container](
-                        os.path.join(out, shard_file(container, len(shards))),
-                        sizes=job.opts.sizes, encoding=job.opts.encoding,
-                        capacity=min(job.shard_size, len(files) - shard_first))
-                shard.add(files[pos][1], payloads, crcs)
-                if len(shard) == job.shard_size:
-                    flush(pos + 1)
+                else:
+                    if shard is None:
+                        shard = WRITERS[container](
+                            os.path.join(out, shard_file(container, len(shards))),
+                            sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos)
+                    shard.add(files[pos][1], payloads, crcs)
+                if shard is not None and pos + 1 == end:    # a range of the source ends
+                    flush(end)
             if shard is not None:   # before the next batch: its pixels reuse the ring's slots
                 shard.write_pending()
         decoder.stop()      # they exit while the last shard is written; joined below

@@ -75,14 +75,29 @@ class ShardWriter:
     def checksum(self) -> str:
         return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes])
 
-    def finish(self, meta: ShardMeta, options: dict | None = None) -> int:
+    def finish(self, meta: ShardMeta, options: dict | None = None, *, place: bool = True) -> int:
         """Complete the shard and rename it into place; return its size in bytes. ``options``:
-        the conversion's, kept beside ``meta`` (see ``options``)."""
+        the conversion's, kept beside ``meta`` (see ``options``). ``place=False``: left
+        complete at ``self.tmp``, for ``place()`` once its ``meta`` is known."""
         with self._cleanup():
             self.write_pending()
             self._finish(meta, json.dumps(options or {}, sort_keys=True))
+        if not place:
+            return os.path.getsize(self.tmp)
         os.replace(self.tmp, self.path)
         return os.path.getsize(self.path)
+
+    @classmethod
+    def place(cls, tmp: str, path: str, meta: ShardMeta) -> int:
+        """A shard that ``finish(place=False)`` left at ``tmp``: ``meta`` written into it, then
+        renamed to ``path``; returns its size in bytes."""
+        cls._rewrite_meta(tmp, meta)
+        os.replace(tmp, path)
+        return os.path.getsize(path)
+
+    @staticmethod
+    def _rewrite_meta(path: str, meta: ShardMeta) -> None:
+        raise NotImplementedError
 
     def abort(self) -> None:
         """Drop the partial file (an interrupted or failed run)."""
@@ -242,6 +257,13 @@ class HDF5Writer(ShardWriter):
                     f.create_dataset(f"offsets/{s}", data=offsets, track_times=False)
                 f.create_dataset(f"crc32/{s}", data=self.crcs[s][:n], track_times=False)
 
+    @staticmethod
+    def _rewrite_meta(path, meta):
+        import h5py
+
+        with h5py.File(path, "r+") as f:
+            f.attrs["meta"] = meta.to_json()
+
     def _shrink(self, n: int) -> None:
         """The last shard, short of the files it was sized for (some were skipped): copy its
         first ``n`` samples into a file of exactly that size, 64 MiB at a time."""
@@ -347,6 +369,18 @@ class LMDBWriter(ShardWriter):
         used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         self._close()
         os.truncate(self.tmp, used)
+
+
+    @staticmethod
+    def _rewrite_meta(path, meta):
+        import lmdb
+
+        size = os.path.getsize(path)
+        with lmdb.open(path, subdir=False, map_size=size + (16 << 20), lock=False) as env:
+            with env.begin(write=True) as txn:
+                txn.put(LMDB_META, meta.to_json().encode())
+            used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        os.truncate(path, used)
 
 
 WRITERS: dict[str, type[ShardWriter]] = {w.container: w for w in (HDF5Writer, LMDBWriter)}

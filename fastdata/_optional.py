@@ -4,7 +4,8 @@ from __future__ import annotations
 import importlib
 
 EXTRAS = {"nvidia.dali": ("dali", "NVIDIA DALI"), "matplotlib": ("plot", "matplotlib"),
-          "torchvision": (None, "torchvision"), "lightning": ("lightning", "Lightning")}
+          "torchvision": (None, "torchvision"), "lightning": ("lightning", "Lightning"),
+          "ray": ("ray", "Ray")}
 
 
 def require(module: str, feature: str):

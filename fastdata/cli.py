@@ -92,7 +92,8 @@ def cmd_convert(a) -> int:
 
     try:
         convert(a.src, a.out, **_convert_options(a), workers=a.workers, on_error=a.on_error,
-                overwrite=a.overwrite, resume=a.resume, progress=not a.quiet)
+                overwrite=a.overwrite, resume=a.resume, progress=not a.quiet, engine=a.engine,
+                address=a.address)
     except ConversionError as e:        # unreadable inputs: the data's fault, no traceback
         log.error("%s", e)
         return 1
@@ -468,8 +469,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "`path,<target>,...` (numbers: regression); paths relative to SRC")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
                    "the cores this process may use)")
+    c.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where shards are made: local decode processes, or a task per shard "
+                        "on a Ray cluster (needs fastdata[ray]; the same shards)")
+    c.add_argument("--address", default=None, help="the Ray cluster's address for --engine "
+                   "ray (default: RAY_ADDRESS, or a local cluster started for the run)")
     c.add_argument("--shard-size", type=int, default=None,
-                   help="samples per shard (default: ~256 MiB of raw data per shard)")
+                   help="source files per shard: a shard holds the readable ones of its "
+                        "range (default: ~256 MiB of raw data per shard)")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
                    help="unreadable inputs: skip and report them, or stop")
     g = c.add_mutually_exclusive_group()

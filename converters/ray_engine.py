@@ -1,0 +1,157 @@
+"""Conversion on a Ray cluster (``fastdata convert SRC OUT --engine ray``).
+
+The driver scans the source once and cuts it into the ranges the local converter cuts
+(``convert.range_end``); each range goes to a Ray task, which decodes, resizes and writes its
+shard straight into OUT (on a cluster, shared storage every node mounts at the same path) and
+returns its checksum, count and skipped inputs. Which shard number a range gets and where its
+samples start depend on the ranges before it, so the driver takes the results in range order,
+writes that into each shard and renames it into place; then the manifest, last.
+The shards hold what the local converter's hold (the same ``manifest["shards"]`` checksums), so
+``--resume`` works across engines: the complete shards are kept, the ranges after them redone.
+
+A task that fails is retried by Ray where its worker died (``max_retries``); one that raised
+(``on_error="raise"``) fails the conversion with the task's error. Every node needs fastdata
+installed (``pip install 'fastdata[ray]'``) and the source and OUT at the same paths.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from fastdata._optional import require
+from fastdata.converters.decode import prepare_batch
+from fastdata.converters.writers import WRITERS
+from fastdata.format import ShardMeta, shard_file
+
+log = logging.getLogger("fastdata")
+
+#: retries of a task whose worker process died (Ray's default for tasks is 3)
+RETRIES = 3
+
+
+def ranges(first: int, files: int, shard_size: int) -> list[tuple[int, int]]:
+    """The ranges ``[a, b)`` of source positions from ``first`` on, cut where the local
+    converter cuts its shards."""
+    from fastdata.converters.convert import range_end
+
+    out, a = [], first
+    while a < files:
+        b = range_end(a, shard_size, files)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def convert_range(src: str, out: str, container: str, opts, options: dict, fp: str,
+                  files: list[tuple[str, int]], first: int, on_error: str) -> dict:
+    """A Ray task: the source files at positions ``first, first + 1, ...`` (``files``: their
+    paths and labels) into one shard, left complete under a temporary name; returns
+    ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where none was readable)."""
+    from fastdata.converters.convert import ConversionError
+
+    writer, skipped = None, []
+    end = first + len(files)
+    try:
+        for pos, (path, label) in enumerate(files, first):
+            (_, payloads, crcs, error), = prepare_batch([(pos, os.path.join(src, path))], opts)
+            if error is not None:
+                if on_error == "raise":
+                    raise ConversionError(f"cannot read {path!r}: {error}")
+                skipped.append({"path": path, "reason": error})
+                continue
+            if writer is None:      # its final name is the driver's to give
+                writer = WRITERS[container](os.path.join(out, shard_file(container, 0)),
+                                            sizes=opts.sizes, encoding=opts.encoding,
+                                            capacity=end - pos)
+            writer.add(label, payloads, crcs)
+            writer.write_pending()
+        if writer is None:
+            return {"tmp": None, "count": 0, "sha256": None, "skipped": skipped}
+        draft = ShardMeta(index=0, start=0, count=len(writer), sha256=writer.checksum(),
+                          config=fp, sources=(first, end), skipped=skipped)
+        writer.finish(draft, options, place=False)
+        return {"tmp": writer.tmp, "count": len(writer), "sha256": draft.sha256,
+                "skipped": skipped}
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+
+
+class _Placer:
+    """Takes the tasks' results in range order: gives each shard its number, first sample and
+    the skips of empty ranges before it, and renames it into place."""
+
+    def __init__(self, job, kept: list[ShardMeta]):
+        self.job, self.shards, self.skipped = job, [], [s for m in kept for s in m.skipped]
+        for m in kept:
+            name = shard_file(job.container, m.index)
+            self.shards.append({"file": name, "start": m.start, "count": m.count,
+                                "sha256": m.sha256,
+                                "bytes": os.path.getsize(os.path.join(job.out, name))})
+        self.n_done = kept[-1].start + kept[-1].count if kept else 0
+        self.carry_first, self.carry = None, []     # empty ranges' skips, for the next shard
+
+    def take(self, first: int, end: int, result: dict) -> None:
+        if result["tmp"] is None:
+            self.carry_first = first if self.carry_first is None else self.carry_first
+            self.carry.extend(result["skipped"])
+            return
+        job, index = self.job, len(self.shards)
+        start = first if self.carry_first is None else self.carry_first
+        meta = ShardMeta(index=index, start=self.n_done, count=result["count"],
+                         sha256=result["sha256"], config=job.fp, sources=(start, end),
+                         skipped=self.carry + result["skipped"])
+        name = shard_file(job.container, index)
+        nbytes = WRITERS[job.container].place(result["tmp"], os.path.join(job.out, name), meta)
+        self.shards.append({"file": name, "start": meta.start, "count": meta.count,
+                            "sha256": meta.sha256, "bytes": nbytes})
+        self.skipped.extend(meta.skipped)
+        self.n_done += meta.count
+        self.carry_first, self.carry = None, []
+
+    def finish(self) -> tuple[list[dict], list[dict]]:
+        return self.shards, self.skipped + self.carry
+
+
+def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: str,
+                 progress: bool) -> tuple[list[dict], list[dict]]:
+    """``convert``'s shards on a Ray cluster (``address``: an existing cluster's, or None to
+    join or start one as ``ray.init`` does); returns the manifest's ``shards`` and ``skipped``
+    entries, as the local engine does."""
+    from tqdm import tqdm
+
+    from fastdata.converters.convert import ConversionError
+
+    ray = require("ray", "--engine ray")
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    task = ray.remote(max_retries=RETRIES)(convert_range)
+    files, fp, options = job.scan.files, job.fp, job.options()
+    first = kept[-1].sources[1] if kept else 0
+    todo = ranges(first, len(files), job.shard_size)
+    refs = [task.remote(job.src, job.out, job.container, job.opts, options, fp,
+                        files[a:b], a, on_error) for a, b in todo]
+    placer, pending = _Placer(job, kept), list(refs)
+    bar = tqdm(total=len(files), initial=first, unit="img", desc="convert (ray)",
+               disable=not progress, dynamic_ncols=True)
+    try:
+        # in range order (the tasks run meanwhile): each shard's number and start are then
+        # known, and an error is the first in the source's order, as the local engine's
+        for (a, b), ref in zip(todo, refs):
+            result = ray.get(ref)
+            pending.remove(ref)
+            bar.update(b - a)
+            placer.take(a, b, result)
+    except BaseException as e:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        cause = getattr(e, "cause", None)       # a task's own error, as the local engine's
+        if isinstance(cause, ConversionError):
+            raise ConversionError(str(cause)) from None
+        log.error("stopped: %d complete shards kept in %s; finish with --resume",
+                  len(placer.shards), job.out)
+        raise
+    finally:
+        bar.close()
+    return placer.finish()

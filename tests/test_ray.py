@@ -1,0 +1,137 @@
+"""Conversion on a Ray cluster: a real local cluster (``ray start --head``), the CLI as a user
+runs it, and the same shards as the local converter."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import fastdata
+from fastdata.converters.convert import convert
+from fastdata.verify import verify
+from tests.conftest import plain_folder
+
+pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata[ray]')")
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+SHARD = 3           # positions [9, 12) are the broken files below: a range with none readable
+# the cluster's token, for it and its clients (Ray asks for one on local clusters too)
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+       "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The address of a local Ray cluster of 2 CPUs, stopped afterwards."""
+    port = _free_port()
+    start = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2",
+                            "--include-dashboard=false", "--disable-usage-stats",
+                            "--node-ip-address=127.0.0.1"],
+                           capture_output=True, text=True, timeout=180, env=ENV)
+    assert start.returncode == 0, start.stdout + start.stderr
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """21 images over 3 classes; 3 unreadable ones fill the range [9, 12), a fourth is alone
+    in its range."""
+    src = plain_folder(tmp_path_factory.mktemp("ray") / "src", per_class=7)
+    files = sorted(os.path.join(c, n) for c in "abc" for n in os.listdir(os.path.join(src, c)))
+    for k in (9, 10, 11, 16):
+        with open(os.path.join(src, files[k]), "r+b") as f:     # a JPEG or PNG cut short
+            f.truncate(60)
+    return src
+
+
+def _ray_convert(src, out, address, *extra):
+    return subprocess.run([sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out),
+                           "--engine", "ray", "--address", address, "--size", "8,16",
+                           "--shard-size", str(SHARD), *extra],
+                          capture_output=True, text=True, timeout=240, env=ENV)
+
+
+def _same_shards(a: dict, b: dict) -> None:
+    """The same shards (names, starts, counts, content checksums) and records; the files'
+    sizes may differ by the metadata rewritten into them."""
+    drop = lambda m: {k: v for k, v in m.items() if k != "shards"}     # noqa: E731
+    assert drop(a) == drop(b)
+    assert [{k: v for k, v in s.items() if k != "bytes"} for s in a["shards"]] == \
+        [{k: v for k, v in s.items() if k != "bytes"} for s in b["shards"]]
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_path, container):
+    local = convert(source, str(tmp_path / "local"), container=container, sizes=[8, 16],
+                    shard_size=SHARD, workers=1, progress=False)
+    r = _ray_convert(source, tmp_path / "ray", cluster, "--format", container)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        on_ray = json.load(f)
+    _same_shards(local, on_ray)
+    assert len(on_ray["skipped"]) == 4 and on_ray["num_samples"] == 17
+    # a shard per range of 3 source files; the unreadable range [9, 12) adds to the next
+    assert [s["count"] for s in local["shards"]] == [3, 3, 3, 3, 2, 3]
+    assert fastdata.open(str(tmp_path / "local")).shards[3].meta().sources == (9, 15)
+    # the empty range's skips went into the next shard, as the local converter puts them
+    a, b = fastdata.open(str(tmp_path / "local")), fastdata.open(str(tmp_path / "ray"))
+    assert [r.meta() for r in a.shards] == [r.meta() for r in b.shards]
+    assert verify(str(tmp_path / "ray")) == []
+    assert sorted(os.listdir(tmp_path / "ray")) == sorted(os.listdir(tmp_path / "local"))
+
+
+def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):
+    """A driver killed after some shards were placed leaves them, no manifest, and the
+    temporary files of tasks in flight: ``--resume`` keeps the shards, clears the rest and
+    finishes, on either engine, with the shards of an uninterrupted run."""
+    whole = convert(source, str(tmp_path / "whole"), sizes=[8, 16], shard_size=SHARD,
+                    workers=1, progress=False)
+    for engine, out in (("ray", tmp_path / "r"), ("local", tmp_path / "l")):
+        r = _ray_convert(source, out, cluster)
+        assert r.returncode == 0, r.stderr
+        os.remove(out / "manifest.json")
+        names = sorted(n for n in os.listdir(out) if n.startswith("shard-"))
+        for n in names[3:]:
+            os.remove(out / n)
+        shutil.copy(out / names[0], out / (names[-1] + ".tmp-a1b2c3d4"))  # a task's, cut off
+        if engine == "ray":
+            r = _ray_convert(source, out, cluster, "--resume")
+            assert r.returncode == 0, r.stderr
+            with open(out / "manifest.json") as f:
+                resumed = json.load(f)
+        else:
+            resumed = convert(source, str(out), sizes=[8, 16], shard_size=SHARD, workers=1,
+                              resume=True, progress=False)
+        _same_shards(whole, resumed)
+        assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
+        assert verify(str(out)) == []
+
+
+def test_a_task_that_raises_fails_the_conversion_naming_the_file(cluster, source, tmp_path):
+    r = _ray_convert(source, tmp_path / "raise", cluster, "--on-error", "raise")
+    assert r.returncode == 1
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "cannot read 'b/img_002.jpg'" in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "--resume" not in r.stderr
+    assert not (tmp_path / "raise" / "manifest.json").exists()
+
+
+def test_engine_arguments_are_checked(source, tmp_path):
+    with pytest.raises(ValueError, match="engine='spark' is not valid; choose one of local, ray"):
+        convert(source, str(tmp_path / "x"), engine="spark")
+    with pytest.raises(ValueError, match="address='h:1' is for engine='ray'"):
+        convert(source, str(tmp_path / "x"), address="h:1")
