@@ -16,7 +16,7 @@ import fastdata
 import fastdata.converters.pool as pool_mod
 from fastdata.converters import decode
 from fastdata.converters.convert import ConversionError, convert
-from fastdata.converters.scan import scan_folder
+from fastdata.converters.scan import Files, scan_folder
 from fastdata.cli import main as cli
 from tests.conftest import (garbage_left_for_forks, odd_folder, plain_folder, smooth,
                             tree_digest)
@@ -89,6 +89,20 @@ def test_source_untouched_unicode_symlink(odd, capsys):
     assert fastdata.format.read_manifest(out) == m
     assert cli(["info", "--json", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == m["skipped"]
+
+
+def test_the_packed_file_list_reads_back_what_was_added_across_its_blocks():
+    """The scan's list keeps paths in one byte string and is read a block of bounds at a time
+    (a 1.28 M list's bounds as Python ints took ~46 MB at once)."""
+    files = Files()
+    names = [f"a/{k:06d}.jpg" for k in range((1 << 16) + 3)]
+    files.extend(names, 0)
+    files.extend(["b/çà_日本 ✓.png", "b/\udcff.jpg"], 7)     # non-UTF-8 names survive too
+    files.freeze()
+    expect = [(n, 0) for n in names] + [("b/çà_日本 ✓.png", 7), ("b/\udcff.jpg", 7)]
+    assert list(files) == expect and len(files) == len(expect)
+    assert files[1 << 16] == expect[1 << 16] and files[-1] == expect[-1]
+    assert files[(1 << 16) - 1:(1 << 16) + 1] == expect[(1 << 16) - 1:(1 << 16) + 1]
 
 
 def test_scan_follows_linked_folders_once_and_counts_broken_links(tmp_path):
