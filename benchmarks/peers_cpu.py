@@ -7,9 +7,11 @@ augmentation, one script, each peer in its own virtual environment.
         --venv streaming=/tmp/peers/mosaicml-streaming --venv ffcv=/tmp/peers/ffcv \\
         --venv spdl=/tmp/peers/spdl
 
-A peer's venv holds torch (pinned to this one's version), the peer's package, numpy, Pillow,
-h5py, lmdb, simplejpeg, tqdm and zlib-ng (fastdata runs from this tree there, for the shared
-augmentation code). Each contender:
+A peer's venv holds torch (pinned to this one's version), the peer's package, numpy, h5py,
+lmdb, simplejpeg, tqdm and zlib-ng, and pillow-simd as fastdata's has it (``pip install
+--force-reinstall --no-deps .venv/wheels/pillow_simd-*.whl``, the wheel ``install.sh`` built),
+so every PIL decode and resize runs at the same speed; fastdata runs from this tree there, for
+the shared augmentation code. Each contender:
 
 * converts the photos (centre crop, resize to 256 px; JPEG quality 90 for the peers, which
   store encoded images; fastdata raw and JPEG) with 2 processes, timed;
