@@ -36,14 +36,7 @@ class Pixels:
 
 
 def main():
-    from ffcv.fields import IntField, RGBImageField
-    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import (NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor,
-                                 ToTorchImage)
-    from ffcv.writer import DatasetWriter
-
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shards")
     ap.add_argument("--mode", choices=("raw", "jpg"), default="raw")
     ap.add_argument("--work", default="/tmp/fd-ffcv")
@@ -53,6 +46,13 @@ def main():
     ap.add_argument("--batches", type=int, default=30)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import (NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor,
+                                 ToTorchImage)
+    from ffcv.writer import DatasetWriter
+
     ds = fastdata.open(a.shards)
     os.makedirs(a.work, exist_ok=True)
     beton = os.path.join(a.work, f"{os.path.basename(a.shards.rstrip('/'))}-{a.mode}.beton")

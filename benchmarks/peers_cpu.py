@@ -336,7 +336,8 @@ def main() -> None:
     ap.add_argument("photos")
     ap.add_argument("--work", default="/tmp/fd-peers")
     ap.add_argument("--venv", action="append", default=[], metavar="PEER=DIR",
-                    help="a peer's virtual environment (webdataset, litdata, streaming, ffcv, spdl)")
+                    help="a peer's virtual environment (webdataset, litdata, streaming, ffcv, "
+                         "spdl); repeatable")
     ap.add_argument("--batches", type=int, default=40, help="timed batches per contender")
     a = ap.parse_args()
     venvs = dict(v.split("=", 1) for v in a.venv)

@@ -616,7 +616,10 @@ def _make_room_for_files(n: int) -> None:
 
 
 class ShardSet:
-    """A shard set on disk: ``len``, ``classes``, ``labels``, ``ds[i]``, ``read_batch``."""
+    """A shard set on disk: ``len(ds)``, ``ds.classes``, ``ds.labels``, ``ds.label_kind``,
+    ``ds.sizes``, ``ds[i] -> (image, label)`` and ``ds.read_batch(indices)``; made by
+    ``fastdata.open`` (its arguments and errors). Picklable: a worker process reopens the shards
+    it reads."""
 
     def __init__(self, root: str | os.PathLike, *, size: int | None = None):
         self.root = os.path.abspath(os.fspath(root))
@@ -820,5 +823,19 @@ def page_aligned(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # noqa: A001
-    """Open the shard set at ``root`` (a directory with ``manifest.json``)."""
+    """Open the shard set at ``root`` (a directory with ``manifest.json``).
+
+    Args:
+        root: the set's folder.
+        size: the stored size ``ds[i]`` and ``read_batch`` read by default (default: the
+            largest).
+
+    Returns:
+        The ``ShardSet``; shards open lazily, in the process that reads them.
+
+    Raises:
+        ShardFormatError: no manifest (or an unfinished conversion), a manifest of another
+            format or version, or a field or shard file that does not check out (named).
+        ValueError: ``size`` is not one the set stores.
+    """
     return ShardSet(root, size=size)

@@ -64,9 +64,16 @@ def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int 
 
 @torch.no_grad()
 def evaluate(step: TrainStep, loader) -> float:
-    """Over the loader, summed over all ranks (one host sync at the end): top-1 accuracy for
-    class labels, the share of labels right (logit > 0 for 1) for multi-label targets, the
-    mean squared error for regression targets."""
+    """Score ``step``'s model over ``loader``, summed over all ranks (one host sync at the end).
+
+    Args:
+        step: the ``TrainStep`` whose model is scored (in eval mode, restored after).
+        loader: a ``Loader`` with ``train=False`` (every sample once across the ranks).
+
+    Returns:
+        Top-1 accuracy for class labels, the share of labels right (logit > 0 for 1) for
+        multi-label targets, the mean squared error for regression targets.
+    """
     model = step.module
     was_training = model.training
     model.eval()

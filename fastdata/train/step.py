@@ -56,8 +56,19 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def loss_for(label_kind: str, *, label_smoothing: float = 0.0) -> nn.Module:
-    """The loss for a shard set's ``label_kind``: cross-entropy for class labels (indices or
-    soft targets), BCE-with-logits for multi-label targets, MSE for regression targets."""
+    """The loss for a shard set's ``label_kind``.
+
+    Args:
+        label_kind: ``"class"``, ``"multi_label"`` or ``"regression"`` (``ShardSet.label_kind``).
+        label_smoothing: for class labels.
+
+    Returns:
+        Cross-entropy for class labels (indices or soft targets), BCE-with-logits for
+        multi-label targets, MSE for regression targets.
+
+    Raises:
+        ValueError: another ``label_kind``.
+    """
     choice("label_kind", label_kind, ("class", "multi_label", "regression"))
     if label_kind == "class":
         return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -65,6 +76,26 @@ def loss_for(label_kind: str, *, label_smoothing: float = 0.0) -> nn.Module:
 
 
 class TrainStep:
+    """One training step, called per micro-batch: ``loss = step(images, labels)``.
+
+    Args:
+        model: the model (plain, or DDP-wrapped: ``fastdata.train.distributed.wrap``).
+        optimizer: its optimizer.
+        loss_fn: the loss (default: cross-entropy with ``label_smoothing``; ``loss_for``
+            gives the one for a set's label kind).
+        label_smoothing: for the default loss.
+        precision: ``"bf16"``, ``"fp16"`` (with a GradScaler) or ``"fp32"``; default: bf16 on
+            CUDA where supported, fp16 on other CUDA devices, fp32 on CPU.
+        accum_steps: micro-batches per optimizer step.
+        clip_grad_norm: clip the gradients' norm to this (after unscaling), or None.
+        scheduler: a learning-rate scheduler stepped once per optimizer step.
+        channels_last: run the model channels_last (default: on CUDA).
+        compile: run the forward pass through ``torch.compile``.
+
+    Raises:
+        ValueError: a bad argument, named with the valid choices.
+    """
+
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn=None,
                  label_smoothing: float = 0.0, precision: str | None = None, accum_steps: int = 1,
                  clip_grad_norm: float | None = None, scheduler=None,
