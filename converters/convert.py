@@ -458,25 +458,32 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
 
     latch = SigintLatch()
     decoder = Decoder(workers, job.opts)
-    jobs = ((i, os.path.join(job.src, files[i][0])) for i in range(first, len(files)))
+    inflight: dict[int, tuple[str, int]] = {}   # (path, label) of the positions sent
+
+    def jobs():
+        for pos, (path, label) in enumerate(files.iter_from(first), first):
+            inflight[pos] = path, label
+            yield pos, os.path.join(job.src, path)
+
     bar = tqdm(total=len(files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)
     try:
-        for results in decoder.run(jobs):
+        for results in decoder.run(jobs()):
             latch.check()
             bar.update(len(results))
             for pos, payloads, crcs, error in results:
                 end = range_end(pos, job.shard_size, len(files))
+                path, label = inflight.pop(pos)
                 if error is not None:
                     if on_error == "raise":
-                        raise ConversionError(f"cannot read {files[pos][0]!r}: {error}")
-                    shard_skipped.append({"path": files[pos][0], "reason": error})
+                        raise ConversionError(f"cannot read {path!r}: {error}")
+                    shard_skipped.append({"path": path, "reason": error})
                 else:
                     if shard is None:
                         shard = WRITERS[container](
                             os.path.join(out, shard_file(container, len(shards))),
                             sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos)
-                    shard.add(files[pos][1], payloads, crcs)
+                    shard.add(label, payloads, crcs)
                 if shard is not None and pos + 1 == end:    # a range of the source ends
                     flush(end)
             if shard is not None:   # before the next batch: its pixels reuse the ring's slots

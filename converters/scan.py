@@ -12,8 +12,8 @@ types are used: no ``stat`` per file (but for links), which a network file syste
 """
 from __future__ import annotations
 
-import array
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,45 +25,65 @@ from fastdata.format import IMAGE_EXTENSIONS
 
 
 class Files(Sequence):
-    """The scan's ``(path relative to root, label)`` pairs, in order, packed: the paths in one
-    byte string, where a list of tuples of strings took ~135 bytes a file (173 MB for
-    ImageNet's 1.28 M, held for a whole conversion); ~40 here."""
+    """The scan's ``(path relative to root, label)`` pairs, in order, packed in three unlinked
+    temporary files (the paths' bytes, where each ends, the labels) and read back a block at a
+    time: a conversion's memory then does not grow with the number of files (ImageNet-21k's
+    14 M would take ~500 MB in memory even packed; a list of tuples of strings ~135 bytes a
+    file). Sequential reads are what the converter does; ``files[i]`` costs a few reads."""
+
+    BLOCK = 1 << 14         # files a read brings in
 
     def __init__(self):
-        self._blob = bytearray()
-        self._ends = array.array("q", [0])     # where each path ends, after a leading 0
-        self._labels = array.array("i")
-        self._frozen: tuple | None = None
+        self._paths, self._ends, self._labels = (tempfile.TemporaryFile() for _ in range(3))
+        self._n = self._nbytes = 0
 
     def extend(self, paths: list[str], label: int) -> None:
-        for p in paths:
-            self._blob += p.encode("utf-8", "surrogateescape")
-            self._ends.append(len(self._blob))
-        self._labels.extend([label] * len(paths))
+        blobs = [p.encode("utf-8", "surrogateescape") for p in paths]
+        self._paths.write(b"".join(blobs))
+        ends = np.cumsum([len(b) for b in blobs], dtype=np.int64) + self._nbytes
+        self._ends.write(ends.tobytes())
+        self._labels.write(np.full(len(paths), label, np.int32).tobytes())
+        self._n += len(paths)
+        self._nbytes = int(ends[-1]) if len(paths) else self._nbytes
 
     def freeze(self) -> "Files":
-        """Done adding: read from here on (no copy of what was added)."""
-        self._frozen = (self._blob, np.frombuffer(self._ends, np.int64))
+        """Done adding: read from here on."""
+        for f in (self._paths, self._ends, self._labels):
+            f.flush()
         return self
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return self._n
+
+    def _block(self, a: int, b: int) -> list[tuple[str, int]]:
+        """Entries ``a`` to ``b - 1``, in three reads."""
+        if a >= b:
+            return []
+        ends = np.frombuffer(os.pread(self._ends.fileno(), 8 * (b - a), 8 * a), np.int64)
+        start = 0 if a == 0 else int(np.frombuffer(os.pread(self._ends.fileno(), 8,
+                                                            8 * (a - 1)), np.int64)[0])
+        blob = os.pread(self._paths.fileno(), int(ends[-1]) - start, start)
+        labels = np.frombuffer(os.pread(self._labels.fileno(), 4 * (b - a), 4 * a), np.int32)
+        cuts = [0, *(ends - start).tolist()]
+        return [(blob[cuts[k]:cuts[k + 1]].decode("utf-8", "surrogateescape"), int(label))
+                for k, label in enumerate(labels.tolist())]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        blob, ends = self._frozen
-        i = range(len(self))[i]
-        path = blob[ends[i]:ends[i + 1]].decode("utf-8", "surrogateescape")
-        return path, self._labels[i]
+            a, b, step = i.indices(self._n)
+            if step != 1:
+                return self._block(0, self._n)[i]
+            return self._block(a, max(a, b))
+        i = range(self._n)[i]
+        return self._block(i, i + 1)[0]
+
+    def iter_from(self, first: int):
+        """The entries from position ``first`` on."""
+        for a in range(first, self._n, self.BLOCK):
+            yield from self._block(a, min(a + self.BLOCK, self._n))
 
     def __iter__(self):
-        blob, ends = self._frozen
-        step = 1 << 16      # bounds as Python ints a block at a time: all at once, ~36 B a file
-        for a in range(0, len(self), step):
-            bounds = ends[a:a + step + 1].tolist()
-            for k, label in enumerate(self._labels[a:a + step]):
-                yield blob[bounds[k]:bounds[k + 1]].decode("utf-8", "surrogateescape"), label
+        return self.iter_from(0)
 
 
 @dataclass

@@ -92,8 +92,8 @@ def test_source_untouched_unicode_symlink(odd, capsys):
 
 
 def test_the_packed_file_list_reads_back_what_was_added_across_its_blocks():
-    """The scan's list keeps paths in one byte string and is read a block of bounds at a time
-    (a 1.28 M list's bounds as Python ints took ~46 MB at once)."""
+    """The scan's list is packed on the disk and read back a block at a time (so that the
+    conversion's memory does not grow with the number of files)."""
     files = Files()
     names = [f"a/{k:06d}.jpg" for k in range((1 << 16) + 3)]
     files.extend(names, 0)
@@ -103,6 +103,7 @@ def test_the_packed_file_list_reads_back_what_was_added_across_its_blocks():
     assert list(files) == expect and len(files) == len(expect)
     assert files[1 << 16] == expect[1 << 16] and files[-1] == expect[-1]
     assert files[(1 << 16) - 1:(1 << 16) + 1] == expect[(1 << 16) - 1:(1 << 16) + 1]
+    assert list(files.iter_from(40000)) == expect[40000:] and files[5:5] == []
 
 
 def test_scan_follows_linked_folders_once_and_counts_broken_links(tmp_path):
