@@ -555,8 +555,8 @@ def will_need(spans) -> None:
     wanted now (``madvise(MADV_WILLNEED)``): it starts reading them all at once, so that the
     reads overlap, where touching them would fault them in one 4 KiB page at a time, each read
     waiting for the one before (an order of magnitude slower from the disk; docs/performance.md,
-    "Reading from the disk"). Advice only: nothing where
-    the platform lacks it; an address no longer mapped is refused, not a fault."""
+    "Reading from the disk"). Advice only: nothing where the platform lacks it; an address no
+    longer mapped is refused, not a fault."""
     madvise = _madvise()
     if madvise is None:
         return

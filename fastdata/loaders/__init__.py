@@ -6,11 +6,11 @@ and the augmentation settings; a backend only turns this rank's batches of indic
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pickle
 import warnings
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Sequence
 
