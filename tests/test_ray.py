@@ -6,9 +6,11 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -119,6 +121,70 @@ def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):
         _same_shards(whole, resumed)
         assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
         assert verify(str(out)) == []
+
+
+def test_a_killed_driver_is_resumed_with_the_shards_it_placed(cluster, tmp_path):
+    """SIGKILL to the driver once it has placed a shard; ``--resume`` on the Ray engine then
+    finishes with the shards of an uninterrupted local run."""
+    src = plain_folder(tmp_path / "src", per_class=40, size=(400, 300))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out), "--engine",
+           "ray", "--address", cluster, "--size", "8,128", "--shard-size", "4"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (out / "shard-00001.h5").exists():
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the conversion finished before its driver could be killed")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (out / "manifest.json").exists()
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=240, env=ENV)
+    assert r.returncode == 0, r.stderr
+    with open(out / "manifest.json") as f:
+        resumed = json.load(f)
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+                    progress=False)
+    _same_shards(whole, resumed)
+    assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
+
+
+def _running_tasks() -> list[int]:
+    """Ray workers running a conversion task (Ray names the process after the task)."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::convert_range"):
+                    found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_task_whose_worker_dies_is_retried(cluster, tmp_path):
+    src = plain_folder(tmp_path / "src", per_class=40, size=(400, 300))
+    out = tmp_path / "retried"
+    cmd = [sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out), "--engine",
+           "ray", "--address", cluster, "--size", "8,128", "--shard-size", "4"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline, killed = time.time() + 120, []
+    while time.time() < deadline and proc.poll() is None and not killed:
+        for pid in _running_tasks():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.005)
+    if not killed:
+        pytest.skip("the conversion finished before a task's worker could be killed")
+    assert proc.wait(timeout=240) == 0, proc.stderr.read()
+    with open(out / "manifest.json") as f:
+        retried = json.load(f)
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+                    progress=False)
+    _same_shards(whole, retried)
+    assert verify(str(out)) == []
+    assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)  # the dead task's
 
 
 def test_a_task_that_raises_fails_the_conversion_naming_the_file(cluster, source, tmp_path):
