@@ -6,7 +6,7 @@
 Starts a local Ray cluster of the usable cores (``ray start --head``, with a token), then runs
 ``fastdata convert`` (raw HDF5 at ``--size``) in a fresh process per run, the local engine and
 ``--engine ray --address`` alternating for ``--rounds`` rounds; prints the seconds of each, the
-median of each engine, and the difference per shard. The cluster is stopped at the end.
+median of each engine, and the difference per shard. The cluster (only it) is stopped at the end.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import json
 import os
 import secrets
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -43,9 +45,18 @@ def main() -> None:
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     cores = usable_cpus()
     t0 = time.perf_counter()
-    subprocess.run([ray, "start", "--head", f"--port={a.port}", f"--num-cpus={cores}",
-                    "--include-dashboard=false", "--disable-usage-stats"], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cluster = subprocess.Popen([ray, "start", "--head", "--block", f"--port={a.port}",
+                                f"--num-cpus={cores}", "--include-dashboard=false",
+                                "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    while True:     # up once its port answers
+        try:
+            socket.create_connection(("127.0.0.1", a.port), timeout=1).close()
+            break
+        except OSError:
+            if cluster.poll() is not None:
+                sys.exit(f"ray start failed (exit status {cluster.poll()})")
+            time.sleep(0.2)
     started = time.perf_counter() - t0
     convert = [sys.executable, "-m", "fastdata.cli", "-q", "convert", a.photos]
     common = ["--size", str(a.size), "--shard-size", str(a.shard_size), "--overwrite"]
@@ -59,9 +70,9 @@ def main() -> None:
                 times[engine].append(run(convert + [out] + common + extra, env))
                 print(json.dumps({"round": r, "engine": engine,
                                   "seconds": round(times[engine][-1], 2)}), flush=True)
-    finally:
-        subprocess.run([ray, "stop", "--force"], env=env, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+    finally:       # this cluster only, not others of this user; at once (nothing to keep)
+        os.killpg(cluster.pid, signal.SIGKILL)
+        cluster.wait(timeout=120)
     with open(os.path.join(a.work, "ray", "manifest.json")) as f:
         m = json.load(f)
     shards, n = len(m["shards"]), m["num_samples"]

@@ -33,19 +33,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_cluster(port: int, cpus: int) -> subprocess.Popen:
+    """A local Ray cluster (``ray start --head --block``) in a process group of its own, up
+    once its port answers; ``os.killpg`` on it stops that cluster and nothing else."""
+    proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}",
+                             f"--num-cpus={cpus}", "--include-dashboard=false",
+                             "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"the Ray cluster did not start (exit status {proc.poll()})")
+
+
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     """The address of a local Ray cluster of 2 CPUs, stopped afterwards."""
     port = _free_port()
-    start = subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2",
-                            "--include-dashboard=false", "--disable-usage-stats",
-                            "--node-ip-address=127.0.0.1"],
-                           capture_output=True, text=True, timeout=180, env=ENV)
-    assert start.returncode == 0, start.stdout + start.stderr
+    proc = start_cluster(port, 2)
     try:
         yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=ENV)
+    finally:       # at once: nothing of it is kept (a graceful stop takes ~30 s)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=120)
 
 
 @pytest.fixture(scope="module")
