@@ -80,7 +80,7 @@ def main() -> None:
     print(f"{n} images, {shards} shards, {cores} cores; ray start {started:.1f} s")
     print(f"local {local:.2f} s ({n / local:.0f} img/s), ray {on_ray:.2f} s "
           f"({n / on_ray:.0f} img/s): {on_ray / local:.2f}x the time, "
-          f"{1000 * (on_ray - local) / shards:.0f} ms more per shard")
+          f"{1000 * (on_ray - local) / shards:+.0f} ms per shard")
     shutil.rmtree(a.work, ignore_errors=True)
 
 
