@@ -484,7 +484,8 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                             os.path.join(out, shard_file(container, len(shards))),
                             sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos)
                     shard.add(label, payloads, crcs)
-                if shard is not None and pos + 1 == end:    # a range of the source ends
+                # a range of the source ends (the last one after the workers are told to stop)
+                if shard is not None and pos + 1 == end < len(files):
                     flush(end)
             if shard is not None:   # before the next batch: its pixels reuse the ring's slots
                 shard.write_pending()

@@ -1,11 +1,12 @@
 """Conversion on a Ray cluster (``fastdata convert SRC OUT --engine ray``).
 
 The driver scans the source once and cuts it into the ranges the local converter cuts
-(``convert.range_end``); each range goes to a Ray task, which decodes, resizes and writes its
-shard straight into OUT (on a cluster, shared storage every node mounts at the same path) and
-returns its checksum, count and skipped inputs. Which shard number a range gets and where its
-samples start depend on the ranges before it, so the driver takes the results in range order,
-writes that into each shard and renames it into place; then the manifest, last.
+(``convert.range_end``); each range goes to a Ray task (a window of them in flight), which
+decodes, resizes and writes its shard straight into OUT (on a cluster, shared storage every
+node mounts at the same path) and returns its checksum, count and skipped inputs. Which shard
+number a range gets and where its samples start depend on the ranges before it, so the driver
+takes the results in range order, writes that into each shard and renames it into place; then
+the manifest, last.
 The shards hold what the local converter's hold (the same ``manifest["shards"]`` checksums), so
 ``--resume`` works across engines: the complete shards are kept, the ranges after them redone.
 
@@ -130,21 +131,32 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
     files, fp, options = job.scan.files, job.fp, job.options()
     first = kept[-1].sources[1] if kept else 0
     todo = ranges(first, len(files), job.shard_size)
-    refs = [task.remote(job.src, job.out, job.container, job.opts, options, fp,
-                        files[a:b], a, on_error) for a, b in todo]
-    placer, pending = _Placer(job, kept), list(refs)
+    # tasks in flight: enough to keep every CPU busy, few enough that the driver holds the
+    # file lists of a window, not of the whole source
+    window = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    refs: dict = {}
+
+    def submit(k: int) -> None:
+        if k < len(todo):
+            a, b = todo[k]
+            refs[k] = task.remote(job.src, job.out, job.container, job.opts, options, fp,
+                                  files[a:b], a, on_error)
+
+    for k in range(window):
+        submit(k)
+    placer = _Placer(job, kept)
     bar = tqdm(total=len(files), initial=first, unit="img", desc="convert (ray)",
                disable=not progress, dynamic_ncols=True)
     try:
         # in range order (the tasks run meanwhile): each shard's number and start are then
         # known, and an error is the first in the source's order, as the local engine's
-        for (a, b), ref in zip(todo, refs):
-            result = ray.get(ref)
-            pending.remove(ref)
+        for k, (a, b) in enumerate(todo):
+            result = ray.get(refs.pop(k))
+            submit(k + window)
             bar.update(b - a)
             placer.take(a, b, result)
     except BaseException as e:
-        for ref in pending:
+        for ref in refs.values():
             ray.cancel(ref, force=True)
         cause = getattr(e, "cause", None)       # a task's own error, as the local engine's
         if isinstance(cause, ConversionError):

@@ -27,9 +27,8 @@ from fastdata.format import IMAGE_EXTENSIONS
 class Files(Sequence):
     """The scan's ``(path relative to root, label)`` pairs, in order, packed in three unlinked
     temporary files (the paths' bytes, where each ends, the labels) and read back a block at a
-    time: a conversion's memory then does not grow with the number of files (ImageNet-21k's
-    14 M would take ~500 MB in memory even packed; a list of tuples of strings ~135 bytes a
-    file). Sequential reads are what the converter does; ``files[i]`` costs a few reads."""
+    time, so that a conversion's memory does not grow with the number of files. Sequential
+    reads are what the converter does; ``files[i]`` costs a few reads."""
 
     BLOCK = 1 << 14         # files a read brings in
 
