@@ -29,9 +29,28 @@ from fastdata.baseline import PILFolder
 from fastdata.bench import rss_tree_mb
 
 
+def settle(idle: float = 0.9, window: float = 0.2, limit: float = 15.0) -> None:
+    """Wait (up to ``limit`` s) until the CPUs are ``idle`` over a ``window``: a contender's
+    work still in flight when it was stopped (prefetched batches of worker processes) would
+    otherwise run during the next one's timing."""
+    def ticks():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)        # idle + iowait, all
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        i0, t0 = ticks()
+        time.sleep(window)
+        i1, t1 = ticks()
+        if t1 > t0 and (i1 - i0) / (t1 - t0) >= idle:
+            return
+
+
 def throughput(loader, epochs=1, max_batches=None, warmup=5) -> tuple[float, list[float]]:
     """img/s over ``epochs``, not counting the first ``warmup`` batches (worker start-up, first
-    page faults) nor the PSS probe after each epoch (~20 ms of /proc reads)."""
+    page faults) nor the PSS probe after each epoch (~20 ms of /proc reads). Starts once the
+    CPUs are idle (``settle``)."""
+    settle()
     n, busy, rss = 0, 0.0, []
     for e in range(epochs):
         if hasattr(loader, "set_epoch"):

@@ -19,6 +19,8 @@
 #include <string.h>
 
 typedef float v4 __attribute__((vector_size(16)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 /* AVX2 + FMA where the CPU has them (8-wide vertical pass), chosen when the module loads
@@ -29,6 +31,7 @@ typedef float v4 __attribute__((vector_size(16)));
 #endif
 
 static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v; }
+static inline __attribute__((always_inline)) v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
 static inline int ifloor(double v) { int i = (int)v; return i - (i > v); }
 static inline int iceil(double v) { int i = (int)v; return i + (i < v); }
 
@@ -138,11 +141,14 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
 
 /* torchvision's colour adjustments on float images in [0, 1], in place, one image at a time:
  * brightness, contrast, saturation (blends, clamped after each) and hue (through HSV), in a
- * given order, with one factor each per image. A row at a time through planar buffers that
- * stay in L1, each op a branch-free loop the compiler vectorises: one pass over the image (two
- * where contrast needs the mean grey of what precedes it). */
+ * given order, with one factor each per image, then optionally x * scale + shift per channel
+ * (the loader's normalisation, fused here). A chunk of a row at a time through planar buffers
+ * that stay in L1, each op a branch-free loop the compiler vectorises. One pass over the
+ * image; with contrast, two: the ops before it, written back as their mean grey is summed,
+ * then the rest (nothing is computed twice). */
 #define JW 256      /* pixels a chunk */
-static inline float clamp01(float v) { return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
+/* two selects the compiler turns into max and min instructions */
+static inline float clamp01(float v) { v = v > 0.f ? v : 0.f; return v < 1.f ? v : 1.f; }
 
 CLONES static void blend_run(float *r, float *g, float *b, int n, float w, const float *other,
                              float constant) {
@@ -158,35 +164,45 @@ CLONES static void luma_run(const float *r, const float *g, const float *b, int 
     for (int i = 0; i < n; i++) out[i] = 0.2989f * r[i] + 0.587f * g[i] + 0.114f * b[i];
 }
 
+/* the sum of n pixels' luma, in 8 lanes (a float sum in order would not vectorise) */
+CLONES static double luma_sum(const float *r, const float *g, const float *b, int n) {
+    v8 acc = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc += 0.2989f * load8(r + i) + 0.587f * load8(g + i) + 0.114f * load8(b + i);
+    double sum = 0;
+    for (int k = 0; k < 8; k++) sum += acc[k];
+    for (; i < n; i++) sum += 0.2989f * r[i] + 0.587f * g[i] + 0.114f * b[i];
+    return sum;
+}
+
+/* HSV's closed form back to RGB: channel c is max - (max - min) * clamp(min(k, 4 - k), 0, 1)
+ * with k = (n_c + 6h) mod 6, n = 5, 3, 1 for R, G, B: torchvision's sector table without its
+ * selects, divisions by the max or clamps (the values lie between min and max). */
+static inline float hsv_channel(float n, float h6, float maxc, float cr) {
+    float k = n + h6;
+    k -= k >= 6.f ? 6.f : 0.f;
+    float m = k < 4.f - k ? k : 4.f - k;
+    return maxc - cr * clamp01(m);
+}
+
 CLONES static void hue_run(float *r, float *g, float *b, int n, float shift) {
     for (int i = 0; i < n; i++) {   /* float selects only, so that it vectorises */
         float R = r[i], G = g[i], B = b[i];
         float mx = R > G ? R : G, mn = R < G ? R : G;
         float maxc = mx > B ? mx : B, minc = mn < B ? mn : B, cr = maxc - minc;
-        float d = cr == 0.f ? 1.f : cr, s = cr / (cr == 0.f ? 1.f : maxc), inv = 1.f / d;
-        float rc = (maxc - R) * inv, gc = (maxc - G) * inv, bc = (maxc - B) * inv;
-        /* every branch computed first: with trapping math, GCC selects only between values */
-        float hr = bc - gc, hg = 2.f + rc - bc, hb = 4.f + gc - rc;
-        float isr = maxc == R, isg = (maxc == G) * (1.f - isr);
-        float h = isr * hr + isg * hg + (1.f - isr - isg) * hb;
-        h = h * (1.f / 6.f) + 1.f;
+        float inv = 1.f / (cr == 0.f ? 1.f : cr);   /* grey: cr = 0 keeps every channel */
+        /* torchvision's hue: the largest channel's sector (R 0, G 2, B 4) and where in it */
+        float num = maxc == R ? G - B : (maxc == G ? B - R : R - G);
+        float off = maxc == R ? 0.f : (maxc == G ? 2.f : 4.f);
+        float h = (num * inv + off) * (1.f / 6.f) + 1.f;
         h -= floorf(h);
         h += shift;
         h -= floorf(h);
-        float h6 = h * 6.f, k = floorf(h6), f = h6 - k, v = maxc;
-        float k6 = k - 6.f;
-        k = k >= 6.f ? k6 : k;
-        float p = clamp01(v * (1.f - s)), q = clamp01(v * (1.f - s * f)),
-              t = clamp01(v * (1.f - s * (1.f - f)));
-        /* the sector k picks each channel among v, p, q, t (torchvision's _hsv2rgb) */
-        float s0 = k == 0.f, s1 = k == 1.f, s2 = k == 2.f, s3 = k == 3.f, s4 = k == 4.f,
-              s5 = k == 5.f, keep = cr == 0.f;
-        float nr = v * (s0 + s5) + q * s1 + p * (s2 + s3) + t * s4;
-        float ng = t * s0 + v * (s1 + s2) + q * s3 + p * (s4 + s5);
-        float nb = p * (s0 + s1) + t * s2 + v * (s3 + s4) + q * s5;
-        r[i] = keep * R + (1.f - keep) * nr;
-        g[i] = keep * G + (1.f - keep) * ng;
-        b[i] = keep * B + (1.f - keep) * nb;
+        float h6 = 6.f * h;
+        r[i] = hsv_channel(5.f, h6, maxc, cr);
+        g[i] = hsv_channel(3.f, h6, maxc, cr);
+        b[i] = hsv_channel(1.f, h6, maxc, cr);
     }
 }
 
@@ -206,61 +222,133 @@ static void jitter_run(float *r, float *g, float *b, int n, const int *ops, int 
     }
 }
 
-/* n pixels from p (pixel stride ox, channel stride oc) into / out of planar buffers */
-static void gather(const float *p, int64_t oc, int64_t ox, int n, float *r, float *g, float *b) {
-    for (int i = 0; i < n; i++, p += ox) { r[i] = p[0]; g[i] = p[oc]; b[i] = p[2 * oc]; }
+/* n pixels from p (pixel stride ox, channel stride oc) into / out of planar buffers; packed
+ * pixels (channels_last) and planes (contiguous) get loops the compiler vectorises */
+CLONES static void gather(const float *p, int64_t oc, int64_t ox, int n, float *r, float *g,
+                          float *b) {
+    if (oc == 1 && ox == 3) {
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            /* 8 packed pixels as 3 vectors: each channel's 8 values lie in lanes no other
+               vector gives it, so 2 blends gather them and one permute orders them */
+            v8 a = load8(p + 3 * i), c = load8(p + 3 * i + 8), e = load8(p + 3 * i + 16);
+            v8 vr = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){0, 9, 2, 3, 12, 5, 6, 15}),
+                                      e, (v8i){0, 1, 10, 3, 4, 13, 6, 7});
+            v8 vg = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){0, 1, 10, 3, 4, 13, 6, 7}),
+                                      e, (v8i){8, 1, 2, 11, 4, 5, 14, 7});
+            v8 vb = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){8, 1, 2, 11, 4, 5, 14, 7}),
+                                      e, (v8i){0, 9, 2, 3, 12, 5, 6, 15});
+            vr = __builtin_shuffle(vr, (v8i){0, 3, 6, 1, 4, 7, 2, 5});
+            vg = __builtin_shuffle(vg, (v8i){1, 4, 7, 2, 5, 0, 3, 6});
+            vb = __builtin_shuffle(vb, (v8i){2, 5, 0, 3, 6, 1, 4, 7});
+            memcpy(r + i, &vr, sizeof vr);
+            memcpy(g + i, &vg, sizeof vg);
+            memcpy(b + i, &vb, sizeof vb);
+        }
+        for (; i < n; i++) { r[i] = p[3 * i]; g[i] = p[3 * i + 1]; b[i] = p[3 * i + 2]; }
+    } else if (ox == 1) {
+        memcpy(r, p, sizeof(float) * n);
+        memcpy(g, p + oc, sizeof(float) * n);
+        memcpy(b, p + 2 * oc, sizeof(float) * n);
+    } else {
+        for (int i = 0; i < n; i++, p += ox) { r[i] = p[0]; g[i] = p[oc]; b[i] = p[2 * oc]; }
+    }
 }
 
-static void scatter(float *p, int64_t oc, int64_t ox, int n, const float *r, const float *g,
-                    const float *b) {
-    for (int i = 0; i < n; i++, p += ox) { p[0] = r[i]; p[oc] = g[i]; p[2 * oc] = b[i]; }
+/* scale/shift: 3 floats each, or NULL for the values as they are */
+CLONES static void scatter(float *p, int64_t oc, int64_t ox, int n, const float *r,
+                           const float *g, const float *b, const float *sc, const float *sh) {
+    float a0 = 1.f, a1 = 1.f, a2 = 1.f, b0 = 0.f, b1 = 0.f, b2 = 0.f;
+    if (sc) { a0 = sc[0]; a1 = sc[1]; a2 = sc[2]; b0 = sh[0]; b1 = sh[1]; b2 = sh[2]; }
+    if (oc == 1 && ox == 3) {
+        v8 va = {a0, a1, a2, a0, a1, a2, a0, a1}, vb = {b0, b1, b2, b0, b1, b2, b0, b1};
+        v8 wa = {a2, a0, a1, a2, a0, a1, a2, a0}, wb = {b2, b0, b1, b2, b0, b1, b2, b0};
+        v8 xa = {a1, a2, a0, a1, a2, a0, a1, a2}, xb = {b1, b2, b0, b1, b2, b0, b1, b2};
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {    /* gather's shuffles undone: 3 permutes, 6 blends */
+            v8 vr = __builtin_shuffle(load8(r + i), (v8i){0, 3, 6, 1, 4, 7, 2, 5});
+            v8 vg = __builtin_shuffle(load8(g + i), (v8i){5, 0, 3, 6, 1, 4, 7, 2});
+            v8 vbl = __builtin_shuffle(load8(b + i), (v8i){2, 5, 0, 3, 6, 1, 4, 7});
+            v8 o0 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){0, 9, 2, 3, 12, 5, 6, 15}),
+                                      vbl, (v8i){0, 1, 10, 3, 4, 13, 6, 7});
+            v8 o1 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){8, 1, 10, 11, 4, 13, 14, 7}),
+                                      vbl, (v8i){8, 1, 2, 11, 4, 5, 14, 7});
+            v8 o2 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){8, 9, 2, 11, 12, 5, 14, 15}),
+                                      vbl, (v8i){0, 9, 2, 3, 12, 5, 6, 15});
+            o0 = o0 * va + vb;
+            o1 = o1 * wa + wb;
+            o2 = o2 * xa + xb;
+            memcpy(p + 3 * i, &o0, sizeof o0);
+            memcpy(p + 3 * i + 8, &o1, sizeof o1);
+            memcpy(p + 3 * i + 16, &o2, sizeof o2);
+        }
+        for (; i < n; i++) {
+            p[3 * i] = a0 * r[i] + b0;
+            p[3 * i + 1] = a1 * g[i] + b1;
+            p[3 * i + 2] = a2 * b[i] + b2;
+        }
+    } else if (ox == 1) {
+        for (int i = 0; i < n; i++) p[i] = a0 * r[i] + b0;
+        for (int i = 0; i < n; i++) p[oc + i] = a1 * g[i] + b1;
+        for (int i = 0; i < n; i++) p[2 * oc + i] = a2 * b[i] + b2;
+    } else {
+        for (int i = 0; i < n; i++, p += ox) {
+            p[0] = a0 * r[i] + b0;
+            p[oc] = a1 * g[i] + b1;
+            p[2 * oc] = a2 * b[i] + b2;
+        }
+    }
 }
 
 static void jitter_one(float *img, int64_t oc, int64_t oy, int64_t ox, int64_t h, int64_t w,
-                       const float *f, const int *ops, int nops) {
+                       const float *f, const int *ops, int nops, const float *sc,
+                       const float *sh) {
     float r[JW], g[JW], b[JW], tmp[JW];
-    int before = nops;      /* the ops before contrast: the mean is of their result */
-    for (int k = 0; k < nops; k++) if (ops[k] == 1) { before = k; break; }
+    int c = nops;           /* contrast's place: its mean is of what the ops before it make */
+    for (int k = 0; k < nops; k++) if (ops[k] == 1) { c = k; break; }
     float mean = 0.f;
-    if (before < nops) {
+    if (c < nops) {
         double sum = 0;
         for (int64_t y = 0; y < h; y++)
             for (int64_t x0 = 0; x0 < w; x0 += JW) {
                 int n = (int)(w - x0 < JW ? w - x0 : JW);
-                gather(img + y * oy + x0 * ox, oc, ox, n, r, g, b);
-                jitter_run(r, g, b, n, ops, before, f, 0.f, tmp);
-                luma_run(r, g, b, n, tmp);
-                float part = 0.f;
-                for (int i = 0; i < n; i++) part += tmp[i];
-                sum += part;
+                float *p = img + y * oy + x0 * ox;
+                gather(p, oc, ox, n, r, g, b);
+                jitter_run(r, g, b, n, ops, c, f, 0.f, tmp);
+                sum += luma_sum(r, g, b, n);
+                if (c > 0) scatter(p, oc, ox, n, r, g, b, NULL, NULL);
             }
         mean = (float)(sum / (double)(h * w));
     }
+    int from = c < nops ? c : 0;
+    if (from == nops && !sc) return;
     for (int64_t y = 0; y < h; y++)
         for (int64_t x0 = 0; x0 < w; x0 += JW) {
             int n = (int)(w - x0 < JW ? w - x0 : JW);
             float *p = img + y * oy + x0 * ox;
             gather(p, oc, ox, n, r, g, b);
-            jitter_run(r, g, b, n, ops, nops, f, mean, tmp);
-            scatter(p, oc, ox, n, r, g, b);
+            jitter_run(r, g, b, n, ops + from, nops - from, f, mean, tmp);
+            scatter(p, oc, ox, n, r, g, b, sc, sh);
         }
 }
 
 static PyObject *color_jitter(PyObject *self, PyObject *args) {
     Py_ssize_t n;
-    unsigned long long dst, factors, order;
+    unsigned long long dst, factors, order, scale, shift;
     long long on, oc, oy, ox, h, w;
     int nops;
-    if (!PyArg_ParseTuple(args, "nKLLLLLLKKi", &n, &dst, &on, &oc, &oy, &ox, &h, &w, &factors,
-                          &order, &nops))
+    if (!PyArg_ParseTuple(args, "nKLLLLLLKKiKK", &n, &dst, &on, &oc, &oy, &ox, &h, &w,
+                          &factors, &order, &nops, &scale, &shift))
         return NULL;
     const float *f = (const float *)(uintptr_t)factors;
+    const float *sc = (const float *)(uintptr_t)scale, *sh = (const float *)(uintptr_t)shift;
     const int64_t *o = (const int64_t *)(uintptr_t)order;
     int ops[4];
     for (int k = 0; k < nops && k < 4; k++) ops[k] = (int)o[k];
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
-        jitter_one((float *)(uintptr_t)dst + on * i, oc, oy, ox, h, w, f + 4 * i, ops, nops);
+        jitter_one((float *)(uintptr_t)dst + on * i, oc, oy, ox, h, w, f + 4 * i, ops, nops,
+                   sc, sc ? sh : NULL);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -415,8 +503,8 @@ static PyMethodDef methods[] = {
      "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
      "shift): addresses of checked buffers; use fastdata.native.crop_resize."},
     {"color_jitter", color_jitter, METH_VARARGS,
-     "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops): addresses of checked "
-     "buffers; use fastdata.native.color_jitter."},
+     "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops, scale, shift): "
+     "addresses of checked buffers (scale, shift 0: none); use fastdata.native.color_jitter."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",

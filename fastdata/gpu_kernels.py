@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fastdata.transforms import _constant
+
 BLOCK = 1024
 
 
@@ -29,34 +31,28 @@ def luma(r, g, b):
 
 
 @triton.jit
+def hsv_channel(n, h6, maxc, cr):
+    # HSV's closed form back to RGB, as the C kernel's (torchvision's sector table)
+    k = n + h6
+    k = tl.where(k >= 6.0, k - 6.0, k)
+    return maxc - cr * clamp01(tl.minimum(k, 4.0 - k))
+
+
+@triton.jit
 def hue(r, g, b, shift):
     maxc = tl.maximum(tl.maximum(r, g), b)
     minc = tl.minimum(tl.minimum(r, g), b)
     cr = maxc - minc
-    flat = cr == 0.0
-    s = cr / tl.where(flat, 1.0, maxc)
-    inv = 1.0 / tl.where(flat, 1.0, cr)
-    rc, gc, bc = (maxc - r) * inv, (maxc - g) * inv, (maxc - b) * inv
-    h = tl.where(maxc == r, bc - gc, tl.where(maxc == g, 2.0 + rc - bc, 4.0 + gc - rc))
-    h = h * (1.0 / 6.0) + 1.0
+    inv = 1.0 / tl.where(cr == 0.0, 1.0, cr)
+    isr = maxc == r
+    isg = (maxc == g) & ~isr
+    num = tl.where(isr, g - b, tl.where(isg, b - r, r - g))
+    h = (num * inv + tl.where(isr, 0.0, tl.where(isg, 2.0, 4.0))) * (1.0 / 6.0) + 1.0
     h = h - tl.floor(h) + shift
     h = h - tl.floor(h)
     h6 = h * 6.0
-    k = tl.floor(h6)
-    f = h6 - k
-    k = tl.where(k >= 6.0, k - 6.0, k)
-    v = maxc
-    p = clamp01(v * (1.0 - s))
-    q = clamp01(v * (1.0 - s * f))
-    t = clamp01(v * (1.0 - s * (1.0 - f)))
-    # torchvision's _hsv2rgb: the sector k picks each channel among v, p, q, t
-    nr = tl.where(k == 0.0, v, tl.where(k == 1.0, q, tl.where(k == 2.0, p, tl.where(
-        k == 3.0, p, tl.where(k == 4.0, t, v)))))
-    ng = tl.where(k == 0.0, t, tl.where(k == 1.0, v, tl.where(k == 2.0, v, tl.where(
-        k == 3.0, q, p))))
-    nb = tl.where(k == 0.0, p, tl.where(k == 1.0, p, tl.where(k == 2.0, t, tl.where(
-        k == 3.0, v, tl.where(k == 4.0, v, q)))))
-    return tl.where(flat, r, nr), tl.where(flat, g, ng), tl.where(flat, b, nb)
+    return (hsv_channel(5.0, h6, maxc, cr), hsv_channel(3.0, h6, maxc, cr),
+            hsv_channel(1.0, h6, maxc, cr))
 
 
 @triton.jit
@@ -74,11 +70,13 @@ def adjust(op, r, g, b, fb, fc, fs, fh, mean):
 
 
 # the order is drawn per batch: one compiled kernel for every order
-@triton.jit(do_not_specialize=["o0", "o1", "o2", "o3", "stop"])
-def jitter(x, factors, means, partial, s_img, s_chan, s_pix, pixels, o0, o1, o2, o3, stop,
-           WRITE: tl.constexpr, BLOCK: tl.constexpr):
-    """Apply the first ``stop`` of ops ``o0..o3`` to one block of one image's pixels;
-    WRITE: store them, else store the block's luma sum (for contrast's mean)."""
+@triton.jit(do_not_specialize=["o0", "o1", "o2", "o3", "start", "stop"])
+def jitter(x, factors, means, partial, affine, s_img, s_chan, s_pix, pixels, o0, o1, o2, o3,
+           start, stop, WRITE: tl.constexpr, SUM: tl.constexpr, AFFINE: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """Apply ops ``start`` to ``stop`` of ``o0..o3`` to one block of one image's pixels;
+    SUM: store the block's luma sum after them (for contrast's mean); WRITE: store the pixels,
+    with AFFINE times ``affine[:3]`` plus ``affine[3:]`` per channel."""
     img, blk = tl.program_id(0), tl.program_id(1)
     pix = blk * BLOCK + tl.arange(0, BLOCK)
     inside = pix < pixels
@@ -98,24 +96,30 @@ def jitter(x, factors, means, partial, s_img, s_chan, s_pix, pixels, o0, o1, o2,
             op = o2
         else:
             op = o3
-        if k < stop:
+        if (k >= start) & (k < stop):
             r, g, b = adjust(op, r, g, b, fb, fc, fs, fh, mean)
+    if SUM:
+        tl.store(partial + img * tl.num_programs(1) + blk,
+                 tl.sum(tl.where(inside, luma(r, g, b), 0.0), axis=0))
     if WRITE:
+        if AFFINE:
+            r = r * tl.load(affine) + tl.load(affine + 3)
+            g = g * tl.load(affine + 1) + tl.load(affine + 4)
+            b = b * tl.load(affine + 2) + tl.load(affine + 5)
         tl.store(at, r, mask=inside)
         tl.store(at + s_chan, g, mask=inside)
         tl.store(at + 2 * s_chan, b, mask=inside)
-    else:
-        tl.store(partial + img * tl.num_programs(1) + blk,
-                 tl.sum(tl.where(inside, luma(r, g, b), 0.0), axis=0))
 
 
-
-
-def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int]) -> None:
+def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int],
+                 scale: Sequence[float] | None = None,
+                 shift: Sequence[float] | None = None) -> None:
     """``transforms.ColorJitter``'s adjustments in place, as ``native.color_jitter`` on the
     CPU: ``images`` float32 ``(B, 3, H, W)``, contiguous or channels_last; ``factors``
     ``(B, 4)`` on its device (brightness, contrast, saturation, hue); ``order`` the
-    adjustments (0-3) in order. Queued on the current stream; nothing is read on the host.
+    adjustments (0-3) in order; then, with ``scale`` and ``shift`` (3 values each),
+    ``x * scale + shift`` per channel in the same pass. Queued on the current stream; nothing
+    is read on the host.
 
     Raises:
         ValueError: images of another dtype, shape or layout, or a bad order.
@@ -127,15 +131,23 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[in
     ops = [int(k) for k in order]
     if len(ops) > 4 or any(k not in range(4) for k in ops):
         raise ValueError(f"order must be up to 4 of 0-3, not {ops}")
-    if not ops or n == 0:
+    if (not ops and scale is None) or n == 0:
         return
     blocks = -(-h * w // BLOCK)
     factors = factors.to(torch.float32).contiguous()
+    # the 6 values copied to the device once (from pageable memory a copy waits for the stream)
+    affine = None if scale is None else _constant((*scale, *shift), str(images.device),
+                                                  torch.float32)
     args = [*images.stride()[:2], images.stride(3), h * w, *(ops + [0] * (4 - len(ops)))]
     means = torch.zeros(n, dtype=torch.float32, device=images.device)
-    if 1 in ops:        # contrast: the mean luma of what the ops before it make
+    start = 0
+    if 1 in ops:        # contrast: the ops before it, written back, and their mean luma
+        start = ops.index(1)
         partial = torch.empty((n, blocks), dtype=torch.float32, device=images.device)
-        jitter[(n, blocks)](images, factors, means, partial, *args, ops.index(1), WRITE=False,
-                            BLOCK=BLOCK)
+        jitter[(n, blocks)](images, factors, means, partial, means, *args, 0, start,
+                            WRITE=start > 0, SUM=True, AFFINE=False, BLOCK=BLOCK)
         means = partial.sum(1) / (h * w)
-    jitter[(n, blocks)](images, factors, means, means, *args, len(ops), WRITE=True, BLOCK=BLOCK)
+    jitter[(n, blocks)](images, factors, means, means, means if affine is None else affine,
+                        *args, start, len(ops), WRITE=True, SUM=False,
+                        AFFINE=affine is not None, BLOCK=BLOCK)
+

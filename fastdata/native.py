@@ -86,11 +86,14 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
     return out
 
 
-def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int]) -> None:
+def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int],
+                 scale: Sequence[float] | None = None,
+                 shift: Sequence[float] | None = None) -> None:
     """``transforms.ColorJitter``'s adjustments, in place: ``images`` a float32 (B, 3, H, W)
     CPU tensor (any strides), ``factors`` (B, 4) brightness, contrast, saturation and hue per
-    image, ``order`` the adjustments to apply (0-3 in that numbering), in order. The GIL is
-    released while it runs."""
+    image, ``order`` the adjustments to apply (0-3 in that numbering), in order; then, with
+    ``scale`` and ``shift`` (3 values each), ``x * scale + shift`` per channel in the same
+    pass. The GIL is released while it runs."""
     require()
     if images.dtype != torch.float32 or images.device.type != "cpu" or images.dim() != 4 \
             or images.shape[1] != 3:
@@ -102,5 +105,12 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[in
     if factors.shape != (n, 4) or len(order) > 4 or bool(((order < 0) | (order > 3)).any()):
         raise ValueError(f"factors must be ({n}, 4) and order up to 4 of 0-3, not "
                          f"{tuple(factors.shape)} and {order.tolist()}")
+    if (scale is None) != (shift is None):
+        raise ValueError("give both scale and shift, or neither")
+    affine = None if scale is None else torch.tensor([list(scale), list(shift)],
+                                                     dtype=torch.float32)
+    if affine is not None and affine.shape != (2, 3):
+        raise ValueError(f"scale and shift must be 3 values each, not {scale!r}, {shift!r}")
+    ptrs = (0, 0) if affine is None else (affine[0].data_ptr(), affine[1].data_ptr())
     _module().color_jitter(n, images.data_ptr(), *images.stride(), h, w, factors.data_ptr(),
-                           order.data_ptr(), len(order))
+                           order.data_ptr(), len(order), *ptrs)

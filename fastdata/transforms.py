@@ -21,6 +21,7 @@ device and both backends draw the same values.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -116,6 +117,17 @@ class BatchTransform:
                  generator: torch.Generator | None = None):
         raise NotImplementedError
 
+    def fold_normalization(self, scale: tuple, shift: tuple) -> "BatchTransform | None":
+        """This transform returning ``x * scale + shift`` per channel (the loader's
+        normalisation, folded into its last pass over the pixels), with the same draws; None
+        where it has no such form. A loader runs it in place of the two."""
+        return None
+
+    def after_normalization(self, scale: tuple, shift: tuple) -> "BatchTransform | None":
+        """The transform that does to ``x * scale + shift`` what this one does to ``x``, with
+        the same draws (so the normalisation may run before it); None where there is none."""
+        return None
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({args})"
@@ -134,6 +146,33 @@ class Compose(BatchTransform):
         for t in self.transforms:
             images, labels = call(t, images, labels, generator)
         return images, labels
+
+    def fold_normalization(self, scale, shift):
+        """The last transform that folds it in, where every one after it can run after it."""
+        after: list = []
+        for k in range(len(self.transforms) - 1, -1, -1):
+            t = self.transforms[k]
+            if not isinstance(t, BatchTransform):
+                return None
+            folded = t.fold_normalization(scale, shift)
+            if folded is not None:
+                return Compose([*self.transforms[:k], folded, *after])
+            moved = t.after_normalization(scale, shift)
+            if moved is None:
+                return None
+            after.insert(0, moved)
+        return None
+
+    def after_normalization(self, scale, shift):
+        moved = _each(self.transforms, "after_normalization", scale, shift)
+        return None if moved is None else Compose(moved)
+
+
+def _each(transforms: list, method: str, scale: tuple, shift: tuple) -> list | None:
+    """``t.method(scale, shift)`` of each transform, or None where one has none."""
+    out = [getattr(t, method)(scale, shift) if isinstance(t, BatchTransform) else None
+           for t in transforms]
+    return None if any(t is None for t in out) else out
 
 
 class RandomChoice(BatchTransform):
@@ -154,6 +193,16 @@ class RandomChoice(BatchTransform):
         u = float(torch.rand((), generator=_host(generator)))
         k = min(int(np.searchsorted(np.cumsum(self.p), u, side="right")), len(self.p) - 1)
         return call(self.transforms[k], images, labels, generator)
+
+    def fold_normalization(self, scale, shift):
+        return self._each("fold_normalization", scale, shift)
+
+    def after_normalization(self, scale, shift):
+        return self._each("after_normalization", scale, shift)
+
+    def _each(self, method, scale, shift):
+        out = _each(self.transforms, method, scale, shift)
+        return None if out is None else RandomChoice(out, self.p)
 
 
 def _range(name: str, value, centre: float, low: float, high: float) -> tuple[float, float]:
@@ -235,6 +284,12 @@ class ColorJitter(BatchTransform):
         self.contrast = _range("contrast", contrast, 1.0, 0.0, math.inf)
         self.saturation = _range("saturation", saturation, 1.0, 0.0, math.inf)
         self.hue = _range("hue", hue, 0.0, -0.5, 0.5)
+        self._affine: tuple | None = None      # (scale, shift) folded in, per channel
+
+    def fold_normalization(self, scale, shift):
+        folded = copy.copy(self)
+        folded._affine = (tuple(scale), tuple(shift))
+        return folded
 
     def __call__(self, images, labels, generator=None):
         n = len(images)
@@ -245,15 +300,25 @@ class ColorJitter(BatchTransform):
         order = [k for k in torch.randperm(4, generator=_host(generator)).tolist()
                  if ops[k][1] != ops[k][2]]
         factors = [_uniform(n, *rng, images, generator) for _, rng, _ in ops]
+        affine = self._affine or (None, None)
         if _native_ok(images):          # per pixel in one or two passes, not per op
-            native.color_jitter(images, torch.cat(factors, 1).view(n, 4), order)
+            native.color_jitter(images, torch.cat(factors, 1).view(n, 4), order, *affine)
             return images, labels
         if _fused_gpu_ok(images):       # the same, in a Triton kernel
-            gpu_kernels().color_jitter(images, torch.cat(factors, 1).view(n, 4), order)
+            gpu_kernels().color_jitter(images, torch.cat(factors, 1).view(n, 4), order,
+                                       *affine)
             return images, labels
         for k in order:
             images = ops[k][0](images, factors[k])
+        if self._affine is not None:
+            images = _per_channel(images, *self._affine)
         return images, labels
+
+
+def _per_channel(x: torch.Tensor, scale: tuple, shift: tuple) -> torch.Tensor:
+    """``x * scale + shift`` with a value per channel of (..., 3, H, W)."""
+    a, b = (_constant(tuple(v), str(x.device), x.dtype).view(3, 1, 1) for v in (scale, shift))
+    return torch.addcmul(b, x, a)
 
 
 def _native_ok(images: torch.Tensor) -> bool:
@@ -308,6 +373,12 @@ class RandomErasing(BatchTransform):
             raise ValueError(f"value={value!r} is not valid; use a number, 3 numbers or "
                              f"'random'")
         self.value = value
+        self._affine: tuple | None = None      # (scale, shift): the fill mapped as the pixels
+
+    def after_normalization(self, scale, shift):
+        moved = copy.copy(self)
+        moved._affine = (tuple(scale), tuple(shift))
+        return moved
 
     def boxes(self, n: int, height: int, width: int, like: torch.Tensor, generator):
         """``(n,)`` tensors ``top, left, h, w`` (``h == 0``: nothing erased), on the device."""
@@ -332,11 +403,14 @@ class RandomErasing(BatchTransform):
 
     def _fill(self, shape, images, generator) -> torch.Tensor:
         if self.value == "random":
-            return torch.randn(shape, device=images.device, generator=generator,
-                               dtype=images.dtype)
-        value = tuple(np.ravel(self.value).astype(float))
-        return _constant(value, str(images.device), images.dtype).reshape(-1, 1, 1) \
-            .expand(shape[-3], 1, 1)
+            noise = torch.randn(shape, device=images.device, generator=generator,
+                                dtype=images.dtype)
+            return noise if self._affine is None else _per_channel(noise, *self._affine)
+        value = np.broadcast_to(np.ravel(self.value).astype(float), 3)
+        if self._affine is not None:
+            value = value * np.array(self._affine[0]) + np.array(self._affine[1])
+        return _constant(tuple(value.tolist()), str(images.device), images.dtype) \
+            .reshape(3, 1, 1)
 
     def __call__(self, images, labels, generator=None):
         n, c, height, width = images.shape
@@ -372,6 +446,9 @@ class _Mix(BatchTransform):
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes={num_classes!r} is not valid; use an integer >= 1")
         self.alpha, self.num_classes = float(alpha), num_classes
+
+    def after_normalization(self, scale, shift):
+        return self     # a blend of two images, weights summing to 1: it commutes
 
     def _lam(self, host) -> tuple[float, np.random.Generator]:
         """λ ~ Beta(alpha, alpha), and a generator for the rest of the batch's values."""
@@ -588,28 +665,38 @@ class TrivialAugment(BatchTransform):
 
 class Normalize:
     """The loader's last step after a batch transform: ``(x - mean) / std`` in ``dtype`` and
-    ``memory_format``."""
+    ``memory_format`` (with ``values=False``, the dtype and layout only: the transform did the
+    rest)."""
 
     def __init__(self, mean, std, dtype: torch.dtype, memory_format):
         self.mean, self.std, self.dtype, self.memory_format = mean, std, dtype, memory_format
+        self.scale = tuple(1 / s for s in std)
+        self.shift = tuple(-m / s for m, s in zip(mean, std))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        key = str(x.device)
-        scale, shift = (_constant(tuple(v), key, torch.float32).view(1, 3, 1, 1) for v in
-                        ([1 / s for s in self.std], [-m / s for m, s in zip(self.mean, self.std)]))
-        if x.dtype == torch.float32:        # one pass, in place (the batch is the loader's)
-            x = torch.addcmul(shift, x, scale, out=x)
-        else:
-            x = torch.addcmul(shift, x.float(), scale)
+    def __call__(self, x: torch.Tensor, values: bool = True) -> torch.Tensor:
+        if values and x.dtype == torch.float32:     # one pass, in place (the loader's batch)
+            a, b = (_constant(v, str(x.device), x.dtype).view(3, 1, 1)
+                    for v in (self.scale, self.shift))
+            x = torch.addcmul(b, x, a, out=x)
+        elif values:
+            x = _per_channel(x.float(), self.scale, self.shift)
         return x.to(self.dtype, memory_format=self.memory_format)
 
 
 class BatchStage:
-    """A loader's batch transform then normalisation, for the batch whose seed is given."""
+    """A loader's batch transform then normalisation, for the batch whose seed is given. Where
+    the transform can fold the normalisation into its last pass over the pixels
+    (``BatchTransform.fold_normalization``: e.g. ColorJitter followed by RandomErasing, MixUp
+    or CutMix), it does, with the same draws: one pass fewer over the batch."""
 
     def __init__(self, fn: Callable, normalize: Normalize):
         self.fn, self.normalize = fn, normalize
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int):
-        images, labels = call(self.fn, images, labels, batch_generator(seed, images.device))
-        return self.normalize(images), labels
+        n = self.normalize
+        # folded per batch, not once: a change to the user's transform shows at the next one
+        folded = (self.fn.fold_normalization(n.scale, n.shift)
+                  if isinstance(self.fn, BatchTransform) else None)
+        fn = self.fn if folded is None else folded
+        images, labels = call(fn, images, labels, batch_generator(seed, images.device))
+        return n(images, values=folded is None), labels

@@ -99,10 +99,11 @@ f[:, 3] -= 1.0
 for layout in (torch.contiguous_format, torch.channels_last):
     y = x.contiguous(memory_format=layout)
     for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1], [2, 3], [3, 1, 0], []):
-        a, b = y.clone(memory_format=layout), y.clone()
-        gpu_kernels.color_jitter(a, f, order)
-        native.color_jitter(b, f, order)
-        assert torch.allclose(a, b, atol=1e-5), (order, (a - b).abs().max())
+        for affine in ((), ((2.0, 3.0, 4.0), (-1.0, 0.0, 1.0))):
+            a, b = y.clone(memory_format=layout), y.clone()
+            gpu_kernels.color_jitter(a, f, order, *affine)
+            native.color_jitter(b, f, order, *affine)
+            assert torch.allclose(a, b, atol=1e-5), (order, affine, (a - b).abs().max())
 print("same")
 """
 
@@ -208,6 +209,45 @@ def test_compose_and_random_choice():
         T.Compose([lambda im, lb: im])(x, labels)
 
 
+def foldable(classes: int) -> T.Compose:
+    """A recipe the loader's normalisation folds into (ColorJitter's pass)."""
+    return T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(0.7, value=0.3),
+                      T.RandomErasing(0.7, value="random"),
+                      T.RandomChoice([T.MixUp(0.8, num_classes=classes),
+                                      T.CutMix(1.0, num_classes=classes)])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])    # C kernel, torch ops
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_normalisation_folded_into_a_recipe_gives_the_same_batches(dtype, layout):
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    norm = T.Normalize(mean, std, torch.float32, layout)
+    recipe = foldable(4)
+    assert recipe.fold_normalization(norm.scale, norm.shift) is not None
+    x = images(n=6, size=16).to(dtype).contiguous(memory_format=layout)
+    labels = torch.arange(6) % 4
+    m, s = (torch.tensor(v, dtype=torch.float64).view(3, 1, 1) for v in (mean, std))
+    for seed in range(6):
+        got, y = T.BatchStage(recipe, norm)(x.clone(memory_format=layout), labels, seed)
+        ref, ry = T.call(recipe, x.clone(memory_format=layout), labels,
+                         T.batch_generator(seed, x.device))
+        assert got.dtype == torch.float32 and got.is_contiguous(memory_format=layout)
+        assert torch.allclose(got.double(), (ref.double() - m) / s, atol=1e-4)
+        assert torch.equal(y, ry)
+
+
+def test_normalisation_is_not_folded_where_an_op_after_the_fold_would_change():
+    scale, shift = (2.0, 3.0, 4.0), (0.0, 1.0, 2.0)
+    for fn in (T.Compose([T.ColorJitter(0.4), T.RandomGrayscale(0.5)]),     # grey differs
+               T.Compose([T.ColorJitter(0.4), T.TrivialAugment()]),
+               T.MixUp(1.0, num_classes=3)):                                # nothing to fold
+        assert fn.fold_normalization(scale, shift) is None
+    folded = T.Compose([T.ColorJitter(0.4), T.RandomErasing()]).fold_normalization(scale, shift)
+    assert folded.transforms[1]._affine == (scale, shift)
+    assert T.Compose([T.ColorJitter(0.4), lambda im, lb: (im, lb)]).fold_normalization(
+        scale, shift) is None       # a user's function sees values in [0, 1]
+
+
 def pil_of(x: torch.Tensor) -> Image.Image:
     return Image.fromarray((x.permute(1, 2, 0) * 255).round().byte().numpy())
 
@@ -288,6 +328,16 @@ def test_an_identity_batch_transform_changes_nothing(shards):
         for (a, la), (b, lb) in zip(plain, hooked):
             assert a.dtype == b.dtype and a.stride() == b.stride()
             assert torch.allclose(a.float(), b.float(), atol=tol) and torch.equal(la, lb)
+
+
+def test_a_loader_folds_its_normalisation_into_a_recipe_with_the_same_batches(shards):
+    recipe = foldable(3)
+    folded = run(shards["hdf5"], batch_transform=recipe, channels_last=True)
+    plain = run(shards["hdf5"], batch_transform=lambda x, y, generator: recipe(
+        x, y, generator=generator), channels_last=True)      # not a BatchTransform: unfolded
+    for (a, la), (b, lb) in zip(folded, plain):
+        assert torch.allclose(a, b, atol=1e-4) and torch.equal(la, lb)
+        assert a.is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.parametrize("workers", [(0, "thread"), (2, "process")])
