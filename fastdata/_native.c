@@ -31,7 +31,9 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #endif
 
 static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v; }
-static inline __attribute__((always_inline)) v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+/* a macro, not a function: a function returning an 8-lane vector is compiled for the baseline
+ * target too, where its calling convention differs (a compiler warning) */
+#define load8(p) ({ v8 v8_; memcpy(&v8_, (p), sizeof v8_); v8_; })
 static inline int ifloor(double v) { int i = (int)v; return i - (i > v); }
 static inline int iceil(double v) { int i = (int)v; return i + (i < v); }
 
