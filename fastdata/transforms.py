@@ -583,24 +583,42 @@ def affine(x: torch.Tensor, angle, shear_x, shear_y, tx, ty) -> torch.Tensor:
                                            padding_mode="zeros", align_corners=False)
 
 
-def _zeros(m):
-    return torch.zeros_like(m)
+def _degrees_of_slope(m):
+    return torch.rad2deg(torch.atan(m))
 
+
+# the geometric operations: name -> (which of affine's angle, shear_x, shear_y, tx, ty the
+# magnitude sets, and how)
+_AFFINE_ARGS = {"shear_x": (1, _degrees_of_slope), "shear_y": (2, _degrees_of_slope),
+                "translate_x": (3, torch.trunc), "translate_y": (4, torch.trunc),
+                "rotate": (0, lambda m: m)}
+
+
+def _affine_args(ops: list, op: torch.Tensor, mag: torch.Tensor) -> list:
+    """affine's 5 arguments per image: its geometric operation's, zeros for the others."""
+    args = [torch.zeros_like(mag) for _ in range(5)]
+    for k, name in enumerate(ops):
+        if name in _AFFINE_ARGS:
+            slot, fn = _AFFINE_ARGS[name]
+            args[slot] = torch.where(op == k, fn(mag), args[slot])
+    return args
+
+
+def _geometric(name: str) -> Callable:
+    return lambda x, m: affine(x, *_affine_args([name], torch.zeros_like(m), m))
+
+
+# blended with black, grey or mean grey by a factor 1 + magnitude (see ``everywhere``)
+_BLENDS = ("brightness", "color", "contrast")
 
 # name -> (largest magnitude, signed, fn(images, magnitudes)); torchvision's TrivialAugmentWide
 TRIVIAL_OPS = {
     "identity": (0.0, False, lambda x, m: x),
-    "shear_x": (0.99, True, lambda x, m: affine(x, _zeros(m), torch.rad2deg(torch.atan(m)),
-                                                 _zeros(m), _zeros(m), _zeros(m))),
-    "shear_y": (0.99, True, lambda x, m: affine(x, _zeros(m), _zeros(m),
-                                                 torch.rad2deg(torch.atan(m)), _zeros(m),
-                                                 _zeros(m))),
-    "translate_x": (32.0, True, lambda x, m: affine(x, _zeros(m), _zeros(m), _zeros(m),
-                                                     m.trunc(), _zeros(m))),
-    "translate_y": (32.0, True, lambda x, m: affine(x, _zeros(m), _zeros(m), _zeros(m),
-                                                     _zeros(m), m.trunc())),
-    "rotate": (135.0, True, lambda x, m: affine(x, m, _zeros(m), _zeros(m), _zeros(m),
-                                                 _zeros(m))),
+    "shear_x": (0.99, True, _geometric("shear_x")),
+    "shear_y": (0.99, True, _geometric("shear_y")),
+    "translate_x": (32.0, True, _geometric("translate_x")),
+    "translate_y": (32.0, True, _geometric("translate_y")),
+    "rotate": (135.0, True, _geometric("rotate")),
     "brightness": (0.99, True, lambda x, m: adjust_brightness(x, 1 + m.view(-1, 1, 1, 1))),
     "color": (0.99, True, lambda x, m: adjust_saturation(x, 1 + m.view(-1, 1, 1, 1))),
     "contrast": (0.99, True, lambda x, m: adjust_contrast(x, 1 + m.view(-1, 1, 1, 1))),
@@ -654,13 +672,33 @@ class TrivialAugment(BatchTransform):
 
     def everywhere(self, images, op, mag):
         """Every operation on the whole batch, each image keeping its own: no device value is
-        read on the host (a GPU's)."""
+        read on the host (a GPU's). The geometric operations run as one affine resampling
+        with each image's own matrix, the three blends as one blend with each image's own
+        partner."""
         out = images
+        for group, fn in ((_AFFINE_ARGS, self._moved), (_BLENDS, self._blended)):
+            mine = [op == k for k, name in enumerate(self.ops) if name in group]
+            if mine:
+                mine = functools.reduce(torch.logical_or, mine).view(-1, 1, 1, 1)
+                out = torch.where(mine, fn(images, op, mag).to(images.dtype), out)
         for k, name in enumerate(self.ops):
-            if name != "identity":
+            if name != "identity" and name not in _AFFINE_ARGS and name not in _BLENDS:
                 keep = (op == k).view(-1, 1, 1, 1)
                 out = torch.where(keep, TRIVIAL_OPS[name][2](images, mag).to(images.dtype), out)
         return out
+
+    def _moved(self, images, op, mag):
+        return affine(images, *_affine_args(self.ops, op, mag))
+
+    def _blended(self, images, op, mag):
+        grey = grayscale(images)
+        partner = torch.zeros((), device=images.device, dtype=images.dtype)    # brightness
+        for name, other in (("color", grey), ("contrast", grey.mean(dim=(-3, -2, -1),
+                                                                    keepdim=True))):
+            if name in self.ops:
+                partner = torch.where((op == self.ops.index(name)).view(-1, 1, 1, 1), other,
+                                      partner)
+        return _blend(images, partner, (1 + mag).view(-1, 1, 1, 1))
 
 
 class Normalize:

@@ -294,6 +294,10 @@ def test_trivial_augment_draws_an_operation_per_image_the_same_on_either_path():
     assert torch.allclose(op.grouped(cl.clone(memory_format=torch.channels_last), kinds, mags),
                           a, atol=1e-6)
     assert torch.allclose(op.everywhere(cl, kinds, mags), a, atol=1e-6)
+    sub = T.TrivialAugment(ops=["contrast", "rotate", "identity", "solarize"])   # groups' parts
+    kinds, mags = sub.draw(64, x, torch.Generator().manual_seed(6))
+    assert torch.allclose(sub.grouped(x.clone(), kinds, mags),
+                          sub.everywhere(x.clone(), kinds, mags), atol=1e-6)
     only = T.TrivialAugment(ops=["solarize"])
     assert set(only.draw(8, x, None)[0].tolist()) == {0}
     with pytest.raises(ValueError, match="ops="):
