@@ -634,8 +634,9 @@ class TrivialAugment(BatchTransform):
     """torchvision's ``TrivialAugmentWide``, batched: each image gets one operation of
     ``ops`` (all of ``TRIVIAL_OPS`` by default) at a magnitude of ``num_bins`` levels, drawn
     per image, with a random sign where the operation has one. Geometric operations fill with
-    black. On the CPU each operation runs on the images that drew it; on a GPU every operation
-    runs on the whole batch and each image keeps its own (no host sync to group them)."""
+    black. On the CPU each operation runs on the images that drew it; on a GPU they run on
+    the whole batch and each image keeps its own (no host sync to group them), the geometric
+    ones as one resampling and the three blends as one."""
 
     def __init__(self, num_bins: int = 31, ops: Sequence[str] | None = None):
         self.ops = list(TRIVIAL_OPS) if ops is None else list(ops)
