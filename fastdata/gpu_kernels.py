@@ -4,8 +4,10 @@
 (the hue rotation alone some twenty); a training step that should take the whole GPU then
 waits for them. Here the four adjustments run per pixel in one pass (two where contrast needs
 the mean of what comes before it), the same arithmetic as the CPU's C kernel
-(``_native.c``). Triton ships with PyTorch's CUDA builds on Linux; without it the operations
-fall back to torch's (``transforms`` imports this module only where Triton imports).
+(``_native.c``), with the loader's normalisation folded in where it asks. RandomErasing with
+a constant fill writes its boxes only. Triton ships with PyTorch's CUDA builds on Linux;
+without it the operations fall back to torch's (``transforms`` imports this module only where
+Triton imports).
 """
 from __future__ import annotations
 
@@ -151,3 +153,38 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[in
                         *args, start, len(ops), WRITE=True, SUM=False,
                         AFFINE=affine is not None, BLOCK=BLOCK)
 
+
+
+@triton.jit
+def erase_row(x, boxes, fill, s_img, s_chan, s_row, s_pix, WIDTH: tl.constexpr):
+    """Row ``program_id(1)`` of image ``program_id(0)``: its pixels inside the image's box
+    (``boxes``: (B, 4) top, left, height, width) set to ``fill`` (3 values); nothing else is
+    read or written."""
+    img, y = tl.program_id(0), tl.program_id(1)
+    top, left = tl.load(boxes + 4 * img), tl.load(boxes + 4 * img + 1)
+    h, w = tl.load(boxes + 4 * img + 2), tl.load(boxes + 4 * img + 3)
+    xs = tl.arange(0, WIDTH)
+    ys = xs * 0 + y         # the row as a vector: the mask is one
+    inside = (ys >= top) & (ys < top + h) & (xs >= left) & (xs < left + w)
+    at = x + img.to(tl.int64) * s_img + y.to(tl.int64) * s_row + xs.to(tl.int64) * s_pix
+    for c in tl.static_range(3):
+        tl.store(at + c * s_chan, tl.load(fill + c).to(x.dtype.element_ty), mask=inside)
+
+
+def erase(images: torch.Tensor, boxes: torch.Tensor, fill: torch.Tensor) -> None:
+    """``transforms.RandomErasing`` with a constant fill, in place: each image's box of
+    ``boxes`` ((B, 4) int64 top, left, height, width on its device; height 0: none) set to
+    ``fill`` (3 values on the device). Only the boxes are written, where a masked copy of the
+    batch reads and writes all of it. Queued on the current stream.
+
+    Raises:
+        ValueError: images not (B, 3, H, W), or boxes not (B, 4).
+    """
+    n, c, h, w = images.shape
+    if c != 3 or tuple(boxes.shape) != (n, 4):
+        raise ValueError(f"images must be (B, 3, H, W) and boxes (B, 4), not "
+                         f"{tuple(images.shape)} and {tuple(boxes.shape)}")
+    if n and h and w:
+        erase_row[(n, h)](images, boxes.to(torch.int64).contiguous(),
+                          fill.to(torch.float32).contiguous(), *images.stride(),
+                          WIDTH=triton.next_power_of_2(w))

@@ -421,6 +421,10 @@ class RandomErasing(BatchTransform):
                     box = images[k, :, t:t + h, l:l + w]
                     box.copy_(self._fill(box.shape, images, generator).expand_as(box))
             return images, labels
+        if self.value != "random" and images.is_cuda and gpu_kernels() is not None:
+            fill = self._fill(images.shape, images, generator).reshape(3)
+            gpu_kernels().erase(images, torch.stack(boxes, 1), fill)     # the boxes only
+            return images, labels
         top, left, h, w = (t.view(n, 1, 1, 1) for t in boxes)
         ys = torch.arange(height, device=images.device).view(1, 1, height, 1)
         xs = torch.arange(width, device=images.device).view(1, 1, 1, width)

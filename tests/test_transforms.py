@@ -104,13 +104,23 @@ for layout in (torch.contiguous_format, torch.channels_last):
             gpu_kernels.color_jitter(a, f, order, *affine)
             native.color_jitter(b, f, order, *affine)
             assert torch.allclose(a, b, atol=1e-5), (order, affine, (a - b).abs().max())
+from fastdata import transforms as T
+op = T.RandomErasing(0.7, value=(0.1, 0.2, 0.3))
+boxes = torch.stack(op.boxes(5, 23, 41, x, torch.Generator().manual_seed(2)), 1)
+ref, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(2))   # the CPU's path
+assert (ref != x).any() and boxes[:, 2].min() == 0
+for layout in (torch.contiguous_format, torch.channels_last):
+    a = x.contiguous(memory_format=layout)
+    gpu_kernels.erase(a, boxes, torch.tensor([0.1, 0.2, 0.3]))
+    assert torch.equal(a, ref), layout
 print("same")
 """
 
 
-def test_colour_jitter_gpu_kernel_equals_the_c_kernel_in_tritons_interpreter():
-    """The Triton kernel that runs ColorJitter on CUDA, run by Triton's interpreter on the CPU:
-    the same arithmetic as the C kernel, for every kind of order and both layouts."""
+def test_gpu_kernels_equal_the_cpu_paths_in_tritons_interpreter():
+    """The Triton kernels that run ColorJitter and RandomErasing on CUDA, run by Triton's
+    interpreter on the CPU: the same arithmetic as the C kernel, for every kind of order and
+    both layouts, and the same boxes erased as on the CPU."""
     pytest.importorskip("triton")
     if not native.available():
         pytest.skip("the C kernel is not built")
@@ -432,6 +442,15 @@ def test_operations_on_cuda_match_the_cpu():
             ops, _ = jitter(x.cuda().double(), None,
                             generator=torch.Generator("cuda").manual_seed(seed))
             assert torch.allclose(fused.double(), ops, atol=2e-5)
+    erase = T.RandomErasing(0.7, value=(0.1, 0.2, 0.3))    # the Triton kernel, where it imports
+    for layout in (torch.contiguous_format, torch.channels_last):
+        got, _ = erase(x.cuda().contiguous(memory_format=layout), None,
+                       generator=torch.Generator("cuda").manual_seed(5))
+        boxes = erase.boxes(32, 24, 24, x.cuda(), torch.Generator("cuda").manual_seed(5))
+        ref = x.clone()
+        for k, (t, l, h, w) in enumerate(torch.stack(boxes, 1).tolist()):
+            ref[k, :, t:t + h, l:l + w] = torch.tensor([0.1, 0.2, 0.3]).view(3, 1, 1)
+        assert torch.equal(got.cpu(), ref) and not torch.equal(ref, x)
     labels = torch.arange(32) % 5
     for mix in (T.MixUp(0.8, num_classes=5), T.CutMix(1.0, num_classes=5)):
         a, ya = mix(x.cuda(), labels.cuda(), generator=torch.Generator("cuda").manual_seed(3))
