@@ -178,33 +178,35 @@ CLONES static double luma_sum(const float *r, const float *g, const float *b, in
     return sum;
 }
 
-/* HSV's closed form back to RGB: channel c is max - (max - min) * clamp(min(k, 4 - k), 0, 1)
- * with k = (n_c + 6h) mod 6, n = 5, 3, 1 for R, G, B: torchvision's sector table without its
- * selects, divisions by the max or clamps (the values lie between min and max). */
-static inline float hsv_channel(float n, float h6, float maxc, float cr) {
-    float k = n + h6;
-    k -= k >= 6.f ? 6.f : 0.f;
-    float m = k < 4.f - k ? k : 4.f - k;
-    return maxc - cr * clamp01(m);
+/* HSV's closed form back to RGB: channel c is max - chroma * clamp(min(k, 4 - k), 0, 1) with
+ * k = (n_c + 6 h) mod 6, n = 5, 3, 1 for R, G, B: torchvision's sector table without its
+ * selects, divisions or clamps (the values lie between min and max). Here in units of the
+ * chroma cr, K = cr * k, which needs no division: 6 h = off + num / cr. K in [-3 cr, 13 cr]
+ * (a shift within half a turn) comes into [0, 6 cr) by three conditional steps. */
+static inline float hsv_channel(float K, float maxc, float cr) {
+    float c6 = 6.f * cr;
+    K += K < 0.f ? c6 : 0.f;
+    K -= K >= c6 ? c6 : 0.f;
+    K -= K >= c6 ? c6 : 0.f;
+    float m = K < 4.f * cr - K ? K : 4.f * cr - K;
+    m = m > 0.f ? m : 0.f;
+    return maxc - (m < cr ? m : cr);
 }
 
 CLONES static void hue_run(float *r, float *g, float *b, int n, float shift) {
+    float s6 = 6.f * (shift - floorf(shift + 0.5f));     /* the shift in [-1/2, 1/2) turn */
     for (int i = 0; i < n; i++) {   /* float selects only, so that it vectorises */
         float R = r[i], G = g[i], B = b[i];
         float mx = R > G ? R : G, mn = R < G ? R : G;
         float maxc = mx > B ? mx : B, minc = mn < B ? mn : B, cr = maxc - minc;
-        float inv = 1.f / (cr == 0.f ? 1.f : cr);   /* grey: cr = 0 keeps every channel */
-        /* torchvision's hue: the largest channel's sector (R 0, G 2, B 4) and where in it */
+        /* torchvision's hue: the largest channel's sector (R 0, G 2, B 4) and where in it;
+           grey (cr = 0) keeps every channel */
         float num = maxc == R ? G - B : (maxc == G ? B - R : R - G);
         float off = maxc == R ? 0.f : (maxc == G ? 2.f : 4.f);
-        float h = (num * inv + off) * (1.f / 6.f) + 1.f;
-        h -= floorf(h);
-        h += shift;
-        h -= floorf(h);
-        float h6 = 6.f * h;
-        r[i] = hsv_channel(5.f, h6, maxc, cr);
-        g[i] = hsv_channel(3.f, h6, maxc, cr);
-        b[i] = hsv_channel(1.f, h6, maxc, cr);
+        float base = num + cr * (off + s6);
+        r[i] = hsv_channel(base + 5.f * cr, maxc, cr);
+        g[i] = hsv_channel(base + 3.f * cr, maxc, cr);
+        b[i] = hsv_channel(base + cr, maxc, cr);
     }
 }
 

@@ -33,28 +33,28 @@ def luma(r, g, b):
 
 
 @triton.jit
-def hsv_channel(n, h6, maxc, cr):
-    # HSV's closed form back to RGB, as the C kernel's (torchvision's sector table)
-    k = n + h6
-    k = tl.where(k >= 6.0, k - 6.0, k)
-    return maxc - cr * clamp01(tl.minimum(k, 4.0 - k))
+def hsv_channel(K, maxc, cr):
+    # HSV's closed form back to RGB in units of the chroma, as the C kernel's
+    c6 = 6.0 * cr
+    K = tl.where(K < 0.0, K + c6, K)
+    K = tl.where(K >= c6, K - c6, K)
+    K = tl.where(K >= c6, K - c6, K)
+    m = tl.maximum(tl.minimum(K, 4.0 * cr - K), 0.0)
+    return maxc - tl.minimum(m, cr)
 
 
 @triton.jit
 def hue(r, g, b, shift):
+    s6 = 6.0 * (shift - tl.floor(shift + 0.5))
     maxc = tl.maximum(tl.maximum(r, g), b)
     minc = tl.minimum(tl.minimum(r, g), b)
     cr = maxc - minc
-    inv = 1.0 / tl.where(cr == 0.0, 1.0, cr)
     isr = maxc == r
     isg = (maxc == g) & ~isr
     num = tl.where(isr, g - b, tl.where(isg, b - r, r - g))
-    h = (num * inv + tl.where(isr, 0.0, tl.where(isg, 2.0, 4.0))) * (1.0 / 6.0) + 1.0
-    h = h - tl.floor(h) + shift
-    h = h - tl.floor(h)
-    h6 = h * 6.0
-    return (hsv_channel(5.0, h6, maxc, cr), hsv_channel(3.0, h6, maxc, cr),
-            hsv_channel(1.0, h6, maxc, cr))
+    base = num + cr * (tl.where(isr, 0.0, tl.where(isg, 2.0, 4.0)) + s6)
+    return (hsv_channel(base + 5.0 * cr, maxc, cr), hsv_channel(base + 3.0 * cr, maxc, cr),
+            hsv_channel(base + cr, maxc, cr))
 
 
 @triton.jit
