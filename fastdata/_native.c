@@ -22,6 +22,16 @@ typedef float v4 __attribute__((vector_size(16)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
+/* lanes picked from one vector or two (indices 0.. of a, then of b), as constants: GCC's and
+ * Clang's spellings */
+#if defined(__clang__)
+#define SHUFFLE1(T, a, ...) __builtin_shufflevector(a, a, __VA_ARGS__)
+#define SHUFFLE2(T, a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUFFLE1(T, a, ...) __builtin_shuffle(a, (T){__VA_ARGS__})
+#define SHUFFLE2(T, a, b, ...) __builtin_shuffle(a, b, (T){__VA_ARGS__})
+#endif
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
 /* AVX2 + FMA where the CPU has them (8-wide vertical pass), chosen when the module loads
  * (an ifunc: GCC with glibc); elsewhere the compiler's baseline (SSE2 on x86-64) */
@@ -149,7 +159,6 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
  * image; with contrast, two: the ops before it, written back as their mean grey is summed,
  * then the rest (nothing is computed twice). */
 #define JW 256      /* pixels a chunk */
-/* two selects the compiler turns into max and min instructions */
 static inline float clamp01(float v) { v = v > 0.f ? v : 0.f; return v < 1.f ? v : 1.f; }
 
 CLONES static void blend_run(float *r, float *g, float *b, int n, float w, const float *other,
@@ -236,15 +245,15 @@ CLONES static void gather(const float *p, int64_t oc, int64_t ox, int n, float *
             /* 8 packed pixels as 3 vectors: each channel's 8 values lie in lanes no other
                vector gives it, so 2 blends gather them and one permute orders them */
             v8 a = load8(p + 3 * i), c = load8(p + 3 * i + 8), e = load8(p + 3 * i + 16);
-            v8 vr = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){0, 9, 2, 3, 12, 5, 6, 15}),
-                                      e, (v8i){0, 1, 10, 3, 4, 13, 6, 7});
-            v8 vg = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){0, 1, 10, 3, 4, 13, 6, 7}),
-                                      e, (v8i){8, 1, 2, 11, 4, 5, 14, 7});
-            v8 vb = __builtin_shuffle(__builtin_shuffle(a, c, (v8i){8, 1, 2, 11, 4, 5, 14, 7}),
-                                      e, (v8i){0, 9, 2, 3, 12, 5, 6, 15});
-            vr = __builtin_shuffle(vr, (v8i){0, 3, 6, 1, 4, 7, 2, 5});
-            vg = __builtin_shuffle(vg, (v8i){1, 4, 7, 2, 5, 0, 3, 6});
-            vb = __builtin_shuffle(vb, (v8i){2, 5, 0, 3, 6, 1, 4, 7});
+            v8 vr = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 0, 9, 2, 3, 12, 5, 6, 15),
+                                      e, 0, 1, 10, 3, 4, 13, 6, 7);
+            v8 vg = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 0, 1, 10, 3, 4, 13, 6, 7),
+                                      e, 8, 1, 2, 11, 4, 5, 14, 7);
+            v8 vb = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 8, 1, 2, 11, 4, 5, 14, 7),
+                                      e, 0, 9, 2, 3, 12, 5, 6, 15);
+            vr = SHUFFLE1(v8i, vr, 0, 3, 6, 1, 4, 7, 2, 5);
+            vg = SHUFFLE1(v8i, vg, 1, 4, 7, 2, 5, 0, 3, 6);
+            vb = SHUFFLE1(v8i, vb, 2, 5, 0, 3, 6, 1, 4, 7);
             memcpy(r + i, &vr, sizeof vr);
             memcpy(g + i, &vg, sizeof vg);
             memcpy(b + i, &vb, sizeof vb);
@@ -270,15 +279,15 @@ CLONES static void scatter(float *p, int64_t oc, int64_t ox, int n, const float 
         v8 xa = {a1, a2, a0, a1, a2, a0, a1, a2}, xb = {b1, b2, b0, b1, b2, b0, b1, b2};
         int i = 0;
         for (; i + 8 <= n; i += 8) {    /* gather's shuffles undone: 3 permutes, 6 blends */
-            v8 vr = __builtin_shuffle(load8(r + i), (v8i){0, 3, 6, 1, 4, 7, 2, 5});
-            v8 vg = __builtin_shuffle(load8(g + i), (v8i){5, 0, 3, 6, 1, 4, 7, 2});
-            v8 vbl = __builtin_shuffle(load8(b + i), (v8i){2, 5, 0, 3, 6, 1, 4, 7});
-            v8 o0 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){0, 9, 2, 3, 12, 5, 6, 15}),
-                                      vbl, (v8i){0, 1, 10, 3, 4, 13, 6, 7});
-            v8 o1 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){8, 1, 10, 11, 4, 13, 14, 7}),
-                                      vbl, (v8i){8, 1, 2, 11, 4, 5, 14, 7});
-            v8 o2 = __builtin_shuffle(__builtin_shuffle(vr, vg, (v8i){8, 9, 2, 11, 12, 5, 14, 15}),
-                                      vbl, (v8i){0, 9, 2, 3, 12, 5, 6, 15});
+            v8 vr = SHUFFLE1(v8i, load8(r + i), 0, 3, 6, 1, 4, 7, 2, 5);
+            v8 vg = SHUFFLE1(v8i, load8(g + i), 5, 0, 3, 6, 1, 4, 7, 2);
+            v8 vbl = SHUFFLE1(v8i, load8(b + i), 2, 5, 0, 3, 6, 1, 4, 7);
+            v8 o0 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 0, 9, 2, 3, 12, 5, 6, 15),
+                                      vbl, 0, 1, 10, 3, 4, 13, 6, 7);
+            v8 o1 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 8, 1, 10, 11, 4, 13, 14, 7),
+                                      vbl, 8, 1, 2, 11, 4, 5, 14, 7);
+            v8 o2 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 8, 9, 2, 11, 12, 5, 14, 15),
+                                      vbl, 0, 9, 2, 3, 12, 5, 6, 15);
             o0 = o0 * va + vb;
             o1 = o1 * wa + wb;
             o2 = o2 * xa + xb;
@@ -379,13 +388,12 @@ struct ArrowArray {
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
 
 CLONES static void pack_rgb_run(const uint8_t *src, uint8_t *dst, int64_t n) {
-    const v16u8 mask = {0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 6 <= n; i += 4) {    /* 4 pixels in, 12 bytes out; the 16-byte store's last 4
                                        bytes are rewritten next, and stay inside dst */
         v16u8 v;
         memcpy(&v, src + 4 * i, 16);
-        v = __builtin_shuffle(v, mask);
+        v = SHUFFLE1(v16u8, v, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0);
         memcpy(dst + 3 * i, &v, 16);
     }
     for (; i < n; i++) {
