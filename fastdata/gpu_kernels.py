@@ -72,13 +72,13 @@ def adjust(op, r, g, b, fb, fc, fs, fh, mean):
 
 
 # the order is drawn per batch: one compiled kernel for every order
-@triton.jit(do_not_specialize=["o0", "o1", "o2", "o3", "start", "stop"])
+@triton.jit(do_not_specialize=["o0", "o1", "o2", "o3", "stop"])
 def jitter(x, factors, means, partial, affine, s_img, s_chan, s_pix, pixels, o0, o1, o2, o3,
-           start, stop, WRITE: tl.constexpr, SUM: tl.constexpr, AFFINE: tl.constexpr,
-           BLOCK: tl.constexpr):
-    """Apply ops ``start`` to ``stop`` of ``o0..o3`` to one block of one image's pixels;
-    SUM: store the block's luma sum after them (for contrast's mean); WRITE: store the pixels,
-    with AFFINE times ``affine[:3]`` plus ``affine[3:]`` per channel."""
+           stop, WRITE: tl.constexpr, AFFINE: tl.constexpr, BLOCK: tl.constexpr):
+    """Apply the first ``stop`` of ops ``o0..o3`` to one block of one image's pixels; WRITE:
+    store them (with AFFINE times ``affine[:3]`` plus ``affine[3:]`` per channel), else store
+    the block's luma sum (for contrast's mean: the ops before it are computed again in the
+    second pass, cheaper on a GPU than writing them and reading them back)."""
     img, blk = tl.program_id(0), tl.program_id(1)
     pix = blk * BLOCK + tl.arange(0, BLOCK)
     inside = pix < pixels
@@ -98,11 +98,8 @@ def jitter(x, factors, means, partial, affine, s_img, s_chan, s_pix, pixels, o0,
             op = o2
         else:
             op = o3
-        if (k >= start) & (k < stop):
+        if k < stop:
             r, g, b = adjust(op, r, g, b, fb, fc, fs, fh, mean)
-    if SUM:
-        tl.store(partial + img * tl.num_programs(1) + blk,
-                 tl.sum(tl.where(inside, luma(r, g, b), 0.0), axis=0))
     if WRITE:
         if AFFINE:
             r = r * tl.load(affine) + tl.load(affine + 3)
@@ -111,6 +108,9 @@ def jitter(x, factors, means, partial, affine, s_img, s_chan, s_pix, pixels, o0,
         tl.store(at, r, mask=inside)
         tl.store(at + s_chan, g, mask=inside)
         tl.store(at + 2 * s_chan, b, mask=inside)
+    else:
+        tl.store(partial + img * tl.num_programs(1) + blk,
+                 tl.sum(tl.where(inside, luma(r, g, b), 0.0), axis=0))
 
 
 def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int],
@@ -142,16 +142,13 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[in
                                                   torch.float32)
     args = [*images.stride()[:2], images.stride(3), h * w, *(ops + [0] * (4 - len(ops)))]
     means = torch.zeros(n, dtype=torch.float32, device=images.device)
-    start = 0
-    if 1 in ops:        # contrast: the ops before it, written back, and their mean luma
-        start = ops.index(1)
+    if 1 in ops:        # contrast: the mean luma of what the ops before it make
         partial = torch.empty((n, blocks), dtype=torch.float32, device=images.device)
-        jitter[(n, blocks)](images, factors, means, partial, means, *args, 0, start,
-                            WRITE=start > 0, SUM=True, AFFINE=False, BLOCK=BLOCK)
+        jitter[(n, blocks)](images, factors, means, partial, means, *args, ops.index(1),
+                            WRITE=False, AFFINE=False, BLOCK=BLOCK)
         means = partial.sum(1) / (h * w)
     jitter[(n, blocks)](images, factors, means, means, means if affine is None else affine,
-                        *args, start, len(ops), WRITE=True, SUM=False,
-                        AFFINE=affine is not None, BLOCK=BLOCK)
+                        *args, len(ops), WRITE=True, AFFINE=affine is not None, BLOCK=BLOCK)
 
 
 
