@@ -516,14 +516,16 @@ def adjust_sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 def _as_levels(x: torch.Tensor) -> torch.Tensor:
-    """[0, 1] values as the uint8 levels the PIL definitions work on (int64)."""
-    return (x * 255).round_().clamp_(0, 255).long()
+    """[0, 1] values as the uint8 levels the PIL definitions work on, whole numbers in
+    ``x``'s dtype."""
+    return (x * 255).round_().clamp_(0, 255)
 
 
 def posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """Keep the top ``bits`` (per image, 1-8) of each 8-bit level."""
-    mask = (-(2 ** (8 - bits.long()))).view(-1, 1, 1, 1)
-    return (_as_levels(x) & mask).to(x.dtype) / 255
+    # a level's low bits cleared: floor(level / 2^k) * 2^k, exact in floats (no int64 copy)
+    step = torch.exp2(8 - bits.to(x.dtype).round()).view(-1, 1, 1, 1)
+    return torch.floor(_as_levels(x) / step).mul_(step).div_(255)
 
 
 def solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
@@ -544,7 +546,7 @@ def autocontrast(x: torch.Tensor) -> torch.Tensor:
 def equalize(x: torch.Tensor) -> torch.Tensor:
     """PIL's (and torchvision's) histogram equalisation of each channel's 8-bit levels."""
     n, c, h, w = x.shape
-    levels = _as_levels(x).reshape(n * c, h * w)
+    levels = _as_levels(x).long().reshape(n * c, h * w)
     hist = torch.zeros(n * c, 256, dtype=torch.int64, device=x.device)
     hist.scatter_add_(1, levels, torch.ones_like(levels))
     index = torch.arange(256, device=x.device)
