@@ -105,12 +105,11 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[in
     if factors.shape != (n, 4) or len(order) > 4 or bool(((order < 0) | (order > 3)).any()):
         raise ValueError(f"factors must be ({n}, 4) and order up to 4 of 0-3, not "
                          f"{tuple(factors.shape)} and {order.tolist()}")
-    if (scale is None) != (shift is None):
-        raise ValueError("give both scale and shift, or neither")
-    affine = None if scale is None else torch.tensor([list(scale), list(shift)],
-                                                     dtype=torch.float32)
-    if affine is not None and affine.shape != (2, 3):
-        raise ValueError(f"scale and shift must be 3 values each, not {scale!r}, {shift!r}")
-    ptrs = (0, 0) if affine is None else (affine[0].data_ptr(), affine[1].data_ptr())
+    if (scale is None) != (shift is None) or scale is not None and \
+            (len(scale), len(shift)) != (3, 3):
+        raise ValueError(f"scale and shift must be 3 values each, or both None; not {scale!r} "
+                         f"and {shift!r}")
+    affine = None if scale is None else torch.tensor([*scale, *shift], dtype=torch.float32)
+    ptrs = (0, 0) if affine is None else (affine.data_ptr(), affine[3:].data_ptr())
     _module().color_jitter(n, images.data_ptr(), *images.stride(), h, w, factors.data_ptr(),
                            order.data_ptr(), len(order), *ptrs)

@@ -86,6 +86,8 @@ def test_colour_jitter_kernel_equals_the_torch_ops():
     a, _ = op(cl, None, generator=torch.Generator().manual_seed(0))
     b, _ = op(x.double(), None, generator=torch.Generator().manual_seed(0))
     assert torch.allclose(a.double(), b, atol=2e-5)
+    with pytest.raises(ValueError, match="3 values each"):
+        native.color_jitter(x.clone(), torch.ones(16, 4), [0], (1.0, 1.0), (0.0, 0.0, 0.0))
 
 
 _TRITON_CHECK = """
