@@ -346,10 +346,26 @@ class RandomGrayscale(BatchTransform):
 
     def __init__(self, p: float = 0.1):
         self.p = _probability(p)
+        self._affine: tuple | None = None      # (scale, shift) the images come normalised by
+
+    def after_normalization(self, scale, shift):
+        moved = copy.copy(self)
+        moved._affine = (tuple(scale), tuple(shift))
+        return moved
 
     def __call__(self, images, labels, generator=None):
         grey = _coins(len(images), self.p, images, generator)
-        return torch.where(grey, grayscale(images).expand_as(images), images), labels
+        return torch.where(grey, self._grey(images).expand_as(images), images), labels
+
+    def _grey(self, x: torch.Tensor) -> torch.Tensor:
+        if self._affine is None:
+            return grayscale(x)
+        # the luma of the values before normalisation, then normalised as each channel
+        scale, shift = self._affine
+        w = [l / a for l, a in zip(_LUMA, scale)]
+        luma = w[0] * x[:, 0] + w[1] * x[:, 1] + w[2] * x[:, 2] - sum(
+            wc * b for wc, b in zip(w, shift))
+        return _per_channel(luma.unsqueeze(1), scale, shift)
 
 
 def _probability(p) -> float:
@@ -731,8 +747,9 @@ class Normalize:
 class BatchStage:
     """A loader's batch transform then normalisation, for the batch whose seed is given. Where
     the transform can fold the normalisation into its last pass over the pixels
-    (``BatchTransform.fold_normalization``: e.g. ColorJitter followed by RandomErasing, MixUp
-    or CutMix), it does, with the same draws: one pass fewer over the batch."""
+    (``BatchTransform.fold_normalization``: e.g. ColorJitter followed by RandomGrayscale,
+    RandomErasing, MixUp or CutMix), it does, with the same draws: one pass fewer over the
+    batch."""
 
     def __init__(self, fn: Callable, normalize: Normalize):
         self.fn, self.normalize = fn, normalize
