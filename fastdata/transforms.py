@@ -368,6 +368,15 @@ class RandomGrayscale(BatchTransform):
         return _per_channel(luma.unsqueeze(1), scale, shift)
 
 
+def _fill_values(value) -> tuple:
+    """A number or numbers as a tuple of floats; () where they are not finite numbers."""
+    try:
+        values = np.ravel(np.asarray(value, dtype=float))
+    except (TypeError, ValueError):
+        return ()
+    return tuple(values.tolist()) if np.isfinite(values).all() else ()
+
+
 def _probability(p) -> float:
     if not isinstance(p, (int, float)) or not 0 <= p <= 1:
         raise ValueError(f"p={p!r} is not valid; use a probability in [0, 1]")
@@ -385,10 +394,11 @@ class RandomErasing(BatchTransform):
         if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
             raise ValueError(f"scale={scale!r} or ratio={ratio!r} is not valid; use (lo, hi) with "
                              f"0 < lo <= hi (<= 1 for scale)")
-        if value != "random" and np.size(value) not in (1, 3):
+        random = isinstance(value, str) and value == "random"
+        self.value = "random" if random else _fill_values(value)
+        if not random and len(self.value) not in (1, 3):
             raise ValueError(f"value={value!r} is not valid; use a number, 3 numbers or "
                              f"'random'")
-        self.value = value
         self._affine: tuple | None = None      # (scale, shift): the fill mapped as the pixels
 
     def after_normalization(self, scale, shift):
@@ -422,7 +432,7 @@ class RandomErasing(BatchTransform):
             noise = torch.randn(shape, device=images.device, generator=generator,
                                 dtype=images.dtype)
             return noise if self._affine is None else _per_channel(noise, *self._affine)
-        value = np.broadcast_to(np.ravel(self.value).astype(float), 3)
+        value = np.broadcast_to(np.array(self.value), 3)
         if self._affine is not None:
             value = value * np.array(self._affine[0]) + np.array(self._affine[1])
         return _constant(tuple(value.tolist()), str(images.device), images.dtype) \

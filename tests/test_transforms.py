@@ -162,9 +162,14 @@ def test_random_erasing_boxes_follow_torchvision_sampling():
         assert 0.3 / 1.5 <= h / w <= 3.3 * 1.5
         assert (y[k][:, ~torch.from_numpy(zero)] == x[k][:, ~torch.from_numpy(zero)]).all()
     assert 70 <= erased <= 130              # p = 0.5 of 200
-    y, _ = T.RandomErasing(p=1.0, value=(0.1, 0.2, 0.3))(x.clone(), None)
-    filled = (y != x).all(1)
-    assert filled.any() and torch.allclose(y[0][:, filled[0]].T, torch.tensor([0.1, 0.2, 0.3]))
+    for value in ((0.1, 0.2, 0.3), np.array([0.1, 0.2, 0.3])):
+        y, _ = T.RandomErasing(p=1.0, value=value)(x.clone(), None)
+        filled = (y != x).all(1)
+        assert filled.any() and torch.allclose(y[0][:, filled[0]].T,
+                                               torch.tensor([0.1, 0.2, 0.3]))
+    for bad in ("randn", None, float("nan"), (0.1, 0.2)):
+        with pytest.raises(ValueError, match="value="):
+            T.RandomErasing(value=bad)
 
 
 def test_mixup_blends_images_and_one_hot_targets_by_one_lambda():
