@@ -25,6 +25,7 @@ import copy
 import functools
 import inspect
 import math
+import numbers
 from typing import Callable, Sequence
 
 import numpy as np
@@ -208,7 +209,7 @@ class RandomChoice(BatchTransform):
 def _range(name: str, value, centre: float, low: float, high: float) -> tuple[float, float]:
     """torchvision's ColorJitter arguments: ``v`` → ``[centre - v, centre + v]`` clipped to
     ``[low, high]``, or an explicit ``(lo, hi)``."""
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         if value < 0:
             raise ValueError(f"{name}={value!r} is not valid; use a number >= 0 or (lo, hi)")
         lo, hi = centre - value, centre + value
@@ -378,7 +379,7 @@ def _fill_values(value) -> tuple:
 
 
 def _probability(p) -> float:
-    if not isinstance(p, (int, float)) or not 0 <= p <= 1:
+    if not isinstance(p, numbers.Real) or not 0 <= p <= 1:
         raise ValueError(f"p={p!r} is not valid; use a probability in [0, 1]")
     return float(p)
 
@@ -471,7 +472,7 @@ def soft_targets(labels: torch.Tensor, num_classes: int, dtype=torch.float32) ->
 
 class _Mix(BatchTransform):
     def __init__(self, alpha: float = 1.0, *, num_classes: int):
-        if not isinstance(alpha, (int, float)) or alpha <= 0:
+        if not isinstance(alpha, numbers.Real) or alpha <= 0:
             raise ValueError(f"alpha={alpha!r} is not valid; use a number > 0")
         if not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes={num_classes!r} is not valid; use an integer >= 1")
