@@ -212,7 +212,7 @@ def _range(name: str, value, centre: float, low: float, high: float) -> tuple[fl
     if isinstance(value, numbers.Real):
         if value < 0:
             raise ValueError(f"{name}={value!r} is not valid; use a number >= 0 or (lo, hi)")
-        lo, hi = centre - value, centre + value
+        lo, hi = centre - float(value), centre + float(value)
     else:
         try:
             lo, hi = (float(v) for v in value)
