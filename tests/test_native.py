@@ -56,7 +56,8 @@ def test_the_kernel_resamples_like_the_reference(size, out, layout):
             torch.contiguous_format)
     assert native.crop_resize(images, params, y, scale, shift) is y
     ref = _reference(images, params, out, scale, shift)
-    assert ((y - ref) / scale.view(3, 1, 1)).abs().max() <= 1e-3       # in grey levels
+    # in grey levels; float32 rounding differs with the build (FMA or not: 0.001 without)
+    assert ((y - ref) / scale.view(3, 1, 1)).abs().max() <= 2e-3
 
 
 @needs_kernel
