@@ -153,12 +153,10 @@ class Compose(BatchTransform):
         after: list = []
         for k in range(len(self.transforms) - 1, -1, -1):
             t = self.transforms[k]
-            if not isinstance(t, BatchTransform):
-                return None
-            folded = t.fold_normalization(scale, shift)
+            folded = _ask(t, "fold_normalization", scale, shift)
             if folded is not None:
                 return Compose([*self.transforms[:k], folded, *after])
-            moved = t.after_normalization(scale, shift)
+            moved = _ask(t, "after_normalization", scale, shift)
             if moved is None:
                 return None
             after.insert(0, moved)
@@ -169,10 +167,23 @@ class Compose(BatchTransform):
         return None if moved is None else Compose(moved)
 
 
+def _ask(t, method: str, scale: tuple, shift: tuple) -> BatchTransform | None:
+    """``t.fold_normalization`` or ``t.after_normalization`` (``method``) of ``scale`` and
+    ``shift``; None where ``t`` is not a ``BatchTransform``, or where it runs a ``__call__`` of
+    a subclass's that the method does not come with (one that may ignore what it asks)."""
+    if not isinstance(t, BatchTransform):
+        return None
+    mro = type(t).__mro__
+    runs = next(c for c in mro if "__call__" in vars(c))
+    has = next(c for c in mro if method in vars(c))
+    if runs.__module__ != __name__ and not issubclass(has, runs):
+        return None
+    return getattr(t, method)(scale, shift)
+
+
 def _each(transforms: list, method: str, scale: tuple, shift: tuple) -> list | None:
-    """``t.method(scale, shift)`` of each transform, or None where one has none."""
-    out = [getattr(t, method)(scale, shift) if isinstance(t, BatchTransform) else None
-           for t in transforms]
+    """``_ask`` of each transform, or None where one has none."""
+    out = [_ask(t, method, scale, shift) for t in transforms]
     return None if any(t is None for t in out) else out
 
 
@@ -768,8 +779,7 @@ class BatchStage:
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int):
         n = self.normalize
         # folded per batch, not once: a change to the user's transform shows at the next one
-        folded = (self.fn.fold_normalization(n.scale, n.shift)
-                  if isinstance(self.fn, BatchTransform) else None)
+        folded = _ask(self.fn, "fold_normalization", n.scale, n.shift)
         fn = self.fn if folded is None else folded
         images, labels = call(fn, images, labels, batch_generator(seed, images.device))
         return n(images, values=folded is None), labels

@@ -264,6 +264,20 @@ def test_normalisation_is_not_folded_where_an_op_after_the_fold_would_change():
     assert T.Compose([T.ColorJitter(0.4), lambda im, lb: (im, lb)]).fold_normalization(
         scale, shift) is None       # a user's function sees values in [0, 1]
 
+    class Mine(T.ColorJitter):      # its own __call__, which need not honour a fold
+        def __call__(self, images, labels, generator=None):
+            return images, labels
+
+    class Honest(Mine):             # its own __call__ and its own fold
+        def fold_normalization(self, scale, shift):
+            return "folded"
+
+    assert T._ask(Mine(0.4), "fold_normalization", scale, shift) is None
+    assert T._ask(Honest(0.4), "fold_normalization", scale, shift) == "folded"
+    assert T.Compose([Mine(0.4), T.MixUp(1.0, num_classes=3)]).fold_normalization(
+        scale, shift) is None
+    assert T._ask(T.ColorJitter(0.4), "fold_normalization", scale, shift) is not None
+
 
 def pil_of(x: torch.Tensor) -> Image.Image:
     return Image.fromarray((x.permute(1, 2, 0) * 255).round().byte().numpy())
