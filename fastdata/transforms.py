@@ -549,11 +549,16 @@ class CutMix(_Mix):
 def adjust_sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """torchvision's: blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
     (its border pixels kept)."""
-    kernel = _constant(((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0)), str(x.device),
-                       x.dtype) / 13
-    kernel = kernel.expand(3, 1, 3, 3)
     smooth = x.clone()
-    smooth[..., 1:-1, 1:-1] = torch.nn.functional.conv2d(x, kernel, groups=3)
+    if x.is_cuda:       # one depthwise convolution
+        kernel = _constant(((1.0, 1.0, 1.0), (1.0, 5.0, 1.0), (1.0, 1.0, 1.0)), str(x.device),
+                           x.dtype) / 13
+        smooth[..., 1:-1, 1:-1] = torch.nn.functional.conv2d(x, kernel.expand(3, 1, 3, 3),
+                                                             groups=3)
+    else:               # a 3x3 box as two 3-sums, plus 4x the centre: several times faster
+        box = x[..., :-2, :] + x[..., 1:-1, :] + x[..., 2:, :]
+        box = box[..., :-2] + box[..., 1:-1] + box[..., 2:]
+        smooth[..., 1:-1, 1:-1] = box.add_(x[..., 1:-1, 1:-1], alpha=4).div_(13)
     return _blend(x, smooth, f)
 
 
