@@ -775,7 +775,10 @@ class Normalize:
         self.shift = tuple(-m / s for m, s in zip(mean, std))
 
     def __call__(self, x: torch.Tensor, values: bool = True) -> torch.Tensor:
-        if values and x.dtype == torch.float32:     # one pass, in place (the loader's batch)
+        if values and _native_ok(x) and (x.is_contiguous() or x.is_contiguous(
+                memory_format=torch.channels_last)):    # one pass, in place, each pixel once
+            native.affine(x, self.scale, self.shift)
+        elif values and x.dtype == torch.float32:
             a, b = (_constant(v, str(x.device), x.dtype).view(3, 1, 1)
                     for v in (self.scale, self.shift))
             x = torch.addcmul(b, x, a, out=x)

@@ -254,6 +254,23 @@ def test_normalisation_folded_into_a_recipe_gives_the_same_batches(dtype, layout
         assert torch.equal(y, ry)
 
 
+def test_the_normalisation_after_a_transform():
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    x = images(n=5, size=9)
+    ref = (x.double() - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    for layout in (torch.contiguous_format, torch.channels_last):     # the C kernel's pass
+        for dtype in (torch.float32, torch.bfloat16):
+            norm = T.Normalize(mean, std, dtype, layout)
+            y = norm(x.clone(memory_format=layout))     # in place: the batch is the loader's
+            assert y.dtype == dtype and y.is_contiguous(memory_format=layout)
+            assert torch.allclose(y.double(), ref, atol=1e-5 if dtype == torch.float32 else 0.02)
+    wide = torch.zeros(5, 3, 9, 12)
+    wide[..., :9] = x
+    part = wide[..., :9]                    # strided: torch's multiply-add
+    assert torch.allclose(T.Normalize(mean, std, torch.float32, torch.contiguous_format)(
+        part).double(), ref, atol=1e-5)
+
+
 def test_normalisation_is_not_folded_where_an_op_after_the_fold_would_change():
     scale, shift = (2.0, 3.0, 4.0), (0.0, 1.0, 2.0)
     for fn in (T.Compose([T.ColorJitter(0.4), T.TrivialAugment()]),    # it cannot follow
