@@ -46,6 +46,14 @@ def _rate(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    """A probability or label smoothing: a number in [0, 1]."""
+    value = _rate(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; use a number in [0, 1]")
+    return value
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -219,6 +227,33 @@ def _held_out(last: dict, ds) -> str:
     return f", held-out accuracy {last['val_acc']:.1%} ({chance})"
 
 
+def train_recipe(a, classes: int, label_kind: str):
+    """``fastdata train``'s batch transform from its augmentation options, in the order of
+    torchvision's references (MixUp or CutMix last), or None without any.
+
+    Raises:
+        ValueError: MixUp, CutMix or label smoothing asked of labels that are not classes.
+    """
+    from fastdata import transforms as T
+    from fastdata.augment import IMAGENET_MEAN
+
+    if label_kind != "class" and (a.mixup_alpha or a.cutmix_alpha or a.label_smoothing):
+        raise ValueError(f"--mixup-alpha, --cutmix-alpha and --label-smoothing work on class "
+                         f"labels; this set's labels are {label_kind}")
+    ops: list = []
+    if a.color_jitter:
+        ops.append(T.ColorJitter(a.color_jitter, a.color_jitter, a.color_jitter))
+    if a.auto_augment == "ta_wide":
+        ops.append(T.TrivialAugment())
+    if a.random_erase:      # the mean colour: torchvision's 0 after normalising
+        ops.append(T.RandomErasing(a.random_erase, value=IMAGENET_MEAN))
+    mix = ([T.MixUp(a.mixup_alpha, num_classes=classes)] if a.mixup_alpha else []) + \
+        ([T.CutMix(a.cutmix_alpha, num_classes=classes)] if a.cutmix_alpha else [])
+    if mix:
+        ops.append(mix[0] if len(mix) == 1 else T.RandomChoice(mix))
+    return T.Compose(ops) if ops else None
+
+
 def train_run(a) -> dict:
     """``fastdata train``: returns the last epoch's record (rank 0 prints it)."""
     import torch
@@ -239,7 +274,9 @@ def train_run(a) -> dict:
         common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
                       device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers,
                       channels_last=True)   # the model's layout below: no per-step copy
-        train = Loader(a.out, train=True, scale=(a.min_scale, 1.0), **common)
+        sset = ShardSet(a.out)
+        train = Loader(sset, train=True, scale=(a.min_scale, 1.0), **common,
+                       batch_transform=train_recipe(a, len(sset.classes), sset.label_kind))
         val = None
         if a.val:       # evaluated at the size trained on (by default each set's largest)
             held = ShardSet(a.val)
@@ -269,6 +306,7 @@ def train_run(a) -> dict:
         kind = train.dataset.label_kind
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
                          loss_fn=None if kind == "class" else loss_for(kind),
+                         label_smoothing=a.label_smoothing,
                          clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,
                          channels_last=True)
         log.info("rank %d/%d on %s, precision %s: %s", info.rank, info.world_size,
@@ -429,6 +467,20 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--seed", type=int, default=0, help="seed of the sample order and the model")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--log-every", type=int, default=50, help="batches between loss logs")
+    g = t.add_argument_group("augmentation after the crop, as a batch transform on the output "
+                             "device (torchvision's reference recipe's options)")
+    g.add_argument("--color-jitter", type=_rate, default=0.0, metavar="V",
+                   help="ColorJitter of brightness, contrast and saturation V (0: none)")
+    g.add_argument("--auto-augment", choices=("ta_wide",), default=None,
+                   help="ta_wide: TrivialAugmentWide, an operation per image")
+    g.add_argument("--random-erase", type=_fraction, default=0.0, metavar="P",
+                   help="RandomErasing with probability P, filled with the mean colour")
+    g.add_argument("--mixup-alpha", type=_rate, default=0.0, metavar="A",
+                   help="MixUp with Beta(A, A) (0: none; with --cutmix-alpha, one per batch)")
+    g.add_argument("--cutmix-alpha", type=_rate, default=0.0, metavar="A",
+                   help="CutMix with Beta(A, A) (0: none)")
+    g.add_argument("--label-smoothing", type=_fraction, default=0.0, metavar="E",
+                   help="cross-entropy's label smoothing (class labels)")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import logging
 import multiprocessing as mp
 import os
@@ -237,8 +238,10 @@ def shard_set(tmp_path_factory):
     return str(tmp / "hdf5")
 
 
-def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, schedule="onecycle", plan=3, **kw):
-    """12 batches per epoch; the schedule lasts ``plan`` epochs."""
+def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, schedule="onecycle", plan=3,
+         recipe=None, **kw):
+    """12 batches per epoch; the schedule lasts ``plan`` epochs; ``recipe``: the loader's
+    batch transform."""
     torch.manual_seed(0)
     model = SmallResNet(3, width=8, blocks=(1, 1))
     if hook is not None:
@@ -246,7 +249,8 @@ def _run(shard_set, ckdir, hook=None, accum=2, epochs=3, schedule="onecycle", pl
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = make_scheduler(opt, schedule, total_steps=plan * -(-12 // accum))
     step = TrainStep(model, opt, precision="fp32", accum_steps=accum, scheduler=sched)
-    loader = fastdata.Loader(shard_set, batch_size=2, device="cpu", num_workers=2, seed=3)
+    loader = fastdata.Loader(shard_set, batch_size=2, device="cpu", num_workers=2, seed=3,
+                             batch_transform=recipe)
     ev = fastdata.Loader(shard_set, batch_size=5, train=False, device="cpu", num_workers=0)
     hist = fit(step, loader, epochs=epochs, eval_loader=ev, checkpoint_dir=ckdir,
                checkpoint_every=2, **kw)
@@ -323,6 +327,20 @@ def test_checkpoint_resume_matches_uninterrupted(shard_set, tmp_path, monkeypatc
     torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
     for a, b in zip(resumed.buffers(), whole.buffers()):       # BatchNorm running stats too
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_run_with_an_augmentation_recipe_resumes_exactly(shard_set, tmp_path):
+    from fastdata import transforms as T
+
+    recipe = T.Compose([T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.RandomErasing(0.5),
+                        T.RandomChoice([T.MixUp(0.2, num_classes=3),
+                                        T.CutMix(1.0, num_classes=3)])])
+    whole, _ = _run(shard_set, str(tmp_path / "a"), recipe=recipe)
+    plain, _ = _run(shard_set, str(tmp_path / "p"))
+    assert not torch.equal(params(whole), params(plain))       # the recipe did something
+    _run(shard_set, str(tmp_path / "b"), recipe=recipe, max_steps=8)     # stops mid-epoch 1
+    resumed, _ = _run(shard_set, str(tmp_path / "b"), recipe=recipe)
+    torch.testing.assert_close(params(resumed), params(whole), rtol=0, atol=0)
 
 
 def test_epochs_that_end_mid_window_are_checkpointed_and_resume_exactly(shard_set, tmp_path):
@@ -529,3 +547,34 @@ def test_fit_shows_a_progress_bar_per_epoch_unless_asked_not_to(shard_set, capsy
         assert "epoch 0" in err and "epoch 1" in err and "img/s" in err and "loss=" in err
     else:
         assert "epoch 0" not in err and "img/s" not in err
+
+
+def test_train_options_build_the_reference_recipe_and_train_with_it(shard_set, tmp_path):
+    from fastdata.augment import IMAGENET_MEAN
+    from fastdata.cli import build_parser, main as cli, train_recipe
+
+    def parse(*options):
+        return build_parser("train").parse_args(["train", shard_set, *options])
+
+    assert train_recipe(parse(), 3, "class") is None
+    recipe = train_recipe(parse("--color-jitter", "0.4", "--auto-augment", "ta_wide",
+                                "--random-erase", "0.25", "--mixup-alpha", "0.2",
+                                "--cutmix-alpha", "1.0"), 3, "class")
+    assert [type(t).__name__ for t in recipe.transforms] == [
+        "ColorJitter", "TrivialAugment", "RandomErasing", "RandomChoice"]
+    jitter, _, erase, mix = recipe.transforms
+    assert jitter.saturation == (0.6, 1.4) and jitter.hue == (0.0, 0.0)
+    assert erase.p == 0.25 and erase.value == tuple(IMAGENET_MEAN)
+    assert [(type(t).__name__, t.alpha) for t in mix.transforms] == [("MixUp", 0.2),
+                                                                   ("CutMix", 1.0)]
+    with pytest.raises(ValueError, match="class labels; this set's labels are multi_label"):
+        train_recipe(parse("--mixup-alpha", "0.2"), 3, "multi_label")
+    with pytest.raises(SystemExit):
+        parse("--random-erase", "2")
+    run = ["-q", "train", shard_set, "--epochs", "1", "--batch-size", "8", "--device", "cpu",
+           "--workers", "0", "--checkpoint", str(tmp_path), "--color-jitter", "0.4",
+           "--random-erase", "0.5", "--mixup-alpha", "0.2", "--cutmix-alpha", "1.0",
+           "--label-smoothing", "0.1"]
+    assert cli(run) == 0
+    log = [json.loads(line) for line in open(tmp_path / "log-rank0.jsonl")]
+    assert log[-1]["samples"] == 24 and math.isfinite(log[-1]["loss"])
