@@ -728,7 +728,7 @@ class TrivialAugment(BatchTransform):
             # as planes: per-channel and per-image broadcasts run several times faster on them
             out = TRIVIAL_OPS[self.ops[k]][2](images[idx].contiguous(), mag[idx])
             # back image by image: a plain copy whatever the result's layout (an indexed
-            # assignment of another layout ran ~5x slower)
+            # assignment from another layout ran several times slower)
             for j, i in enumerate(idx.tolist()):
                 images[i].copy_(out[j])
         return images
