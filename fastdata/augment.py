@@ -176,12 +176,16 @@ def _numbers(name: str, value, n: int) -> tuple[float, ...]:
 
 class Augment:
     """Callable: ``(uint8 (B,H,W,3) tensor, generator) -> (B,3,crop,crop)`` per the contract
-    (``crop=None``: the input's size)."""
+    (``crop=None``: the input's size). ``half_products``: the CUDA kernel's products in float16
+    (tensor cores; their rounding stays under half a grey level), by default where ``dtype``
+    is float16 or bfloat16; also right for a float32 stage whose result ends in half
+    precision."""
 
     def __init__(self, *, train: bool, crop: int | None = None, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, mean=IMAGENET_MEAN, std=IMAGENET_STD,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip: float = 0.5,
-                 eval_ratio: float | None = None, kernel: str = "auto"):
+                 eval_ratio: float | None = None, kernel: str = "auto",
+                 half_products: bool | None = None):
         mean, std = _numbers("mean", mean, 3), _numbers("std", std, 3)
         scale, ratio = _numbers("scale", scale, 2), _numbers("ratio", ratio, 2)
         if min(std) <= 0:
@@ -200,6 +204,12 @@ class Augment:
         self.scale, self.ratio, self.flip, self._eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
         self.mean, self.std = mean, std
+        if half_products is None:
+            half_products = dtype in (torch.float16, torch.bfloat16)
+        if not isinstance(half_products, bool):
+            raise ValueError(f"half_products={half_products!r} is not valid; use True, False or "
+                             "None")
+        self.half_products = half_products
         # y/255 → (y/255 - mean)/std as y*scale + shift, per device and row width: built once
         self._constants: dict = {}
 
@@ -238,9 +248,9 @@ class Augment:
             a, b = self._scale_shift(out.device)
             return native.crop_resize(x, packed_params(boxes, flips), out, a, b)
         if kernel == "batched":
-            # half-precision products for a half-precision output: tensor cores, half the
+            # half-precision products for a half-precision result: tensor cores, half the
             # bytes, and their rounding (< 0.5 grey level) below a bf16 output's (~1 level)
-            half = self.dtype in (torch.float16, torch.bfloat16) and x.is_cuda
+            half = self.half_products and x.is_cuda
             a, b = self._scale_shift(x.device)
             y = crop_resize_batched(x, boxes, flips, side, affine=(a.view(3), b.view(3)),
                                     dtype=torch.float16 if half else torch.float32)

@@ -99,6 +99,9 @@ def test_bad_inputs_are_refused_before_c_sees_them(case, match):
 def test_kernel_choice_is_checked():
     with pytest.raises(ValueError, match="kernel='fast' is not valid"):
         Augment(train=True, kernel="fast")
+    with pytest.raises(ValueError, match="half_products='yes' is not valid"):
+        Augment(train=True, half_products="yes")
+    assert Augment(train=True, dtype=torch.bfloat16).half_products
     if native.available():
         with pytest.raises(ValueError, match="float32 output"):
             Augment(train=True, kernel="native", dtype=torch.uint8)

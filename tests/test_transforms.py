@@ -371,12 +371,14 @@ def run(path, **kw):
     return list(fastdata.Loader(path, **{**args, **kw}))
 
 
-def test_an_identity_batch_transform_changes_nothing(shards):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_identity_batch_transform_changes_nothing(shards, device):
     # bfloat16: the built-in path rounds to uint8 after the resize (a grey level is 0.017
-    # after normalising) and bfloat16 holds 8 bits (0.016 at 2)
+    # after normalising) and bfloat16 holds 8 bits (0.016 at 2); on CUDA both resize with
+    # float16 products
     for kw, tol in (({}, 1e-4), ({"dtype": "bfloat16", "channels_last": True}, 0.05)):
-        plain = run(shards["hdf5"], **kw)
-        hooked = run(shards["hdf5"], batch_transform=lambda x, y: (x, y), **kw)
+        plain = run(shards["hdf5"], device=device, **kw)
+        hooked = run(shards["hdf5"], batch_transform=lambda x, y: (x, y), device=device, **kw)
         for (a, la), (b, lb) in zip(plain, hooked):
             assert a.dtype == b.dtype and a.stride() == b.stride()
             assert torch.allclose(a.float(), b.float(), atol=tol) and torch.equal(la, lb)

@@ -145,7 +145,7 @@ def _hooks(loader: "Loader", sample_transform, batch_transform, workers: str):
                          "normalised after it); dtype=uint8 skips normalisation")
     loader.transform = Augment(train=t.train, dtype=torch.float32,
                                channels_last=t.channels_last, mean=(0.0,) * 3, std=(1.0,) * 3,
-                               scale=t.scale, ratio=t.ratio)
+                               scale=t.scale, ratio=t.ratio, half_products=t.half_products)
     norm = Normalize(t.mean, t.std, t.dtype, t.memory_format)
     return sample_transform, BatchStage(batch_transform, norm)
 
