@@ -39,7 +39,8 @@ def torch_jitter(op: T.ColorJitter):
                 (T.adjust_saturation, op.saturation, (1.0, 1.0)),
                 (T.adjust_hue, op.hue, (0.0, 0.0))]):
             if rng != identity:
-                x = fn(x, T._uniform(len(x), *rng, x, g))
+                lo, hi = rng
+                x = fn(x, lo + (hi - lo) * torch.rand(len(x), 1, 1, 1, generator=g))
         return x
     return run
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from fastdata import native
 from fastdata.checks import choice
+from fastdata.transforms import gpu_kernels
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -113,7 +114,9 @@ def resample_weights(start, length, size: int, out: int, flips=None,
     output pixel ``i`` with ``interpolate(mode="bilinear", antialias=True)``'s weights (PIL's
     triangle filter, widened by the downscale factor), mirrored where ``flips``. Computed in
     float32; the (B, out, size) passes are kept few, as on CUDA they cost more than the
-    products that use them."""
+    products that use them (in one, with Triton)."""
+    if start.is_cuda and gpu_kernels() is not None:
+        return gpu_kernels().resample_weights(start, length, size, out, flips, dtype)
     start = start.to(torch.float32)[:, None, None]
     length = length.to(torch.float32)[:, None, None]
     scale = length / out

@@ -5,9 +5,10 @@
 waits for them. Here the four adjustments run per pixel in one pass (two where contrast needs
 the mean of what comes before it), the same arithmetic as the CPU's C kernel
 (``_native.c``), with the loader's normalisation folded in where it asks. RandomErasing with
-a constant fill writes its boxes only. Triton ships with PyTorch's CUDA builds on Linux;
-without it the operations fall back to torch's (``transforms`` imports this module only where
-Triton imports).
+a constant fill writes its boxes only. The crop's resampling matrices are written in one pass
+each, where torch's operations make about ten over them. Triton ships with PyTorch's CUDA
+builds on Linux; without it the operations fall back to torch's (``transforms`` imports this
+module only where Triton imports).
 """
 from __future__ import annotations
 
@@ -185,3 +186,34 @@ def erase(images: torch.Tensor, boxes: torch.Tensor, fill: torch.Tensor) -> None
         erase_row[(n, h)](images, boxes.to(torch.int64).contiguous(),
                           fill.to(torch.float32).contiguous(), *images.stride(),
                           WIDTH=triton.next_power_of_2(w))
+
+
+@triton.jit
+def resample_row(w, start, length, flips, out, size, SIZE: tl.constexpr, FLIP: tl.constexpr):
+    """Row ``program_id(1)`` of matrix ``program_id(0)`` of ``augment.resample_weights``."""
+    b, i = tl.program_id(0), tl.program_id(1)
+    first, span = tl.load(start + b).to(tl.float32), tl.load(length + b).to(tl.float32)
+    scale = span / out
+    at = i.to(tl.float32)
+    if FLIP:
+        at = tl.where(tl.load(flips + b) != 0, out - 1 - at, at)
+    centre = (at + 0.5) * scale - 0.5 + first
+    pos = tl.arange(0, SIZE)
+    p = pos.to(tl.float32)
+    tent = tl.maximum(tl.abs(p - centre) * (-1.0 / tl.maximum(scale, 1.0)) + 1.0, 0.0)
+    tent = tl.where((p >= first) & (p < first + span), tent, 0.0)
+    row = w + (b.to(tl.int64) * out + i) * size
+    tl.store(row + pos, (tent / tl.sum(tent, axis=0)).to(w.dtype.element_ty), mask=pos < size)
+
+
+def resample_weights(start: torch.Tensor, length: torch.Tensor, size: int, out: int,
+                     flips: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``augment.resample_weights`` on ``start``'s CUDA device, each matrix row in one
+    program: (B, out, size) in ``dtype``, queued on the current stream."""
+    n = len(start)
+    w = torch.empty((n, out, size), dtype=dtype, device=start.device)
+    if n and out and size:
+        f = start if flips is None else flips.to(torch.int32).contiguous()
+        resample_row[(n, out)](w, start.contiguous(), length.contiguous(), f, out, size,
+                               SIZE=triton.next_power_of_2(size), FLIP=flips is not None)
+    return w

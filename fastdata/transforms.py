@@ -84,10 +84,27 @@ def batch_generator(seed: int, device: torch.device) -> torch.Generator:
 
 
 def _host(generator: torch.Generator | None) -> torch.Generator | None:
-    """A CPU generator for per-batch values, from ``generator``'s seed (read on the host)."""
+    """A CPU generator for a transform's per-batch values: ``generator`` itself on the CPU.
+    From a device's generator, one seeded on the host (no device value read), a stream of
+    its own at each call (the device generator's offset moves on), the first the same as a
+    CPU generator of the same seed gives."""
     if generator is None or generator.device.type == "cpu":
         return generator
-    return torch.Generator().manual_seed(generator.initial_seed())
+    seed, offset = generator.initial_seed(), generator.get_offset()
+    generator.set_offset(offset + 4)
+    if offset:
+        seed = int(np.random.SeedSequence([seed, offset]).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def _to(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Per-batch values drawn on the host, on ``like``'s device in one copy: from pinned
+    memory on CUDA, as a copy from pageable memory waits for the stream's earlier work."""
+    if like.device.type == "cpu":
+        return values
+    if like.is_cuda:
+        values = values.pin_memory()
+    return values.to(like.device, non_blocking=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -97,14 +114,9 @@ def _constant(values: tuple, device: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype).to(device)
 
 
-def _uniform(n: int, lo: float, hi: float, like: torch.Tensor, generator) -> torch.Tensor:
-    """``n`` draws in [lo, hi) on ``like``'s device, shaped to broadcast over (B, 3, H, W)."""
-    u = torch.rand(n, device=like.device, generator=generator)
-    return (lo + (hi - lo) * u).view(n, 1, 1, 1)
-
-
-def _coins(n: int, p: float, like: torch.Tensor, generator) -> torch.Tensor:
-    return (torch.rand(n, device=like.device, generator=generator) < p).view(n, 1, 1, 1)
+def _coins(n: int, p: float, host) -> torch.Tensor:
+    """``n`` draws of True with probability ``p``, on the host, shaped (n, 1, 1, 1)."""
+    return (torch.rand(n, generator=host) < p).view(n, 1, 1, 1)
 
 
 class BatchTransform:
@@ -309,19 +321,20 @@ class ColorJitter(BatchTransform):
                (adjust_contrast, self.contrast, (1.0, 1.0)),
                (adjust_saturation, self.saturation, (1.0, 1.0)),
                (adjust_hue, self.hue, (0.0, 0.0))]
-        order = [k for k in torch.randperm(4, generator=_host(generator)).tolist()
+        host = _host(generator)
+        order = [k for k in torch.randperm(4, generator=host).tolist()
                  if ops[k][1] != ops[k][2]]
-        factors = [_uniform(n, *rng, images, generator) for _, rng, _ in ops]
+        lo, hi = (torch.tensor([r[j] for _, r, _ in ops]) for j in (0, 1))
+        factors = _to(lo + (hi - lo) * torch.rand(n, 4, generator=host), images)   # (B, 4)
         affine = self._affine or (None, None)
         if _native_ok(images):          # per pixel in one or two passes, not per op
-            native.color_jitter(images, torch.cat(factors, 1).view(n, 4), order, *affine)
+            native.color_jitter(images, factors, order, *affine)
             return images, labels
         if _fused_gpu_ok(images):       # the same, in a Triton kernel
-            gpu_kernels().color_jitter(images, torch.cat(factors, 1).view(n, 4), order,
-                                       *affine)
+            gpu_kernels().color_jitter(images, factors, order, *affine)
             return images, labels
         for k in order:
-            images = ops[k][0](images, factors[k])
+            images = ops[k][0](images, factors[:, k].view(n, 1, 1, 1))
         if self._affine is not None:
             images = _per_channel(images, *self._affine)
         return images, labels
@@ -366,12 +379,13 @@ class RandomGrayscale(BatchTransform):
         return moved
 
     def __call__(self, images, labels, generator=None):
-        grey = _coins(len(images), self.p, images, generator)
+        grey = _coins(len(images), self.p, _host(generator))
         if images.device.type == "cpu":     # the grey images only, image by image
             for k in grey.view(-1).nonzero()[:, 0].tolist():
                 images[k] = self._grey(images[k:k + 1])[0]
             return images, labels
-        return torch.where(grey, self._grey(images).expand_as(images), images), labels
+        return torch.where(_to(grey, images), self._grey(images).expand_as(images),
+                           images), labels
 
     def _grey(self, x: torch.Tensor) -> torch.Tensor:
         if self._affine is None:
@@ -423,25 +437,24 @@ class RandomErasing(BatchTransform):
         return moved
 
     def boxes(self, n: int, height: int, width: int, like: torch.Tensor, generator):
-        """``(n,)`` tensors ``top, left, h, w`` (``h == 0``: nothing erased), on the device."""
-        attempts = 10
-        dev = like.device
+        """``(n, 4)`` int64 ``top, left, h, w`` per image (``h == 0``: nothing erased), drawn
+        on the host and put on ``like``'s device."""
+        attempts, host = 10, _host(generator)
         area = height * width * (self.scale[0] + (self.scale[1] - self.scale[0]) *
-                                 torch.rand(n, attempts, device=dev, generator=generator))
+                                 torch.rand(n, attempts, generator=host))
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
-        aspect = torch.exp(lo + (hi - lo) * torch.rand(n, attempts, device=dev,
-                                                       generator=generator))
+        aspect = torch.exp(lo + (hi - lo) * torch.rand(n, attempts, generator=host))
         h = torch.sqrt(area * aspect).round().long()
         w = torch.sqrt(area / aspect).round().long()
         ok = (h < height) & (w < width)
         first = ok.to(torch.float32).argmax(1, keepdim=True)
-        found = ok.any(1) & _coins(n, self.p, like, generator).view(n)
+        found = ok.any(1) & _coins(n, self.p, host).view(n)
         h = torch.where(found, h.gather(1, first)[:, 0], 0)
         w = torch.where(found, w.gather(1, first)[:, 0], 0)
-        u = torch.rand(n, 2, device=dev, generator=generator)
+        u = torch.rand(n, 2, generator=host)
         top = (u[:, 0] * (height - h + 1)).long()
         left = (u[:, 1] * (width - w + 1)).long()
-        return top, left, h, w
+        return _to(torch.stack([top, left, h, w], 1), like)
 
     def _fill(self, shape, images, generator) -> torch.Tensor:
         if self.value == "random":
@@ -458,16 +471,16 @@ class RandomErasing(BatchTransform):
         n, c, height, width = images.shape
         boxes = self.boxes(n, height, width, images, generator)
         if images.device.type == "cpu":     # the boxes only, image by image
-            for k, (t, l, h, w) in enumerate(torch.stack(boxes, 1).tolist()):
+            for k, (t, l, h, w) in enumerate(boxes.tolist()):
                 if h:
                     box = images[k, :, t:t + h, l:l + w]
                     box.copy_(self._fill(box.shape, images, generator).expand_as(box))
             return images, labels
         if self.value != "random" and images.is_cuda and gpu_kernels() is not None:
             fill = self._fill(images.shape, images, generator).reshape(3)
-            gpu_kernels().erase(images, torch.stack(boxes, 1), fill)     # the boxes only
+            gpu_kernels().erase(images, boxes, fill)     # the boxes only
             return images, labels
-        top, left, h, w = (t.view(n, 1, 1, 1) for t in boxes)
+        top, left, h, w = (t.view(n, 1, 1, 1) for t in boxes.unbind(1))
         ys = torch.arange(height, device=images.device).view(1, 1, height, 1)
         xs = torch.arange(width, device=images.device).view(1, 1, 1, width)
         inside = (ys >= top) & (ys < top + h) & (xs >= left) & (xs < left + w)

@@ -108,21 +108,29 @@ for layout in (torch.contiguous_format, torch.channels_last):
             assert torch.allclose(a, b, atol=1e-5), (order, affine, (a - b).abs().max())
 from fastdata import transforms as T
 op = T.RandomErasing(0.7, value=(0.1, 0.2, 0.3))
-boxes = torch.stack(op.boxes(5, 23, 41, x, torch.Generator().manual_seed(2)), 1)
+boxes = op.boxes(5, 23, 41, x, torch.Generator().manual_seed(2))
 ref, _ = op(x.clone(), None, generator=torch.Generator().manual_seed(2))   # the CPU's path
 assert (ref != x).any() and boxes[:, 2].min() == 0
 for layout in (torch.contiguous_format, torch.channels_last):
     a = x.contiguous(memory_format=layout)
     gpu_kernels.erase(a, boxes, torch.tensor([0.1, 0.2, 0.3]))
     assert torch.equal(a, ref), layout
+from fastdata.augment import resample_weights
+start, length = torch.tensor([0, 3, 10, 0, 5]), torch.tensor([41, 7, 30, 1, 36])
+for flips in (None, torch.tensor([False, True, True, False, True])):
+    for out, dtype, tol in ((16, torch.float32, 1e-6), (50, torch.float16, 1e-3)):
+        a = gpu_kernels.resample_weights(start, length, 41, out, flips, dtype)
+        b = resample_weights(start, length, 41, out, flips, dtype)     # torch's, on the CPU
+        assert a.dtype == b.dtype and torch.allclose(a.float(), b.float(), atol=tol)
 print("same")
 """
 
 
 def test_gpu_kernels_equal_the_cpu_paths_in_tritons_interpreter():
-    """The Triton kernels that run ColorJitter and RandomErasing on CUDA, run by Triton's
-    interpreter on the CPU: the same arithmetic as the C kernel, for every kind of order and
-    both layouts, and the same boxes erased as on the CPU."""
+    """The Triton kernels that run ColorJitter, RandomErasing and the crop's resampling
+    weights on CUDA, run by Triton's interpreter on the CPU: the same arithmetic as the C
+    kernel, for every kind of order and both layouts, the same boxes erased as on the CPU,
+    the same weights as torch's operations (flipped or not, down- and upscaled)."""
     pytest.importorskip("triton")
     if not native.available():
         pytest.skip("the C kernel is not built")
@@ -467,6 +475,19 @@ def test_train_step_takes_soft_targets_and_label_smoothing():
 
 
 @pytest.mark.gpu
+def test_each_transform_of_a_cuda_batch_draws_its_own_values():
+    """A CUDA batch's per-batch values are drawn on the host (no device value read): each
+    transform from a stream of its own, and the same streams again from the same seed."""
+    def draws(seed):
+        g = torch.Generator("cuda").manual_seed(seed)
+        return [torch.rand(4, generator=T._host(g)) for _ in range(3)]
+    a, b = draws(7), draws(7)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])
+    assert torch.equal(a[0], torch.rand(4, generator=torch.Generator().manual_seed(7)))
+
+
+@pytest.mark.gpu
 def test_operations_on_cuda_match_the_cpu():
     x = images(n=32, size=24, seed=4)
     f = torch.rand(32, generator=torch.Generator().manual_seed(1)).view(32, 1, 1, 1) * 2
@@ -488,7 +509,7 @@ def test_operations_on_cuda_match_the_cpu():
                        generator=torch.Generator("cuda").manual_seed(5))
         boxes = erase.boxes(32, 24, 24, x.cuda(), torch.Generator("cuda").manual_seed(5))
         ref = x.clone()
-        for k, (t, l, h, w) in enumerate(torch.stack(boxes, 1).tolist()):
+        for k, (t, l, h, w) in enumerate(boxes.tolist()):
             ref[k, :, t:t + h, l:l + w] = torch.tensor([0.1, 0.2, 0.3]).view(3, 1, 1)
         assert torch.equal(got.cpu(), ref) and not torch.equal(ref, x)
     labels = torch.arange(32) % 5
