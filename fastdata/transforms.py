@@ -662,22 +662,15 @@ _AFFINE_ARGS = {"shear_x": (1, _degrees_of_slope), "shear_y": (2, _degrees_of_sl
                 "rotate": (0, lambda m: m)}
 
 
-def _affine_args(ops: list, op: torch.Tensor, mag: torch.Tensor) -> list:
-    """affine's 5 arguments per image: its geometric operation's, zeros for the others."""
-    args = [torch.zeros_like(mag) for _ in range(5)]
-    for k, name in enumerate(ops):
-        if name in _AFFINE_ARGS:
-            slot, fn = _AFFINE_ARGS[name]
-            args[slot] = torch.where(op == k, fn(mag), args[slot])
-    return args
-
-
 def _geometric(name: str) -> Callable:
-    return lambda x, m: affine(x, *_affine_args([name], torch.zeros_like(m), m))
+    slot, fn = _AFFINE_ARGS[name]
 
+    def run(x, m):
+        args = [torch.zeros_like(m) for _ in range(5)]
+        args[slot] = fn(m)
+        return affine(x, *args)
+    return run
 
-# blended with black, grey or mean grey by a factor 1 + magnitude (see ``everywhere``)
-_BLENDS = ("brightness", "color", "contrast")
 
 # name -> (largest magnitude, signed, fn(images, magnitudes)); torchvision's TrivialAugmentWide
 TRIVIAL_OPS = {
@@ -702,9 +695,8 @@ class TrivialAugment(BatchTransform):
     """torchvision's ``TrivialAugmentWide``, batched: each image gets one operation of
     ``ops`` (all of ``TRIVIAL_OPS`` by default) at a magnitude of ``num_bins`` levels, drawn
     per image, with a random sign where the operation has one. Geometric operations fill with
-    black. On the CPU each operation runs on the images that drew it; on a GPU they run on
-    the whole batch and each image keeps its own (no host sync to group them), the geometric
-    ones as one resampling and the three blends as one."""
+    black. Each operation runs on the images that drew it; the draws are made on the host, so
+    grouping the images by operation reads nothing from a GPU."""
 
     def __init__(self, num_bins: int = 31, ops: Sequence[str] | None = None):
         self.ops = list(TRIVIAL_OPS) if ops is None else list(ops)
@@ -715,25 +707,26 @@ class TrivialAugment(BatchTransform):
             raise ValueError(f"num_bins={num_bins!r} is not valid; use an integer >= 2")
         self.num_bins = num_bins
 
-    def draw(self, n: int, like: torch.Tensor, generator):
-        """``(op, magnitude)`` per image: (B,) int64 indices into ``ops`` and (B,) floats."""
-        dev = like.device
-        op = torch.randint(len(self.ops), (n,), device=dev, generator=generator)
-        level = torch.randint(self.num_bins, (n,), device=dev, generator=generator)
-        sign = torch.randint(2, (n,), device=dev, generator=generator) * 2 - 1
-        top = _constant(tuple(TRIVIAL_OPS[o][0] for o in self.ops), str(dev), torch.float32)
-        signed = _constant(tuple(TRIVIAL_OPS[o][1] for o in self.ops), str(dev), torch.bool)
+    def draw(self, n: int, generator):
+        """``(op, magnitude)`` per image, on the host: (B,) int64 indices into ``ops`` and
+        (B,) float32."""
+        host = _host(generator)
+        op = torch.randint(len(self.ops), (n,), generator=host)
+        level = torch.randint(self.num_bins, (n,), generator=host)
+        sign = torch.randint(2, (n,), generator=host) * 2 - 1
+        top = torch.tensor([TRIVIAL_OPS[o][0] for o in self.ops], dtype=torch.float32)
+        signed = torch.tensor([TRIVIAL_OPS[o][1] for o in self.ops])
         mag = top[op] * level / (self.num_bins - 1)
         return op, torch.where(signed[op], mag * sign, mag)
 
     def __call__(self, images, labels, generator=None):
-        op, mag = self.draw(len(images), images, generator)
+        op, mag = self.draw(len(images), generator)
         if images.device.type == "cpu":
             return self.grouped(images, op, mag), labels
-        return self.everywhere(images, op, mag), labels
+        return self.by_operation(images, op, mag), labels
 
     def grouped(self, images, op, mag):
-        """Each operation on the images that drew it, in place (host indices: the CPU's)."""
+        """Each operation on the images that drew it, in place, image by image (the CPU's)."""
         for k in torch.unique(op).tolist():
             if self.ops[k] == "identity":
                 continue
@@ -746,35 +739,21 @@ class TrivialAugment(BatchTransform):
                 images[i].copy_(out[j])
         return images
 
-    def everywhere(self, images, op, mag):
-        """Every operation on the whole batch, each image keeping its own: no device value is
-        read on the host (a GPU's). The geometric operations run as one affine resampling
-        with each image's own matrix, the three blends as one blend with each image's own
-        partner."""
-        out = images
-        for group, fn in ((_AFFINE_ARGS, self._moved), (_BLENDS, self._blended)):
-            mine = [op == k for k, name in enumerate(self.ops) if name in group]
-            if mine:
-                mine = functools.reduce(torch.logical_or, mine).view(-1, 1, 1, 1)
-                out = torch.where(mine, fn(images, op, mag).to(images.dtype), out)
-        for k, name in enumerate(self.ops):
-            if name != "identity" and name not in _AFFINE_ARGS and name not in _BLENDS:
-                keep = (op == k).view(-1, 1, 1, 1)
-                out = torch.where(keep, TRIVIAL_OPS[name][2](images, mag).to(images.dtype), out)
-        return out
-
-    def _moved(self, images, op, mag):
-        return affine(images, *_affine_args(self.ops, op, mag))
-
-    def _blended(self, images, op, mag):
-        grey = grayscale(images)
-        partner = torch.zeros((), device=images.device, dtype=images.dtype)    # brightness
-        for name, other in (("color", grey), ("contrast", grey.mean(dim=(-3, -2, -1),
-                                                                    keepdim=True))):
-            if name in self.ops:
-                partner = torch.where((op == self.ops.index(name)).view(-1, 1, 1, 1), other,
-                                      partner)
-        return _blend(images, partner, (1 + mag).view(-1, 1, 1, 1))
+    def by_operation(self, images, op, mag):
+        """Each operation on the images that drew it, in place, on the batch sorted by
+        operation (a GPU's): one gather and one scatter of the batch, each operation on a
+        range of it. ``op`` and ``mag`` on the host."""
+        order = torch.argsort(op, stable=True)
+        counts = torch.bincount(op, minlength=len(self.ops)).tolist()
+        idx, mags = _to(order, images), _to(mag[order], images)
+        batch = images.index_select(0, idx)
+        start = 0
+        for name, count in zip(self.ops, counts):
+            part = slice(start, start + count)
+            if count and name != "identity":
+                batch[part] = TRIVIAL_OPS[name][2](batch[part], mags[part])
+            start += count
+        return images.index_copy_(0, idx, batch)
 
 
 class Normalize:

@@ -335,10 +335,10 @@ def test_trivial_augment_operations_match_pil():
 def test_trivial_augment_draws_an_operation_per_image_the_same_on_either_path():
     x = images(n=64, size=16, seed=1)
     op = T.TrivialAugment()
-    kinds, mags = op.draw(64, x, torch.Generator().manual_seed(5))
+    kinds, mags = op.draw(64, torch.Generator().manual_seed(5))
     assert len(set(kinds.tolist())) > 8 and mags.abs().max() <= 135
     a = op.grouped(x.clone(), kinds, mags)
-    b = op.everywhere(x.clone(), kinds, mags)
+    b = op.by_operation(x.clone(), kinds, mags)
     assert torch.allclose(a, b, atol=1e-6)
     for k in range(64):         # each image is its own operation's result
         fn = T.TRIVIAL_OPS[op.ops[int(kinds[k])]][2]
@@ -349,13 +349,13 @@ def test_trivial_augment_draws_an_operation_per_image_the_same_on_either_path():
     cl = x.contiguous(memory_format=torch.channels_last)
     assert torch.allclose(op.grouped(cl.clone(memory_format=torch.channels_last), kinds, mags),
                           a, atol=1e-6)
-    assert torch.allclose(op.everywhere(cl, kinds, mags), a, atol=1e-6)
-    sub = T.TrivialAugment(ops=["contrast", "rotate", "identity", "solarize"])   # groups' parts
-    kinds, mags = sub.draw(64, x, torch.Generator().manual_seed(6))
+    assert torch.allclose(op.by_operation(cl, kinds, mags), a, atol=1e-6)
+    sub = T.TrivialAugment(ops=["contrast", "rotate", "identity", "solarize"])
+    kinds, mags = sub.draw(64, torch.Generator().manual_seed(6))
     assert torch.allclose(sub.grouped(x.clone(), kinds, mags),
-                          sub.everywhere(x.clone(), kinds, mags), atol=1e-6)
+                          sub.by_operation(x.clone(), kinds, mags), atol=1e-6)
     only = T.TrivialAugment(ops=["solarize"])
-    assert set(only.draw(8, x, None)[0].tolist()) == {0}
+    assert set(only.draw(8, None)[0].tolist()) == {0}
     with pytest.raises(ValueError, match="ops="):
         T.TrivialAugment(ops=["blur"])
 
@@ -518,6 +518,6 @@ def test_operations_on_cuda_match_the_cpu():
         b, yb = mix(x.clone(), labels, generator=torch.Generator().manual_seed(3))
         assert torch.allclose(a.cpu(), b, atol=1e-6) and torch.allclose(ya.cpu(), yb)
     op = T.TrivialAugment()
-    kinds, mags = op.draw(32, x, torch.Generator().manual_seed(2))
-    on_gpu = op.everywhere(x.cuda(), kinds.cuda(), mags.cuda()).cpu()
+    kinds, mags = op.draw(32, torch.Generator().manual_seed(2))
+    on_gpu = op.by_operation(x.cuda(), kinds, mags).cpu()
     assert torch.allclose(on_gpu, op.grouped(x.clone(), kinds, mags), atol=1e-4)
