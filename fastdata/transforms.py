@@ -100,9 +100,9 @@ def _host(generator: torch.Generator | None) -> torch.Generator | None:
 def _to(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Per-batch values drawn on the host, on ``like``'s device in one copy: from pinned
     memory on CUDA, as a copy from pageable memory waits for the stream's earlier work."""
-    if like.device.type == "cpu":
+    if values.device == like.device:
         return values
-    if like.is_cuda:
+    if like.is_cuda and values.device.type == "cpu":
         values = values.pin_memory()
     return values.to(like.device, non_blocking=True)
 
@@ -623,8 +623,23 @@ def equalize(x: torch.Tensor) -> torch.Tensor:
 def affine(x: torch.Tensor, angle, shear_x, shear_y, tx, ty) -> torch.Tensor:
     """torchvision's tensor ``affine``/``rotate`` (nearest, black fill), per image: rotate by
     ``angle`` degrees about the centre, shear by ``shear_x``/``shear_y`` degrees about the top
-    left corner, translate by ``tx``/``ty`` pixels. Each argument a (B,) tensor."""
+    left corner, translate by ``tx``/``ty`` pixels. Each argument a (B,) tensor, on ``x``'s
+    device or on the host (the matrices are then made there and moved in one copy)."""
     n, _, h, w = x.shape
+    theta = _to(_sampling_matrices(angle, shear_x, shear_y, tx, ty, h, w), x)
+    xs = torch.linspace(-w * 0.5 + 0.5, w * 0.5 - 0.5, w, device=x.device).view(1, 1, w, 1)
+    ys = torch.linspace(-h * 0.5 + 0.5, h * 0.5 - 0.5, h, device=x.device).view(1, h, 1, 1)
+    # (x, y, 1) @ theta per pixel, as broadcast products written once into the grid (a batched
+    # matmul with an inner size of 3 ran several times slower on a CPU)
+    t = theta.view(n, 3, 1, 1, 2)
+    grid = torch.add(xs * t[:, 0], ys * t[:, 1]).add_(t[:, 2])
+    return torch.nn.functional.grid_sample(x, grid.to(x.dtype), mode="nearest",
+                                           padding_mode="zeros", align_corners=False)
+
+
+def _sampling_matrices(angle, shear_x, shear_y, tx, ty, h: int, w: int) -> torch.Tensor:
+    """(B, 3, 2): an output pixel's ``(x, y, 1)`` (from the centre) times its image's matrix is
+    where it samples, in ``grid_sample``'s units."""
     # torchvision's _get_inverse_affine_matrix (rotate passes -angle to it)
     rot, sx, sy = (torch.deg2rad(t.to(torch.float32)) for t in (-angle, shear_x, shear_y))
     a = torch.cos(rot - sy) / torch.cos(sy)
@@ -639,16 +654,8 @@ def affine(x: torch.Tensor, angle, shear_x, shear_y, tx, ty) -> torch.Tensor:
     m = torch.stack([d, -b, torch.zeros_like(a), -c, a, torch.zeros_like(a)], 1)
     m[:, 2] += m[:, 0] * (-cx - tx) + m[:, 1] * (-cy - ty) + cx
     m[:, 5] += m[:, 3] * (-cx - tx) + m[:, 4] * (-cy - ty) + cy
-    theta = m.view(n, 2, 3).transpose(1, 2)
-    theta = torch.stack([theta[..., 0] / (0.5 * w), theta[..., 1] / (0.5 * h)], -1)
-    xs = torch.linspace(-w * 0.5 + 0.5, w * 0.5 - 0.5, w, device=x.device).view(1, 1, w, 1)
-    ys = torch.linspace(-h * 0.5 + 0.5, h * 0.5 - 0.5, h, device=x.device).view(1, h, 1, 1)
-    # (x, y, 1) @ theta per pixel, as broadcast products written once into the grid (a batched
-    # matmul with an inner size of 3 ran several times slower on a CPU)
-    t = theta.view(n, 3, 1, 1, 2)
-    grid = torch.add(xs * t[:, 0], ys * t[:, 1]).add_(t[:, 2])
-    return torch.nn.functional.grid_sample(x, grid.to(x.dtype), mode="nearest",
-                                           padding_mode="zeros", align_corners=False)
+    theta = m.view(-1, 2, 3).transpose(1, 2)
+    return torch.stack([theta[..., 0] / (0.5 * w), theta[..., 1] / (0.5 * h)], -1)
 
 
 def _degrees_of_slope(m):
@@ -662,14 +669,18 @@ _AFFINE_ARGS = {"shear_x": (1, _degrees_of_slope), "shear_y": (2, _degrees_of_sl
                 "rotate": (0, lambda m: m)}
 
 
-def _geometric(name: str) -> Callable:
-    slot, fn = _AFFINE_ARGS[name]
+def _affine_args(ops: list, op: torch.Tensor, mag: torch.Tensor) -> list:
+    """affine's 5 arguments per image: its geometric operation's, zeros for the others."""
+    args = [torch.zeros_like(mag) for _ in range(5)]
+    for k, name in enumerate(ops):
+        if name in _AFFINE_ARGS:
+            slot, fn = _AFFINE_ARGS[name]
+            args[slot] = torch.where(op == k, fn(mag), args[slot])
+    return args
 
-    def run(x, m):
-        args = [torch.zeros_like(m) for _ in range(5)]
-        args[slot] = fn(m)
-        return affine(x, *args)
-    return run
+
+def _geometric(name: str) -> Callable:
+    return lambda x, m: affine(x, *_affine_args([name], torch.zeros_like(m), m))
 
 
 # name -> (largest magnitude, signed, fn(images, magnitudes)); torchvision's TrivialAugmentWide
@@ -742,17 +753,22 @@ class TrivialAugment(BatchTransform):
     def by_operation(self, images, op, mag):
         """Each operation on the images that drew it, in place, on the batch sorted by
         operation (a GPU's): one gather and one scatter of the batch, each operation on a
-        range of it. ``op`` and ``mag`` on the host."""
-        order = torch.argsort(op, stable=True)
-        counts = torch.bincount(op, minlength=len(self.ops)).tolist()
-        idx, mags = _to(order, images), _to(mag[order], images)
+        range of it, the geometric ones on one range as one resampling with each image's own
+        matrix. ``op`` and ``mag`` on the host."""
+        geometric = [name in _AFFINE_ARGS for name in self.ops]
+        group = torch.tensor([-1 if g else k for k, g in enumerate(geometric)])[op]
+        order = torch.argsort(group, stable=True)
+        op, mag = op[order], mag[order]
+        idx, mags = _to(order, images), _to(mag, images)
         batch = images.index_select(0, idx)
+        keys, counts = torch.unique_consecutive(group[order], return_counts=True)
         start = 0
-        for name, count in zip(self.ops, counts):
-            part = slice(start, start + count)
-            if count and name != "identity":
-                batch[part] = TRIVIAL_OPS[name][2](batch[part], mags[part])
-            start += count
+        for key, count in zip(keys.tolist(), counts.tolist()):
+            part, start = slice(start, start + count), start + count
+            if key < 0:
+                batch[part] = affine(batch[part], *_affine_args(self.ops, op[part], mag[part]))
+            elif self.ops[key] != "identity":
+                batch[part] = TRIVIAL_OPS[self.ops[key]][2](batch[part], mags[part])
         return images.index_copy_(0, idx, batch)
 
 
