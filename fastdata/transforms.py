@@ -783,10 +783,11 @@ class Normalize:
         self.shift = tuple(-m / s for m, s in zip(mean, std))
 
     def __call__(self, x: torch.Tensor, values: bool = True) -> torch.Tensor:
-        if values and _native_ok(x) and (x.is_contiguous() or x.is_contiguous(
-                memory_format=torch.channels_last)):    # one pass, in place, each pixel once
+        # in place only where each element has its own memory (not, e.g., an expanded view)
+        dense = x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
+        if values and dense and _native_ok(x):      # one pass, each pixel once
             native.affine(x, self.scale, self.shift)
-        elif values and x.dtype == torch.float32:
+        elif values and dense and x.dtype == torch.float32:
             a, b = (_constant(v, str(x.device), x.dtype).view(3, 1, 1)
                     for v in (self.scale, self.shift))
             x = torch.addcmul(b, x, a, out=x)

@@ -392,6 +392,19 @@ def test_an_identity_batch_transform_changes_nothing(shards, device):
             assert torch.allclose(a.float(), b.float(), atol=tol) and torch.equal(la, lb)
 
 
+def test_a_batch_transform_may_return_a_view_that_cannot_be_written_in_place(shards):
+    """An expanded tensor (one grey plane seen as three channels) is normalised into a new
+    tensor: in place, it raised."""
+    def grey(x, y):
+        return x.mean(1, keepdim=True).expand_as(x), y
+    for kw, tol in (({}, 1e-5), ({"channels_last": True, "dtype": "bfloat16"}, 0.02)):
+        got = run(shards["hdf5"], batch_transform=grey, **kw)
+        want = run(shards["hdf5"], batch_transform=lambda x, y: (grey(x, y)[0].clone(), y), **kw)
+        for (a, la), (b, lb) in zip(got, want):
+            assert torch.allclose(a.float(), b.float(), atol=tol) and torch.equal(la, lb)
+            assert a.dtype == b.dtype and a.stride() == b.stride()
+
+
 def test_a_loader_folds_its_normalisation_into_a_recipe_with_the_same_batches(shards):
     recipe = foldable(3)
     folded = run(shards["hdf5"], batch_transform=recipe, channels_last=True)
