@@ -811,5 +811,17 @@ class BatchStage:
         # folded per batch, not once: a change to the user's transform shows at the next one
         folded = _ask(self.fn, "fold_normalization", n.scale, n.shift)
         fn = self.fn if folded is None else folded
+        given = images
         images, labels = call(fn, images, labels, batch_generator(seed, images.device))
+        _check_batch(images, given)
         return n(images, values=folded is None), labels
+
+
+def _check_batch(images: torch.Tensor, given: torch.Tensor) -> None:
+    """What the loader needs of a batch transform's images: the batch's size, 3 channels,
+    floats, on the batch's device (the height and width are the transform's choice)."""
+    if (images.dim() != 4 or images.shape[:2] != given.shape[:2] or
+            not images.is_floating_point() or images.device != given.device):
+        raise ValueError(f"batch_transform returned images of shape {tuple(images.shape)}, "
+                         f"{images.dtype}, on {images.device}; it must return float images of "
+                         f"shape ({len(given)}, 3, H, W) on {given.device}, as it was given")

@@ -405,6 +405,16 @@ def test_a_batch_transform_may_return_a_view_that_cannot_be_written_in_place(sha
             assert a.dtype == b.dtype and a.stride() == b.stride()
 
 
+@pytest.mark.parametrize("bad,match", [
+    (lambda x, y: (x[:, :1], y), r"shape \(5, 1, 24, 24\)"),
+    (lambda x, y: (x[1:], y), r"shape \(4, 3, 24, 24\)"),
+    (lambda x, y: ((x * 255).to(torch.uint8), y), r"shape \(5, 3, 24, 24\), torch.uint8"),
+    (lambda x, y: (x[0], y), r"shape \(3, 24, 24\)")])
+def test_a_batch_transform_that_breaks_the_batch_is_named(shards, bad, match):
+    with pytest.raises(ValueError, match=f"batch_transform returned images of {match}"):
+        run(shards["hdf5"], batch_transform=bad, num_workers=0)
+
+
 def test_a_loader_folds_its_normalisation_into_a_recipe_with_the_same_batches(shards):
     recipe = foldable(3)
     folded = run(shards["hdf5"], batch_transform=recipe, channels_last=True)
