@@ -498,6 +498,21 @@ def soft_targets(labels: torch.Tensor, num_classes: int, dtype=torch.float32) ->
     return out.scatter_(1, labels.view(-1, 1), 1.0)
 
 
+def check_classes(fn: Callable, classes: int) -> None:
+    """Refuse a MixUp or CutMix in ``fn`` (through Compose and RandomChoice) with fewer
+    ``num_classes`` than a set of class labels has: on a GPU its one-hot targets would fail
+    inside a kernel, which takes the process's CUDA context down with it.
+
+    Raises:
+        ValueError: naming the operation and the number of classes to use.
+    """
+    for t in fn.transforms if isinstance(fn, (Compose, RandomChoice)) else ():
+        check_classes(t, classes)
+    if isinstance(fn, _Mix) and fn.num_classes < classes:
+        raise ValueError(f"{type(fn).__name__}(num_classes={fn.num_classes}) cannot hold this "
+                         f"set's labels: it has {classes} classes; use num_classes={classes}")
+
+
 class _Mix(BatchTransform):
     def __init__(self, alpha: float = 1.0, *, num_classes: int):
         if not isinstance(alpha, numbers.Real) or alpha <= 0:

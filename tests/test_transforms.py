@@ -415,6 +415,16 @@ def test_a_batch_transform_that_breaks_the_batch_is_named(shards, bad, match):
         run(shards["hdf5"], batch_transform=bad, num_workers=0)
 
 
+def test_a_mix_with_too_few_classes_for_the_set_is_refused(shards):
+    """The set has 3 classes: a one-hot target of 2 columns would fail inside a kernel on a
+    GPU (taking the CUDA context with it); refused when the loader is made."""
+    nested = T.Compose([T.ColorJitter(0.4), T.RandomChoice([T.MixUp(num_classes=3),
+                                                            T.CutMix(num_classes=2)])])
+    with pytest.raises(ValueError, match=r"CutMix\(num_classes=2\) .* 3 classes"):
+        fastdata.Loader(shards["hdf5"], batch_size=4, batch_transform=nested)
+    fastdata.Loader(shards["hdf5"], batch_size=4, batch_transform=T.MixUp(num_classes=5))
+
+
 def test_a_loader_folds_its_normalisation_into_a_recipe_with_the_same_batches(shards):
     recipe = foldable(3)
     folded = run(shards["hdf5"], batch_transform=recipe, channels_last=True)

@@ -23,7 +23,7 @@ from fastdata.checks import choice, flag, integer
 from fastdata.env import resolve_device, usable_cpus
 from fastdata.order import Order
 from fastdata.readers import ShardSet
-from fastdata.transforms import BatchStage, Normalize
+from fastdata.transforms import BatchStage, Normalize, check_classes
 
 BACKENDS = {"torch": "fastdata.loaders.torch_backend:TorchBackend",
             "dali": "fastdata.loaders.dali_backend:DaliBackend"}
@@ -139,6 +139,8 @@ def _hooks(loader: "Loader", sample_transform, batch_transform, workers: str):
             _picklable(name, fn)
     if batch_transform is None:
         return sample_transform, None
+    if loader.dataset.label_kind == "class":
+        check_classes(batch_transform, len(loader.dataset.classes))
     t = loader.transform
     if t.dtype == torch.uint8:
         raise ValueError("batch_transform needs a float dtype (it sees values in [0, 1], "
