@@ -5,10 +5,10 @@
 On a GPU each operation on the batch is a kernel launch the training loop's thread pays for
 in host time. The batch lives on PyTorch's ``meta`` device here (shapes, no data), so every
 operation that touches it is counted and nothing is computed; what a transform draws and
-computes on the host is counted apart; a CPU generator stands in for the device's (their draws
-are made on the host either way). Only transforms whose CUDA path is plain torch
-operations are listed (the Triton kernels of ColorJitter and RandomErasing have no meta
-path: each is one or two launches on CUDA).
+computes on the host is counted apart. A CPU generator stands in for the device's: the draws
+are made on the host either way. Only transforms whose CUDA path is plain torch operations are
+listed (the Triton kernels of ColorJitter and RandomErasing have no meta path: each is one or
+two launches on CUDA).
 """
 from __future__ import annotations
 
