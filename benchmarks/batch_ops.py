@@ -15,8 +15,10 @@ import time
 
 import torch
 
-from fastdata import native
 from fastdata import transforms as T
+from fastdata.kernels import cpu
+from fastdata.ops import color as C
+from fastdata.ops.normalize import Normalize
 
 
 def per_image_ms(fn, x: torch.Tensor, repeat: int) -> float:
@@ -34,10 +36,10 @@ def torch_jitter(op: T.ColorJitter):
     def run(x):
         g = torch.Generator().manual_seed(0)
         for k, (fn, rng, identity) in enumerate([
-                (T.adjust_brightness, op.brightness, (1.0, 1.0)),
-                (T.adjust_contrast, op.contrast, (1.0, 1.0)),
-                (T.adjust_saturation, op.saturation, (1.0, 1.0)),
-                (T.adjust_hue, op.hue, (0.0, 0.0))]):
+                (C.adjust_brightness, op.brightness, (1.0, 1.0)),
+                (C.adjust_contrast, op.contrast, (1.0, 1.0)),
+                (C.adjust_saturation, op.saturation, (1.0, 1.0)),
+                (C.adjust_hue, op.hue, (0.0, 0.0))]):
             if rng != identity:
                 lo, hi = rng
                 x = fn(x, lo + (hi - lo) * torch.rand(len(x), 1, 1, 1, generator=g))
@@ -56,7 +58,7 @@ def main():
     labels = torch.arange(a.batch) % 10
     g = torch.Generator().manual_seed(0)
     jitter, no_hue = T.ColorJitter(0.4, 0.4, 0.4, 0.1), T.ColorJitter(0.4, 0.4, 0.4)
-    norm = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.float32,
+    norm = Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.float32,
                        torch.channels_last)
     ops = {
         "ColorJitter(0.4, 0.4, 0.4, 0.1)": lambda y: jitter(y, labels, generator=g),
@@ -72,7 +74,7 @@ def main():
         "normalisation after a batch transform": norm,
     }
     print(f"batch {a.batch} x 3 x {a.size}^2 float32 channels_last, one thread, "
-          f"C kernel {'built' if native.available() else 'NOT built'}; ms per image:")
+          f"C kernel {'built' if cpu.available() else 'NOT built'}; ms per image:")
     for name, fn in ops.items():
         print(f"  {name:<45} {per_image_ms(fn, x, a.repeat):7.3f}")
 

@@ -25,8 +25,8 @@ import sys
 
 import torch
 
-from fastdata.converters.convert import convert
 from fastdata.bench import Bench
+from fastdata.converters.convert import convert
 from fastdata.env import env_info
 
 SETS = {"raw-hdf5": dict(container="hdf5"), "raw-lmdb": dict(container="lmdb"),

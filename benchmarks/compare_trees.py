@@ -149,10 +149,12 @@ def main() -> None:
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    built = {k: glob.glob(os.path.join(t, "fastdata", "_native*.so")) for k, t in trees.items()}
-    if built["this"] and not built["ref"] and os.path.exists(
-            os.path.join(trees["ref"], "fastdata", "_native.c")):
-        sys.exit(f"{a.ref} has fastdata/_native.c but not its build, so it would run without "
+    # the C kernel is in fastdata/kernels/ (fastdata/ in trees before that layout)
+    built = {k: glob.glob(os.path.join(t, "fastdata", "**", "_native*.so"), recursive=True)
+             for k, t in trees.items()}
+    if built["this"] and not built["ref"] and glob.glob(
+            os.path.join(trees["ref"], "fastdata", "**", "_native.c"), recursive=True):
+        sys.exit(f"{a.ref} has fastdata's _native.c but not its build, so it would run without "
                  f"the C kernel: copy {built['this'][0]} there (a git worktree has no build "
                  f"outputs) or build it")
     tmp = tempfile.mkdtemp(prefix="fd-ab-")

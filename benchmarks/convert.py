@@ -9,7 +9,7 @@
    run of interleaved rounds, each conversion in a fresh interpreter.
 2. read_batch: random batches of 64 from raw HDF5 and raw LMDB shards, as a fraction of a plain
    ``np.memmap`` over the same bytes (the HDF5 dataset), interleaved repeats, median. The
-   copies go into one page-aligned array (``fastdata.readers.page_aligned``), both sides.
+   copies go into one page-aligned array (``fastdata.shards.mapped.page_aligned``), both sides.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import fastdata
 from fastdata.converters.convert import convert
 from fastdata.converters.scan import scan_folder
 from fastdata.env import env_info
-from fastdata.readers import page_aligned
+from fastdata.shards.mapped import page_aligned
 
 
 def naive(src: str, out: str, size: int) -> int:

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import fastdata
-from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD
+from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD
 
 
 class Pixels:
@@ -49,8 +49,13 @@ def main():
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import (NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor,
-                                 ToTorchImage)
+    from ffcv.transforms import (
+        NormalizeImage,
+        RandomHorizontalFlip,
+        Squeeze,
+        ToTensor,
+        ToTorchImage,
+    )
     from ffcv.writer import DatasetWriter
 
     ds = fastdata.open(a.shards)

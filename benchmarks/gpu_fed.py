@@ -33,14 +33,14 @@ import threading
 
 import numpy as np
 import torch
+from gpu_step import timed
+from recipes import heavy_recipe
 
 import fastdata
 from fastdata import transforms as T
-from fastdata.augment import Augment
+from fastdata.ops.crop import CropStage
 from fastdata.train.models import build_model
 from fastdata.train.step import TrainStep, input_dtype
-from gpu_step import timed
-from recipes import heavy_recipe
 
 RECIPES = {"heavy": lambda classes: heavy_recipe(classes)[0],
            "trivial": lambda classes: T.TrivialAugment()}
@@ -80,7 +80,7 @@ def main() -> None:
     model = build_model(a.model, len(ds.classes)).to(dev, memory_format=torch.channels_last)
     step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
                      precision="bf16" if dev.type == "cuda" else "fp32", channels_last=True)
-    aug = Augment(train=True, crop=a.crop, dtype=dtype, channels_last=True)
+    aug = CropStage(train=True, crop=a.crop, dtype=dtype, channels_last=True)
     idx = np.arange(b) % len(ds)
     raw = torch.from_numpy(ds.read_batch(idx))
     y = torch.from_numpy(ds.labels[idx]).long().to(dev)

@@ -21,12 +21,12 @@ import os
 import time
 
 import torch
+from compare_cpu import warm
 
 import fastdata
-from compare_cpu import warm
-from fastdata.converters.convert import convert
-from fastdata.baseline import PILFolder
 from fastdata.bench import rss_tree_mb
+from fastdata.bench.baseline import PILFolder
+from fastdata.converters.convert import convert
 
 
 def settle(idle: float = 0.9, window: float = 0.2, limit: float = 15.0) -> None:

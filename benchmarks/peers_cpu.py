@@ -20,7 +20,7 @@ the shared augmentation code. Each contender:
   the first; measured: the time to the first batch, img/s, the CPU time of the process and its
   workers per image, and the peak summed PSS of the process tree (sampled every 10 batches).
 
-The baseline is ImageFolder + PIL over the photos themselves (``fastdata.baseline``). The
+The baseline is ImageFolder + PIL over the photos themselves (``fastdata.bench.baseline``). The
 peers' per-image augmentation is that same code (PIL decode, then the in-package
 RandomResizedCrop). Prints one JSON line per contender and a markdown table.
 """
@@ -64,7 +64,7 @@ def square(path, size=256):
 
 def augment(data):
     """JPEG bytes → RandomResizedCrop 224 + flip + normalise, float32 (3, 224, 224)."""
-    from fastdata.augment import random_resized_crop_boxes
+    from fastdata.ops.boxes import random_resized_crop_boxes
     img = Image.open(io.BytesIO(data)).convert("RGB")
     t, l, h, w = random_resized_crop_boxes(1, img.height, img.width)[0].tolist()
     img = img.resize((224, 224), Image.BILINEAR, box=(l, t, l + w, t + h))
@@ -238,7 +238,7 @@ def convert(src, out):      # SPDL reads files: the 256 px squares as JPEG files
 
 def _load(item):
     """Decode with the crop, resize and flip in FFmpeg's filter graph (SPDL's way)."""
-    from fastdata.augment import random_resized_crop_boxes
+    from fastdata.ops.boxes import random_resized_crop_boxes
     path, label = item
     t, l, h, w = random_resized_crop_boxes(1, 256, 256)[0].tolist()
     flip = ",hflip" if torch.rand(1) < 0.5 else ""
@@ -287,7 +287,7 @@ def loader(out):
     return fastdata.Loader(out, batch_size=64, crop=224, device="cpu", num_workers=2)
 ''',
     "baseline: ImageFolder + PIL": r'''
-from fastdata.baseline import baseline_loader
+from fastdata.bench.baseline import baseline_loader
 
 def convert(src, out):
     pass

@@ -23,8 +23,7 @@ import sys
 import time
 
 import numpy as np
-from cold_read import drop_from_cache, one_pass     # this script's folder is on sys.path
-
+from cold_read import drop_from_cache, one_pass  # this script's folder is on sys.path
 
 
 def _read_bytes() -> int:

@@ -38,13 +38,15 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 sys.path.insert(0, os.path.dirname(__file__))
-import fastdata  # noqa: E402
 from compare_cpu import warm  # noqa: E402
-from fastdata.converters.convert import convert  # noqa: E402
-from fastdata import transforms as T  # noqa: E402
-from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, random_resized_crop_boxes  # noqa: E402
-from fastdata.baseline import PILFolder  # noqa: E402
 from loaders_cpu import throughput  # noqa: E402
+
+import fastdata  # noqa: E402
+from fastdata import transforms as T  # noqa: E402
+from fastdata.bench.baseline import PILFolder  # noqa: E402
+from fastdata.converters.convert import convert  # noqa: E402
+from fastdata.ops.boxes import random_resized_crop_boxes  # noqa: E402
+from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD  # noqa: E402
 
 BATCH, CROP, WORKERS = 64, 224, 2
 

@@ -15,25 +15,46 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from tqdm import tqdm
 
-from fastdata.converters.decode import DecodeOptions
-from fastdata.converters.pool import Decoder, in_flight
-from fastdata.converters.labels import scan_labeled
-from fastdata.converters.scan import Scan, scan_folder
-from fastdata.converters.writers import WRITERS
 from fastdata.checks import choice, integer, printable
+from fastdata.converters.decode import DecodeOptions
+from fastdata.converters.labels import scan_labeled
+from fastdata.converters.pool import Decoder, in_flight
+from fastdata.converters.scan import Scan, scan_folder
+from fastdata.converters.units import ConversionError, range_end
+from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
-from fastdata.format import (CONTAINERS, ENCODINGS, FITS, FORMAT_NAME, FORMAT_VERSION,
-                             IMAGE_EXTENSIONS, MANIFEST, TARGETS,
-                             SHARD_SUFFIX, ShardMeta, check_size, shard_file,
-                             write_json_atomic, write_targets)
+from fastdata.format import (
+    CONTAINERS,
+    ENCODINGS,
+    FITS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    IMAGE_EXTENSIONS,
+    MANIFEST,
+    SHARD_SUFFIX,
+    TARGETS,
+    ShardMeta,
+    check_size,
+    shard_file,
+    write_json_atomic,
+    write_targets,
+)
 from fastdata.interrupt import SigintLatch
-from fastdata.outdir import (CONVERT_NAMES, LOCK, FolderLock, foreign_at_own_names, is_regular,
-                             leftover_temps, remove_own)
-from fastdata.readers import READERS
-from fastdata.verify import verify_shard
+from fastdata.outdir import (
+    CONVERT_NAMES,
+    LOCK,
+    FolderLock,
+    foreign_at_own_names,
+    is_regular,
+    leftover_temps,
+    remove_own,
+)
+from fastdata.shards import READERS
+from fastdata.shards.verify import verify_shard
 
 log = logging.getLogger("fastdata.convert")
 
@@ -41,10 +62,6 @@ SHARD_BYTES = 256 << 20             # default --shard-size keeps a shard near th
 
 
 ENGINES = ("local", "ray")
-
-
-class ConversionError(RuntimeError):
-    pass
 
 
 def _sample_bytes(sizes, encoding: str) -> int:
@@ -252,7 +269,7 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     return None
 
 
-def _checked(*, engine, address, container, sizes, encoding, quality, fit, workers,
+def _validated(*, engine, address, container, sizes, encoding, quality, fit, workers,
              shard_size, on_error, overwrite, resume) -> tuple:
     """``convert()``'s arguments checked: ``(sizes, quality, workers, shard_size)`` as used;
     raises ValueError naming a bad one and the valid choices."""
@@ -315,7 +332,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encodi
         FolderBusyError: another conversion holds ``out``.
         KeyboardInterrupt: Ctrl-C, after keeping the complete shards for ``resume``.
     """
-    sizes, quality, workers, shard_size = _checked(
+    sizes, quality, workers, shard_size = _validated(
         engine=engine, address=address, container=container, sizes=sizes, encoding=encoding,
         quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
         overwrite=overwrite, resume=resume)
@@ -424,13 +441,6 @@ def _make_shards(job: _Job, kept: list[ShardMeta], *, engine: str, address: str 
         remove_own(job.out, leftover_temps(job.out))
 
 
-def range_end(pos: int, shard_size: int, files: int) -> int:
-    """Where the range of source files holding position ``pos`` ends. A shard holds the
-    readable files of one range, ``[k * shard_size, (k + 1) * shard_size)``, so that any
-    engine cuts the same shards (a range with none readable adds its skips to the next)."""
-    return min((pos // shard_size + 1) * shard_size, files)
-
-
 def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: str,
                   progress: bool) -> tuple[list[dict], list[dict]]:
     """Decode the files after the ``kept`` shards and write them into shards; returns the
@@ -442,7 +452,9 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
-    shard, shard_skipped, shard_first = None, [], first
+    shard: Any = None
+    shard_skipped: list = []
+    shard_first = first
 
     def flush(end: int) -> None:
         nonlocal shard, shard_skipped, shard_first, n_done

@@ -17,12 +17,14 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from fastdata import kernels
 from fastdata.format import BACKGROUND, PAGE, crc32
 
-try:                                # fastdata's C kernel, where it was built (no torch in it)
-    from fastdata._native import pack_rgb as _native_pack
-except ImportError:
-    _native_pack = None
+
+def _native_pack():
+    """The C kernels' ``pack_rgb``, where they were built (no torch in them), else None."""
+    native = kernels.native()
+    return None if native is None else native.pack_rgb
 
 _RESAMPLE = Image.Resampling.BICUBIC
 _EXIF_ORIENTATION = 0x0112
@@ -259,7 +261,8 @@ def _load(path: str, opts: DecodeOptions, scratch: Scratch | None = None) -> Ima
         with img:
             if img.format == "JPEG":
                 img.draft("RGB", _draft_request(*img.size, opts.sizes[-1], opts.fit))
-            img = ImageOps.exif_transpose(img)   # loads the pixels: truncation raises here
+            # loads the pixels: truncation raises here
+            img = ImageOps.exif_transpose(img)  # type: ignore[assignment]
             return to_rgb(img)
 
 
@@ -267,9 +270,10 @@ def pack_into(img: Image.Image, out: np.ndarray) -> None:
     """``img``'s pixels as packed RGB into ``out`` (uint8, 3 bytes a pixel): through fastdata's C
     kernel from Pillow's Arrow export (no copy of the image), else through Pillow's packing and
     a copy."""
-    if _native_pack is not None and img.mode in ("RGB", "RGBX"):
+    pack = _native_pack()
+    if pack is not None and img.mode in ("RGB", "RGBX"):
         try:
-            _native_pack(*img.__arrow_c_array__(), out)
+            pack(*img.__arrow_c_array__(), out)
             return
         except (AttributeError, ValueError):    # Pillow < 11.2; an image in several blocks
             pass
@@ -318,7 +322,7 @@ def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions, ring: Ring |
     With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
     the JPEGs are decoded into it; ``on_item()`` is called as each image starts.
     """
-    out = []
+    out: list[tuple] = []
     for pos, path in jobs:
         if on_item is not None:
             on_item()

@@ -115,7 +115,7 @@ class Decoder:
         with parent_garbage_frozen():       # a notebook's CUDA garbage is not theirs to free
             for me in range(n):
                 here, there = self._ctx.Pipe()
-                p = self._ctx.Process(target=_worker_main, daemon=True,
+                p = self._ctx.Process(target=_worker_main, daemon=True,  # type: ignore[attr-defined]
                                       args=(there, self.opts, self.ring, os.getpid(),
                                             self._beats, me))
                 p.start()
@@ -157,17 +157,17 @@ class Decoder:
             if ready:
                 break
             now = time.monotonic()
-            if any(now - max(self._beats[w.me], w.since) > ITEM_TIMEOUT_S
+            if any(now - max(self._beats[w.me], w.since) > ITEM_TIMEOUT_S  # type: ignore[index]
                    for w in busy.values()):
                 raise _WorkerDied("hung")
         for conn in ready:
             try:
-                results = conn.recv()
+                results = conn.recv()  # type: ignore[call-arg,union-attr]
             except (EOFError, OSError):
                 raise _WorkerDied("died") from None
             if isinstance(results, Exception):
                 raise results
-            done[busy[conn].batches.popleft()] = results
+            done[busy[conn].batches.popleft()] = results  # type: ignore[index]
 
     def _with_payloads(self, results: list[tuple]) -> list[tuple]:
         if self.ring is None:

@@ -1,7 +1,7 @@
 """Conversion on a Ray cluster (``fastdata convert SRC OUT --engine ray``).
 
 The driver scans the source once and cuts it into the ranges the local converter cuts
-(``convert.range_end``); each range goes to a Ray task (a window of them in flight), which
+(``units.range_end``); each range goes to a Ray task (a window of them in flight), which
 decodes, resizes and writes its shard straight into OUT (on a cluster, shared storage every
 node mounts at the same path) and returns its checksum, count and skipped inputs. Which shard
 number a range gets and where its samples start depend on the ranges before it, so the driver
@@ -21,6 +21,7 @@ import os
 
 from fastdata._optional import require
 from fastdata.converters.decode import prepare_batch
+from fastdata.converters.units import ConversionError, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.format import ShardMeta, shard_file
 
@@ -33,7 +34,6 @@ RETRIES = 3
 def ranges(first: int, files: int, shard_size: int) -> list[tuple[int, int]]:
     """The ranges ``[a, b)`` of source positions from ``first`` on, cut where the local
     converter cuts its shards."""
-    from fastdata.converters.convert import range_end
 
     out, a = [], first
     while a < files:
@@ -48,7 +48,6 @@ def convert_range(src: str, out: str, container: str, opts, options: dict, fp: s
     """A Ray task: the source files at positions ``first, first + 1, ...`` (``files``: their
     paths and labels) into one shard, left complete under a temporary name; returns
     ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where none was readable)."""
-    from fastdata.converters.convert import ConversionError
 
     writer, skipped = None, []
     end = first + len(files)
@@ -91,7 +90,9 @@ class _Placer:
                                 "sha256": m.sha256,
                                 "bytes": os.path.getsize(os.path.join(job.out, name))})
         self.n_done = kept[-1].start + kept[-1].count if kept else 0
-        self.carry_first, self.carry = None, []     # empty ranges' skips, for the next shard
+        # empty ranges' skips, for the next shard
+        self.carry_first: int | None = None
+        self.carry: list = []
 
     def take(self, first: int, end: int, result: dict) -> None:
         if result["tmp"] is None:
@@ -122,7 +123,6 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
     entries, as the local engine does."""
     from tqdm import tqdm
 
-    from fastdata.converters.convert import ConversionError
 
     ray = require("ray", "--engine ray")
     if not ray.is_initialized():

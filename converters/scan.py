@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from tqdm import tqdm
 
 from fastdata.format import IMAGE_EXTENSIONS
@@ -45,7 +44,7 @@ class Files(Sequence):
         self._n += len(paths)
         self._nbytes = int(ends[-1]) if len(paths) else self._nbytes
 
-    def freeze(self) -> "Files":
+    def freeze(self) -> Files:
         """Done adding: read from here on."""
         for f in (self._paths, self._ends, self._labels):
             f.flush()

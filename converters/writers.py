@@ -24,8 +24,16 @@ import shutil
 
 import numpy as np
 
-from fastdata.format import (LMDB_LABELS, LMDB_META, LMDB_OPTIONS, PAGE, ShardMeta,
-                             lmdb_crc_key, lmdb_key, shard_checksum)
+from fastdata.format import (
+    LMDB_LABELS,
+    LMDB_META,
+    LMDB_OPTIONS,
+    PAGE,
+    ShardMeta,
+    lmdb_crc_key,
+    lmdb_key,
+    shard_checksum,
+)
 from fastdata.outdir import temp_path
 
 # raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value

@@ -3,7 +3,7 @@
 ``Loader`` and ``TrainStep`` import torch; they load on first use, so converting, inspecting
 and verifying shards (``fastdata convert / info / verify``) never pay torch's import.
 """
-from fastdata.readers import ShardSet, open  # noqa: A004
+from fastdata.shards import ShardSet, open  # noqa: A004
 
 __version__ = "0.1.0"
 __all__ = ["open", "ShardSet", "Loader", "TrainStep", "__version__"]
@@ -11,7 +11,7 @@ __all__ = ["open", "ShardSet", "Loader", "TrainStep", "__version__"]
 
 def __getattr__(name: str):
     if name == "Loader":
-        from fastdata.loaders import Loader
+        from fastdata.loader import Loader
         return Loader
     if name == "TrainStep":
         from fastdata.train.step import TrainStep

@@ -2,7 +2,9 @@
 is valid instead (``batch_size=0 is not valid; use an integer >= 1``)."""
 from __future__ import annotations
 
-from typing import Any
+import math
+import numbers
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -17,6 +19,16 @@ def flag(name: str, value, default: bool | None = None) -> bool:
         return bool(value)
     none = "" if default is None else f" or None (the default, {default})"
     raise ValueError(f"{name}={value!r} is not valid; use True or False{none}")
+
+
+@overload
+def integer(name: str, value, low: int, high: int | None = None, *,
+            optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def integer(name: str, value, low: int, high: int | None = None, *,
+            optional: bool) -> int | None: ...
 
 
 def integer(name: str, value, low: int, high: int | None = None, *,
@@ -48,3 +60,30 @@ def printable(text) -> str:
         return text
     return "".join(c if c.isprintable() or c == " " else
                    (f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}") for c in text)
+
+
+def numbers_of(name: str, value, n: int) -> tuple[float, ...]:
+    """``value`` as ``n`` floats (a sequence of numbers), or a ValueError naming it."""
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        out = ()
+    if len(out) != n:
+        raise ValueError(f"{name}={value!r} is not valid; give {n} numbers")
+    return out
+
+
+def probability(name: str, value) -> float:
+    """``value`` as a float in [0, 1]; a bool or a string is an error."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or \
+            not 0 <= float(value) <= 1:
+        raise ValueError(f"{name}={value!r} is not valid; use a probability in [0, 1]")
+    return float(value)
+
+
+def positive(name: str, value) -> float:
+    """``value`` as a float > 0 (and finite); a bool or a string is an error."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or \
+            not 0 < float(value) < math.inf:
+        raise ValueError(f"{name}={value!r} is not valid; use a number > 0")
+    return float(value)

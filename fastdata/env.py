@@ -102,7 +102,7 @@ def _ranges(cpus: list[int]) -> str:
 
 def parse_cpus(text: str) -> set[int]:
     """``"0-3,8"`` → ``{0, 1, 2, 3, 8}``; a ValueError naming what is not a core list."""
-    cpus = set()
+    cpus: set[int] = set()
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
@@ -144,7 +144,7 @@ def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
                                ("memory.limit_in_bytes", "memory.usage_in_bytes",
                                 "memory.stat")):
         stat = dict(zip(words[2::2], words[3::2]))
-        file = stat.get("file", stat.get("total_cache", stat.get("cache", "0")))  # v2, v1
+        file = str(stat.get("file", stat.get("total_cache", stat.get("cache", "0"))))  # v2, v1
         if words[0].isdigit() and words[1].isdigit() and file.isdigit():
             memory = min(memory, int(words[0]) - int(words[1]) + int(file))
     return max(memory, 0)
@@ -200,9 +200,9 @@ def parent_garbage_frozen():
     collector's reach (``gc.freeze``, as Python's docs advise before a fork) until they are
     forked, so that no child ever collects this process's garbage: a CUDA tensor left in a
     reference cycle and freed in a forked child aborts it ("CUDA error: initialization
-    error", seen on an H100). Free, where the ``gc.collect()`` it replaces took 70-130 ms
-    with torch imported, before any worker started. Objects the program froze itself stay
-    frozen; its garbage since then is collected instead."""
+    error"). It costs nothing, where a ``gc.collect()`` before the fork costs a pass over
+    every object torch made. Objects the program froze itself stay frozen; its garbage since
+    then is collected instead."""
     if gc.get_freeze_count():
         gc.collect()
         yield
@@ -271,10 +271,9 @@ def _dali_version() -> str | None:
 def env_info() -> dict:
     import PIL
     import PIL.features
-
     import torch
 
-    from fastdata import native
+    from fastdata import kernels
 
     memory = usable_memory()
     info = {
@@ -289,7 +288,7 @@ def env_info() -> dict:
         "libjpeg_turbo": bool(PIL.features.check_feature("libjpeg_turbo")),
         "webp": bool(PIL.features.check("webp")),
         "simplejpeg": _version("simplejpeg"),
-        "native_kernel": native.available(),    # fastdata/_native.c, built at install
+        "native_kernel": kernels.native() is not None,    # kernels/_native.c, built at install
         "dali": _dali_version(),
         "torchvision": _version("torchvision"),
         "cpu": cpu_name(),

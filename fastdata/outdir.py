@@ -53,7 +53,7 @@ class FolderLock:
         self.folder, self.what, self._fd = folder, what, None
         self.path = os.path.join(folder, LOCK)
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         import fcntl
 
         flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -84,7 +84,7 @@ class FolderLock:
         except BaseException:
             os.close(fd)
             raise
-        self._fd = fd
+        self._fd = fd  # type: ignore[assignment]
         return self
 
     def release(self) -> None:
@@ -96,7 +96,7 @@ class FolderLock:
             os.close(self._fd)      # closing drops the flock
             self._fd = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -20,6 +20,7 @@ from fastdata.env import resolve_device
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
+    """This process's place in the run: rank, world size, local rank and device."""
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -27,10 +28,12 @@ class DistInfo:
 
     @property
     def is_main(self) -> bool:
+        """Whether this is rank 0 (the one that logs and saves)."""
         return self.rank == 0
 
     @property
     def distributed(self) -> bool:
+        """Whether more than one process trains."""
         return self.world_size > 1
 
 
@@ -64,7 +67,7 @@ def wrap(model: nn.Module, info: DistInfo, *, channels_last: bool | None = None,
     if channels_last is None:
         channels_last = info.device.type == "cuda"
     fmt = torch.channels_last if channels_last else torch.preserve_format
-    model = model.to(info.device, memory_format=fmt)
+    model = model.to(info.device, memory_format=fmt)  # type: ignore[call-overload]
     if not info.distributed:
         return model
     ids = [info.device.index] if info.device.type == "cuda" else None
@@ -98,6 +101,7 @@ def any_rank(flag: bool, group=None) -> bool:
 
 
 def barrier() -> None:
+    """Wait for every rank (nothing without a process group)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 

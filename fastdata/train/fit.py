@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from fastdata.loaders import Loader
+    from fastdata.loader import Loader
 from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer
@@ -58,7 +58,8 @@ def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int 
             return (s + 1) / (warm + 1)
         return 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total_steps - warm)))
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    sched.total_steps = total_steps     # in its state_dict, as OneCycleLR's: checked on resume
+    # in its state_dict, as OneCycleLR's: checked on resume
+    sched.total_steps = total_steps  # type: ignore[attr-defined]
     return sched
 
 
@@ -189,7 +190,7 @@ def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | N
     if step.device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     ckpt = os.path.join(checkpoint_dir, "last.pt") if checkpoint_dir else None
-    if ckpt:
+    if checkpoint_dir:
         if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
             raise ValueError(f"checkpoint_dir={checkpoint_dir!r} is a file: give a folder (its "
                              f"last.pt is written there)")
@@ -197,7 +198,7 @@ def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | N
     group = cpu_group() if ckpt else None
     lock = None
     try:
-        lock = _lock(checkpoint_dir, rank, group) if ckpt else None
+        lock = _lock(checkpoint_dir, rank, group) if checkpoint_dir else None
         return _fit(step, loader, epochs=epochs, eval_loader=eval_loader, ckpt=ckpt,
                     checkpoint_every=checkpoint_every, resume=resume, log_every=log_every,
                     max_steps=max_steps, rank=rank, group=group,
@@ -402,7 +403,7 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
                          f"and this run uses {name(ours)} (--schedule); {again}")
     if step.scheduler is not None and saved["scheduler"] is not None:
         have = saved["scheduler"].get("total_steps")
-        want = getattr(step.scheduler, "total_steps", None)
+        want = getattr(step.scheduler, "total_steps", None)  # type: ignore[assignment]
         if have is not None and have != want:   # None: a cosine saved before lengths were
             raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
                              f"{have} optimizer steps, and this run's lasts {want} (other "

@@ -11,6 +11,7 @@ from torch import nn
 
 
 class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions and a shortcut."""
     def __init__(self, cin: int, cout: int, stride: int):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
@@ -22,6 +23,7 @@ class BasicBlock(nn.Module):
             nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
     def forward(self, x):
+        """(B, cin, H, W) → (B, cout, H / stride, W / stride)."""
         y = self.relu(self.bn1(self.conv1(x)))
         return self.relu(self.bn2(self.conv2(y)) + self.short(x))
 
@@ -44,6 +46,7 @@ class SmallResNet(nn.Module):
         self.head = nn.Linear(cin, num_classes)
 
     def forward(self, x):
+        """(B, 3, H, W) images → (B, num_classes) logits."""
         x = self.features(x)
         return self.head(x.mean((2, 3)))
 
@@ -56,6 +59,17 @@ BUILTIN = {
 
 
 def build_model(name: str, num_classes: int) -> nn.Module:
+    """A model for ``num_classes`` classes by name.
+
+    Args:
+        name: a built-in (``tiny``, ``resnet8``, ``resnet14``: small ResNets for small images),
+            a torchvision model name where torchvision imports, or ``module:callable`` (called
+            with ``num_classes=``).
+        num_classes: the size of the model's output.
+
+    Raises:
+        ValueError: an unknown name, or a callable that cannot be loaded or called (named).
+    """
     if name in BUILTIN:
         return BUILTIN[name](num_classes)
     if ":" in name:

@@ -38,6 +38,8 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def default_precision(device: torch.device) -> str:
+    """``"bf16"`` on a CUDA device that supports it, ``"fp16"`` on one that does not, else
+    ``"fp32"``."""
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "fp32"
@@ -122,7 +124,7 @@ class TrainStep:
                               "so every gradient is copied into NCHW buckets; convert it "
                               "before wrapping (fastdata.train.distributed.wrap does)",
                               stacklevel=2)
-            model.to(memory_format=torch.channels_last)
+            model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.model = model                                  # DDP-wrapped or plain
         self.forward = torch.compile(model) if compile else model
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -152,6 +154,7 @@ class TrainStep:
         return getattr(self.model, "module", self.model)
 
     def autocast(self):
+        """The autocast context of the step's precision (none for fp32)."""
         dtype = PRECISIONS[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
@@ -166,7 +169,7 @@ class TrainStep:
         if self.channels_last and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
         sync = contextlib.nullcontext() if last or not hasattr(self.model, "no_sync") \
-            else self.model.no_sync()
+            else self.model.no_sync()  # type: ignore[operator]
         with sync:
             with self.autocast():
                 loss = self.loss_fn(self.forward(images), labels)
@@ -208,9 +211,12 @@ class TrainStep:
         return {"loss": mean, "samples": n}
 
     def state_dict(self) -> dict:
+        """The step's counters and its gradient scaler's state (the caller saves the model's and
+        the optimizer's)."""
         return {"micro": self.micro, "steps": self.steps, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict()``."""
         # "micro" counted every micro-batch before close_window: saved at a window's end
         self.micro, self.steps = state["micro"] % self.accum_steps, state["steps"]
         if state["scaler"]:     # empty: saved without fp16 (a bf16 or fp32 run); a fresh scale

@@ -1,0 +1,414 @@
+"""``fastdata bench``: loaders against each other, against a plain PIL pipeline, and against
+the model's ceiling (the same step on one fixed on-device batch: no input pipeline).
+
+For each backend (``baseline``: ImageFolder + PIL + DataLoader over the source folder, once;
+``torch`` and ``dali`` on each shard set given, so one run compares containers and encodings),
+after ``warmup`` batches, ``repeat`` runs of ``batches`` batches each:
+
+* loader only: images/s (median, min, max over the runs);
+* with a model: the same ``TrainStep`` fed by the loader, and on one fixed on-device batch of
+  the set's images (the ceiling: ``repeat`` runs before the backend's loader starts and
+  ``repeat`` after it stopped, so no loader thread competes with it and drift weighs on both
+  sides), and the fraction of wall time the step waited for the next batch;
+* peak PSS of the process tree (workers included), sampled after every run.
+
+On CUDA the model timings use CUDA events. A backend that cannot run here (DALI not installed,
+no source folder for the baseline) is reported as skipped with the reason.
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import os
+import statistics
+import time
+
+import torch
+
+from fastdata._optional import available
+from fastdata.bench.report import SCHEMA
+from fastdata.checks import integer
+from fastdata.env import resolve_device, usable_cpus
+from fastdata.interrupt import SigintLatch
+
+log = logging.getLogger("fastdata.bench")
+
+
+BACKENDS = ("baseline", "torch", "dali")
+
+
+def rss_tree_mb() -> float | None:
+    """Proportional set size (MiB) of this process and its children; None off Linux."""
+    pids = [os.getpid()]
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    except OSError:
+        return None
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            pass
+    return total / 1024
+
+
+def _forever(loader, check=lambda: None):
+    """Batches across epochs (``set_epoch`` between them); ``check()`` before each."""
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            check()
+            yield batch
+        if empty:
+            raise ValueError("the loader yields no full batch: use a smaller --batch-size")
+        epoch += 1
+
+
+def _stats(runs: list[float]) -> dict:
+    return {"median": statistics.median(runs), "min": min(runs), "max": max(runs),
+            "runs": runs}
+
+
+class _Clock:
+    """Wall time of a block; on CUDA measured between CUDA events."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.a, self.b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(
+                enable_timing=True)
+            self.a.record()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.b.record()
+            self.b.synchronize()
+            self.seconds = self.a.elapsed_time(self.b) / 1000
+        else:
+            self.seconds = time.perf_counter() - self.t0
+
+
+def _valid_backends(backends, *, crop, **counts) -> list[str]:
+    """The backends, each once in the order given; raises ValueError on a bad argument."""
+    backends = list(dict.fromkeys(backends))
+    bad = [b for b in backends if b not in BACKENDS]
+    if bad or not backends:
+        raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
+                         f"{', '.join(BACKENDS)}")
+    for name, v in counts.items():
+        integer(name, v, 0 if name == "warmup" else 1)
+    integer("crop", crop, 1, optional=True)
+    return backends
+
+
+def _open_sets(out) -> list:
+    from fastdata.shards import ShardSet
+
+    sets = [ShardSet(p) for p in ([out] if isinstance(out, (str, os.PathLike)) else out)]
+    if not sets:
+        raise ValueError("give at least one shard set")
+    return sets
+
+
+def _common_size(sets, size: int | None) -> int:
+    """``size``, or the largest stored size that every set holds; each set must hold it."""
+    common = set.intersection(*(set(d.sizes) for d in sets))
+    if size is None and not common:
+        raise ValueError("the shard sets share no stored size (" + "; ".join(
+            f"{d.root}: {', '.join(map(str, d.sizes))}" for d in sets) + ")")
+    size = max(common) if size is None else size
+    for d in sets:
+        d.stored_size(size)    # names the set and its sizes
+    return size
+
+
+def _source_folder(source: str | None, ds) -> str | None:
+    """The baseline's image folder: ``source``, else the manifest's where it still exists."""
+    if source is not None and not os.path.isdir(source):
+        raise ValueError(f"source={source!r} is not a directory (the baseline's image folder)")
+    src = source or ds.manifest.get("source")
+    return src if src and os.path.isdir(src) else None
+
+
+class Bench:
+    def __init__(self, out, *, source: str | None = None, backends=BACKENDS,
+                 model: str = "none", batch_size: int = 64, size: int | None = None,
+                 crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
+                 device=None, precision: str | None = None, num_workers: int | None = None,
+                 seed: int = 0, channels_last: bool | None = None):
+        """``out``: a shard set's path, or several (the fastdata backends run on each; they
+        must share the stored ``size``, by default the largest they all hold).
+        ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
+        the layout the step runs it in; without one, the device's default)."""
+        from fastdata.train.step import default_precision, input_dtype
+
+        backends = _valid_backends(backends, batch_size=batch_size, batches=batches, repeat=repeat,
+                            warmup=warmup, crop=crop)
+        self.sets = _open_sets(out)
+        self.ds = self.sets[0]          # the ceiling's images; its manifest names the source
+        self.size = _common_size(self.sets, size)
+        self.crop = crop or min(224, self.size)
+        self.device = resolve_device(device)
+        self.precision = precision or default_precision(self.device)
+        self.dtype = input_dtype(self.precision, self.device)
+        self.source = _source_folder(source, self.ds)
+        self.backends, self.model_name = backends, model
+        self.batch_size, self.warmup, self.batches, self.repeat = batch_size, warmup, batches, \
+            repeat
+        self.num_workers = num_workers if num_workers is not None else min(8, usable_cpus())
+        self.seed = seed
+        self.channels_last = True if channels_last is None and model != "none" \
+            else channels_last
+        self._latch = SigintLatch(enabled=False)        # run() installs one
+
+    # ---- loaders ----
+    def _loader(self, backend: str, ds):
+        if backend == "baseline":
+            from fastdata.bench.baseline import baseline_loader
+
+            if self.source is None:
+                raise _Skip(f"no source image folder: give --source (the manifest's "
+                            f"{self.ds.manifest.get('source')!r} is not there)")
+            # the inputs a conversion of this folder skipped as unreadable: not read here
+            # either (they would stop the baseline), so it reads the images the shards hold
+            real = os.path.realpath(self.source)
+            skipped = {s["path"] for d in self.sets if d.manifest.get("source")
+                       and os.path.realpath(d.manifest["source"]) == real
+                       for s in d.manifest.get("skipped", ())}
+            dl, ds = baseline_loader(self.source, batch_size=self.batch_size, crop=self.crop,
+                                     num_workers=self.num_workers, device=self.device,
+                                     seed=self.seed, exclude=skipped)
+            return dl, ds.kind + (f", {len(skipped)} unreadable input(s) left out as in the "
+                                  f"shards" if skipped else "")
+        if backend == "dali":
+            ok, why = available("nvidia.dali")
+            if not ok:
+                raise _Skip(why)
+        from fastdata.loader import Loader
+
+        loader = Loader(ds, backend=backend, batch_size=self.batch_size, train=True,
+                        size=self.size, crop=self.crop, device=self.device, dtype=self.dtype,
+                        channels_last=self.channels_last, num_workers=self.num_workers,
+                        seed=self.seed)
+        layout = "channels_last" if loader.channels_last else "NCHW"
+        return loader, f"{ds.container} {ds.encoding} {self.size}px {layout}"
+
+    def _to_device(self, x, y):
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def loader_only(self, it, bar) -> dict:
+        for _ in range(self.warmup):
+            next(it)
+        runs, rss = [], []
+        for _ in range(self.repeat):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0, n = time.perf_counter(), 0
+            for _ in range(self.batches):
+                x, y = self._to_device(*next(it))
+                n += len(x)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            runs.append(n / (time.perf_counter() - t0))
+            rss.append(rss_tree_mb())
+            bar.update()
+        return {"img_per_s": _stats(runs), "rss": rss}
+
+    # ---- model ----
+    def _step(self):
+        from fastdata.train import TrainStep, build_model
+
+        torch.manual_seed(self.seed)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True       # as `fit` trains: fixed shapes here
+        model = build_model(self.model_name, len(self.ds.classes)).to(self.device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        # the loaders' layout (by default channels_last on every device, as `fastdata train`):
+        # every backend and the ceiling then run the same computation (the baseline's NCHW
+        # batches are converted per step)
+        return TrainStep(model, opt, precision=self.precision,
+                         channels_last=bool(self.channels_last))
+
+    @functools.cached_property
+    def _fixed_batch(self):
+        """One batch of the set's own images (centre crops, normalised) and labels, on the
+        device in the step's layout: the model sees the same kind of data as when fed. (The
+        layout matters: an NCHW batch here against channels_last loader batches made fed runs
+        read 120-130% of the ceiling on this project's CPU.)"""
+        from fastdata.ops.crop import CropStage
+
+        idx = [k % len(self.ds) for k in range(self.batch_size)]
+        raw = torch.from_numpy(self.ds.read_batch(idx, size=self.size))
+        x = CropStage(train=False, crop=self.crop, dtype=self.dtype,
+                    channels_last=bool(self.channels_last))(raw)
+        y = torch.from_numpy(self.ds.labels[idx]).long()
+        return x.to(self.device), y.to(self.device)
+
+    def ceiling(self, step, bar, warmup: int = 0) -> list[float]:
+        """``step`` on one fixed on-device batch, run while no loader runs: a loader's
+        read-ahead threads would compete with the model for a CPU."""
+        x, y = self._fixed_batch
+        for _ in range(warmup):
+            self._latch.check()
+            step(x, y)
+        runs = []
+        for _ in range(self.repeat):
+            with _Clock(self.device) as c:
+                for _ in range(self.batches):
+                    self._latch.check()
+                    step(x, y)
+            runs.append(self.batch_size * self.batches / c.seconds)
+            bar.update()
+        return runs
+
+    def fed(self, step, it, bar) -> dict:
+        """The same ``step`` fed by the loader."""
+        for _ in range(self.warmup):
+            step(*self._to_device(*next(it)))
+        runs, waits, rss = [], [], []
+        for _ in range(self.repeat):
+            wait, n = 0.0, 0
+            with _Clock(self.device) as c:
+                for _ in range(self.batches):
+                    t = time.perf_counter()
+                    xb, yb = self._to_device(*next(it))
+                    wait += time.perf_counter() - t
+                    step(xb, yb)
+                    n += len(xb)
+            runs.append(n / c.seconds)
+            waits.append(wait / c.seconds)
+            rss.append(rss_tree_mb())
+            bar.update()
+        return {"img_per_s": _stats(runs), "data_wait_frac": statistics.median(waits),
+                "rss": rss}
+
+    # ---- the run ----
+    def _rows(self) -> list[tuple]:
+        """(backend, shard set or None, label): the baseline once, the others on every set."""
+        rows = []
+        for name in self.backends:
+            for ds in ([None] if name == "baseline" else self.sets):
+                if ds is None or len(self.sets) == 1:
+                    label = name
+                elif sum((d.container, d.encoding) == (ds.container, ds.encoding)
+                         for d in self.sets) > 1:
+                    label = f"{name} {os.path.basename(ds.root)}"
+                else:
+                    label = f"{name} {ds.container} {ds.encoding}"
+                rows.append((name, ds, label))
+        return rows
+
+    @property
+    def _runs_per_row(self) -> int:
+        """Timed runs per row (the progress bar's unit): loader only, or with a model also
+        fed and the ceiling before and after."""
+        return self.repeat * (4 if self.model_name != "none" else 1)
+
+    def _row(self, name, ds, row, bar) -> dict:
+        """One backend on one shard set (or the baseline): its figures, its loader closed."""
+        with_model = self.model_name != "none"
+        try:
+            loader, what = self._loader(name, ds)
+        except _Skip as e:
+            bar.update(self._runs_per_row)
+            return {**row, "status": "skipped", "reason": str(e)}
+        it = None
+        try:
+            if with_model:              # loaders start their threads on the first next()
+                step = self._step()
+                ceil = self.ceiling(step, bar, warmup=self.warmup)
+            it = _forever(loader, self._latch.check)
+            rec = {**row, "status": "ok", "what": what}
+            lo = self.loader_only(it, bar)
+            rec["loader"] = {"img_per_s": lo["img_per_s"]}
+            rss = lo["rss"]
+            if with_model:
+                f = self.fed(step, it, bar)
+                rss += f.pop("rss")
+        finally:
+            if it is not None:
+                it.close()
+            if hasattr(loader, "close"):
+                loader.close()
+            if ds is not None:          # its maps' pages would count in the next rows' PSS
+                ds.close()
+            del it, loader              # the baseline's persistent workers must not linger
+            gc.collect()                # into the next backend's memory figures
+        rss = [r for r in rss if r is not None]
+        rec["peak_pss_mb"] = max(rss) if rss else None
+        if with_model:                  # ceiling runs before and after the loader's: drift and
+            ceil += self.ceiling(step, bar)             # warm-up weigh on both sides
+            fed = f["img_per_s"]
+            rec["model"] = {"name": self.model_name, **f, "ceiling": _stats(ceil),
+                            "fraction_of_ceiling": fed["median"] / statistics.median(ceil),
+                            # what run-to-run noise allows: worst and best pairing
+                            "fraction_range": [fed["min"] / max(ceil), fed["max"] / min(ceil)]}
+        return rec
+
+    def run(self, progress: bool = True) -> dict:
+        """Every row; a Ctrl-C (in the main thread) stops at the next batch and the report
+        keeps the rows done, the others marked "interrupted" (``report["interrupted"]``)."""
+        from tqdm import tqdm
+
+        from fastdata.env import env_info
+
+        rows = self._rows()
+        results = []
+        self._latch = SigintLatch()
+        try:
+            with tqdm(total=len(rows) * self._runs_per_row, desc="bench", unit="run",
+                      disable=not progress) as bar:
+                for name, ds, label in rows:
+                    bar.set_description(f"bench: {label}")
+                    row = {"backend": name, "label": label, "shards": ds and ds.root}
+                    if self._latch.hit:
+                        results.append({**row, "status": "interrupted"})
+                        continue
+                    try:
+                        results.append(self._row(name, ds, row, bar))
+                    except KeyboardInterrupt:
+                        self._latch.hit = True
+                        results.append({**row, "status": "interrupted"})
+        finally:
+            self._latch.restore()
+        ceiling = [c for r in results if "model" in r for c in r["model"]["ceiling"]["runs"]]
+        base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
+                    None)
+        for r in results:
+            if base and r["status"] == "ok":
+                r["loader"]["vs_baseline"] = (r["loader"]["img_per_s"]["median"]
+                                              / base["loader"]["img_per_s"]["median"])
+        env = env_info()
+        return {
+            "schema": SCHEMA,
+            "config": {"shard_sets": [{"path": d.root, "container": d.container,
+                                       "encoding": d.encoding, "sizes": list(d.sizes)}
+                                      for d in self.sets], "size": self.size, "crop": self.crop,
+                       "source": self.source, "model": self.model_name,
+                       "batch_size": self.batch_size, "warmup": self.warmup,
+                       "batches": self.batches, "repeat": self.repeat,
+                       "device": str(self.device), "precision": self.precision,
+                       "dtype": str(self.dtype).replace("torch.", ""),
+                       "num_workers": self.num_workers, "host_cores": usable_cpus()},
+            "env": env,
+            "ceiling": {"model": self.model_name, "img_per_s": _stats(ceiling)}
+            if ceiling else None,
+            "results": results,
+            "interrupted": self._latch.hit,
+        }
+
+
+class _Skip(Exception):
+    pass

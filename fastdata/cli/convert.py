@@ -1,0 +1,94 @@
+"""``fastdata convert``: pack an image folder into a shard set."""
+
+from __future__ import annotations
+
+import argparse
+
+from fastdata.cli.common import log, sizes_arg
+from fastdata.format import CONTAINERS, ENCODINGS, FITS
+
+HELP = "pack an image folder (root/<class>/...) into shards"
+
+
+# ---------------------------------------------------------------- commands
+#: ``fastdata convert``'s options that make a shard set what it is, and their defaults
+CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
+                    "fit": "crop", "shard_size": None, "labels": None}
+
+
+def _convert_options(a) -> dict:
+    """``convert()``'s keywords from the command line; with ``--resume`` and none of them
+    given, those of the conversion being resumed (said in the log)."""
+    given = {k: getattr(a, k) for k in CONVERT_DEFAULTS if getattr(a, k) is not None}
+    if a.resume and not given:
+        from fastdata.converters.convert import saved_options
+
+        found = saved_options(a.out)
+        if found is not None:
+            saved, where = found
+            log.info("resuming with the options recorded in %s: %s", where, " ".join(
+                f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+                for k, v in (("format", saved.get("container")), ("size", saved.get("sizes")),
+                             ("encoding", saved.get("encoding")),
+                             ("quality", saved.get("quality")), ("fit", saved.get("fit")),
+                             ("shard_size", saved.get("shard_size")),
+                             ("labels", saved.get("labels"))) if v is not None))
+            return {k: v for k, v in saved.items() if v is not None}
+    o = {**CONVERT_DEFAULTS, **given}
+    if "quality" in given and o["encoding"] != "jpeg":
+        raise ValueError(f"--quality {a.quality} applies to --encoding jpeg only (this "
+                         f"conversion stores {o['encoding']} pixels): leave it out")
+    return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
+            "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
+            "shard_size": o["shard_size"], "labels": o["labels"]}
+
+
+def run(a) -> int:
+    from fastdata.converters.convert import ConversionError, convert
+
+    try:
+        convert(a.src, a.out, **_convert_options(a), workers=a.workers, on_error=a.on_error,
+                overwrite=a.overwrite, resume=a.resume, progress=not a.quiet, engine=a.engine,
+                address=a.address)
+    except ConversionError as e:        # unreadable inputs: the data's fault, no traceback
+        log.error("%s", e)
+        return 1
+    return 0
+
+
+def add_args(c: argparse.ArgumentParser) -> None:
+    c.add_argument("src", help="image folder, ImageFolder layout (any layout with --labels)")
+    c.add_argument("out", help="output directory for the shard set")
+    resumed = " (with --resume and none of the options that shape the set: the ones it was " \
+        "started with)"
+    c.add_argument("--format", choices=CONTAINERS, default=None,
+                   help="container (default hdf5)")
+    c.add_argument("--size", type=sizes_arg, action="append", metavar="S[,S...]",
+                   help="stored square size(s), powers of two >= 8; repeatable (default 256)")
+    c.add_argument("--encoding", choices=ENCODINGS, default=None,
+                   help="raw uint8 pixels or JPEG records (default raw)")
+    c.add_argument("--quality", type=int, default=None,
+                   help="JPEG quality, 1-100, for --encoding jpeg (default 90)")
+    c.add_argument("--fit", choices=FITS, default=None,
+                   help="non-square images: crop (shorter side, centre crop), pad, stretch "
+                   "(default crop)")
+    c.add_argument("--labels", default=None, metavar="FILE.csv",
+                   help="labels from a CSV file instead of class folders: a header `path,label` "
+                        "(a class per image), `path,<class>,...` (0/1: multi-label) or "
+                        "`path,<target>,...` (numbers: regression); paths relative to SRC")
+    c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
+                   "the cores this process may use)")
+    c.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where shards are made: local decode processes, or a task per shard "
+                        "on a Ray cluster (needs fastdata[ray]; the same shards)")
+    c.add_argument("--address", default=None, help="the Ray cluster's address for --engine "
+                   "ray (default: RAY_ADDRESS, or a local cluster started for the run)")
+    c.add_argument("--shard-size", type=int, default=None,
+                   help="source files per shard: a shard holds the readable ones of its "
+                        "range (default: ~256 MiB of raw data per shard)")
+    c.add_argument("--on-error", choices=("skip", "raise"), default="skip",
+                   help="unreadable inputs: skip and report them, or stop")
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT")
+    g.add_argument("--resume", action="store_true", help="finish an interrupted conversion, or "
+                   "redo the shards of a finished one that are missing" + resumed)

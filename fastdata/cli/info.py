@@ -1,0 +1,105 @@
+"""``fastdata info``: describe a shard set, or the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from fastdata.checks import printable
+from fastdata.cli.common import echo, human_bytes
+from fastdata.format import json_text
+
+HELP = "describe a shard set (or the environment with --env)"
+
+
+def info_dict(path: str) -> dict:
+    import numpy as np
+
+    from fastdata.shards import ShardSet
+
+    ds = ShardSet(path)
+    m = ds.manifest
+    labels = ds.labels
+    counts: np.ndarray
+    if ds.label_kind == "class":
+        counts = np.bincount(labels, minlength=len(ds.classes))
+    elif ds.label_kind == "multi_label":        # the images holding each class
+        counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
+    else:                                       # regression: no count per target
+        counts = np.full(len(ds.classes), len(labels))
+    return {
+        "label_kind": ds.label_kind,
+        "path": ds.root, "container": ds.container, "encoding": ds.encoding,
+        "quality": m.get("quality"), "sizes": list(ds.sizes), "fit": m["fit"],
+        "samples": len(ds), "classes": dict(zip(ds.classes, map(int, counts))),
+        "shards": len(m["shards"]), "bytes": sum(s["bytes"] for s in m["shards"]),
+        "skipped": m["skipped"], "ignored": m["ignored"], "empty_classes": m["empty_classes"],
+        "source": m["source"], "format_version": m["version"],
+        "readahead_at_random": ds.readahead,
+    }
+
+
+def print_info(d: dict) -> None:
+    enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
+    p = printable       # names in a set are not trusted: no escape sequence reaches the terminal
+    echo(f"{p(d['path'])}  (from {p(d['source'])})")
+    plural = "" if d["shards"] == 1 else "s"
+    echo(f"  {d['samples']} sample{'' if d['samples'] == 1 else 's'} in {d['shards']} "
+         f"{d['container']} shard{plural}, {enc}, "
+         f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
+         f"{human_bytes(d['bytes'])} on disk")
+    kind, many = d.get("label_kind", "class"), len(d["classes"]) != 1
+    what = {"class": ("class", "classes", ": samples each"),
+            "multi_label": ("class", "classes", ", multi-label: samples holding each"),
+            "regression": ("regression target", "regression targets", "")}[kind]
+    echo(f"  {len(d['classes'])} {what[many]}{what[2]}:")
+    names = {p(name): n for name, n in d["classes"].items()}
+    width = max(map(len, names), default=0)
+    for name, n in names.items():
+        echo(f"    {name:<{width}}  {n}" if kind != "regression" else f"    {name}")
+    if d["empty_classes"]:
+        echo(f"  empty classes (kept so indices match folder names): "
+             f"{', '.join(map(p, d['empty_classes']))}")
+    echo(f"  skipped (unreadable): {len(d['skipped'])}")
+    for s in d["skipped"]:
+        echo(f"    {p(s['path'])}: {p(s['reason'])}")
+    if d["ignored"]:
+        echo("  ignored: " + ", ".join(f"{p(k)}: {v}" for k, v in d["ignored"].items()))
+    echo("  out of the page cache, read at random: " + (
+        "with readahead (the set fits in half the memory available now)"
+        if d["readahead_at_random"] else "without readahead (the set is larger than half the "
+        "memory available now): each shuffled epoch reads its samples from the disk"
+        + {"hdf5": ", a batch's pages asked for at once",
+           "lmdb": ", a batch's pages asked for at once where earlier reads place them"
+           if d["encoding"] == "raw" else ""}[d["container"]]))
+
+
+def run(a) -> int:
+    if a.env:
+        from fastdata.env import SIMD_FIX, env_info
+
+        env = env_info()
+        if a.json:
+            echo(json.dumps(env, indent=1))
+        else:
+            width = max(map(len, env))
+            for k, v in env.items():
+                echo(f"{k:>{width}}: {v}")
+            if not env["pil_simd"]:
+                echo(f"  warning: PIL is not pillow-simd; fix: {SIMD_FIX}")
+            if not env["native_kernel"]:
+                echo("  warning: fastdata's C kernel was not built (no C compiler at install): "
+                     "CPU augmentation runs about half as fast")
+        if not a.shards:
+            return 0
+    if not a.shards:
+        raise SystemExit("fastdata info: give a shard set directory (or --env)")
+    d = info_dict(a.shards)
+    echo(json_text(d)) if a.json else print_info(d)
+    return 0
+
+
+def add_args(i: argparse.ArgumentParser) -> None:
+    i.add_argument("shards", nargs="?", help="shard set directory (with manifest.json)")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument("--env", action="store_true", help="versions, pillow-simd check, GPU")

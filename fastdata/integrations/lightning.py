@@ -1,0 +1,130 @@
+"""``ShardDataModule``: fastdata loaders for Lightning's ``Trainer`` (``pip install
+'fastdata[lightning]'``).
+
+The trainer gives each loader its rank, world size and device; each training epoch starts the
+loader's epoch (``set_epoch``), validation and test read every sample exactly once over the
+ranks, and the DataModule's ``state_dict`` (saved in Lightning's checkpoints) resumes a
+training epoch exactly where the checkpoint was taken, mid-epoch included.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastdata._optional import require
+from fastdata.shards import ShardSet
+
+L = require("lightning", "fastdata.integrations.lightning")
+
+
+class _Epochs:
+    """The training loader as Lightning iterates it: each pass starts the trainer's epoch, or
+    the remaining batches of the epoch a checkpoint was taken in."""
+
+    def __init__(self, loader, module: ShardDataModule):
+        self.loader, self.module = loader, module
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    # Lightning asks the training loader itself whether it resumes mid-epoch (else it warns
+    # that it does not); the position is saved once, in the DataModule's state
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def __iter__(self):
+        # a generator: Lightning also calls iter() only to check that it can; the epoch is
+        # chosen when the first batch is asked for
+        resume, self.module._resume = self.module._resume, None
+        if resume is None:
+            self.loader.set_epoch(self.module.trainer.current_epoch)
+        elif resume["order"]["position"] < len(self.loader):
+            self.loader.load_state_dict(resume)
+        else:   # saved after the epoch's last batch: Lightning goes on with the next one
+            self.loader.set_epoch(resume["order"]["epoch"] + 1)
+        yield from self.loader
+
+
+class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
+    """A ``lightning.LightningDataModule`` over fastdata shard sets.
+
+    Args:
+        train: the shard set to train on (a path or ``ShardSet``), or None.
+        val: the shard set to validate on, or None.
+        test: the shard set to test on, or None.
+        batch_size: samples per batch on each rank.
+        eval_batch_size: for validation and test (default: ``batch_size``).
+        **loader_args: any other ``fastdata.Loader`` argument (``size``, ``crop``, ``dtype``,
+            ``batch_transform``, ``backend``...), for every loader. ``rank``,
+            ``world_size`` and ``device`` come from the trainer.
+
+    Raises:
+        ValueError: ``rank``, ``world_size``, ``device`` or ``train`` is given in
+            ``loader_args``.
+    """
+
+    def __init__(self, train: str | os.PathLike | ShardSet | None = None,
+                 val: str | os.PathLike | ShardSet | None = None,
+                 test: str | os.PathLike | ShardSet | None = None, *, batch_size: int,
+                 eval_batch_size: int | None = None, **loader_args: Any):
+        super().__init__()
+        taken = sorted({"rank", "world_size", "device", "train"} & set(loader_args))
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by the trainer and the split, not "
+                             f"by ShardDataModule's arguments")
+        self.paths = {"train": train, "val": val, "test": test}
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.loader_args = loader_args
+        self._loaders: dict = {}
+        self._resume = None
+
+    def _loader(self, split: str):
+        import fastdata
+
+        if self.paths[split] is None:
+            raise ValueError(f"ShardDataModule has no {split} set: pass {split}=PATH")
+        if split not in self._loaders:
+            t = self.trainer
+            self._loaders[split] = fastdata.Loader(
+                self.paths[split], train=split == "train", rank=t.global_rank,
+                world_size=t.world_size, device=t.strategy.root_device,
+                batch_size=self.batch_size if split == "train" else self.eval_batch_size,
+                **self.loader_args)
+        return self._loaders[split]
+
+    def train_dataloader(self):
+        """The training set's loader (shuffled, augmented), made once and kept."""
+        return _Epochs(self._loader("train"), self)
+
+    def val_dataloader(self):
+        """The validation set's loader (in order, every sample once over the ranks)."""
+        return self._loader("val")
+
+    def test_dataloader(self):
+        """The test set's loader (in order, every sample once over the ranks)."""
+        return self._loader("test")
+
+    def state_dict(self) -> dict:
+        """The training loader's position: the batches the trainer has finished."""
+        loader = self._loaders.get("train")
+        if loader is None:
+            return {}
+        state = loader.state_dict()
+        # Lightning fetches a batch ahead: the loader's own count is one too many
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        state["order"] = {**state["order"], "position": int(done)}
+        return {"train": state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the training loader from ``state_dict()``'s position."""
+        self._resume = state.get("train")
+
+    def teardown(self, stage: str) -> None:
+        """Close the loaders made for ``stage``."""
+        for loader in self._loaders.values():
+            loader.close()
+        self._loaders.clear()

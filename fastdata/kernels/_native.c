@@ -1,0 +1,452 @@
+/* fastdata's image kernels, on packed uint8 RGB and float32 planes; vector extensions of GCC or
+ * Clang, with an AVX2 + FMA clone chosen at load time on x86-64. Where this file does not build,
+ * fastdata runs torch ops instead.
+ *
+ * - crop_resize: crop -> antialiased bilinear resize -> flip -> normalise, uint8 HWC in,
+ *   float32 out. The same weights as torch's interpolate(mode="bilinear", antialias=True,
+ *   align_corners=False) (PIL's triangle filter, widened by the downscale factor) and as
+ *   fastdata.ops.crop's batched path, in float32 with no uint8 rounding in between. Per output
+ *   row the source rows it needs are combined (vertical pass, contiguous, vectorised), then
+ *   each output pixel is a few 4-lane multiply-adds over that row; the output is written once.
+ * - color_jitter: torchvision's brightness, contrast, saturation and hue on float images in
+ *   [0, 1], in place, with an optional per-channel scale and shift in the same pass (the
+ *   loader's normalisation).
+ * - pack_rgb: the converter's 4-byte Pillow pixels to packed RGB.
+ *
+ * Called from fastdata/kernels/cpu.py (and converters/decode.py for pack_rgb), which check
+ * every pointer, shape and box before they call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v4 __attribute__((vector_size(16)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* lanes picked from one vector or two (indices 0.. of a, then of b), as constants: GCC's and
+ * Clang's spellings */
+#if defined(__clang__)
+#define SHUFFLE1(T, a, ...) __builtin_shufflevector(a, a, __VA_ARGS__)
+#define SHUFFLE2(T, a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUFFLE1(T, a, ...) __builtin_shuffle(a, (T){__VA_ARGS__})
+#define SHUFFLE2(T, a, b, ...) __builtin_shuffle(a, b, (T){__VA_ARGS__})
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
+/* AVX2 + FMA where the CPU has them (8-wide vertical pass), chosen when the module loads
+ * (an ifunc: GCC with glibc); elsewhere the compiler's baseline (SSE2 on x86-64) */
+#define CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+
+static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v; }
+/* a macro, not a function: a function returning an 8-lane vector is compiled for the baseline
+ * target too, where its calling convention differs (a compiler warning) */
+#define load8(p) ({ v8 v8_; memcpy(&v8_, (p), sizeof v8_); v8_; })
+static inline int ifloor(double v) { int i = (int)v; return i - (i > v); }
+static inline int iceil(double v) { int i = (int)v; return i + (i < v); }
+
+/* Output pixel i of a window of len pixels resized to out (mirrored if flip) reads count[i]
+ * pixels from first[i], weighted by w[i*K ..] (zeros after them, up to K). Returns the largest
+ * count. */
+static int taps(int len, int out, int flip, int *first, int *count, float *w, int K) {
+    double scale = (double)len / out, support = scale > 1 ? scale : 1;
+    int most = 1;
+    for (int i = 0; i < out; i++) {
+        double c = ((flip ? out - 1 - i : i) + 0.5) * scale - 0.5;
+        int lo = ifloor(c - support) + 1, hi = iceil(c + support) - 1;
+        if (lo < 0) lo = 0;
+        if (hi > len - 1) hi = len - 1;
+        int n = hi - lo + 1;
+        float *wi = w + (size_t)i * K, sum = 0;
+        for (int k = 0; k < n; k++) {
+            double d = lo + k - c;
+            float v = (float)(1 - (d < 0 ? -d : d) / support);
+            wi[k] = v > 0 ? v : 0;
+            sum += wi[k];
+        }
+        for (int k = 0; k < n; k++) wi[k] /= sum;
+        for (int k = n; k < K; k++) wi[k] = 0;
+        first[i] = lo;
+        count[i] = n;
+        if (n > most) most = n;
+    }
+    return most;
+}
+
+/* One output row from the combined source row; K taps (a constant where inlined). */
+static inline __attribute__((always_inline)) void hpass(
+        int out, int K, const float *w, int stride, const int *first, const float *row,
+        float *d, int64_t oc, int64_t ox, v4 a, v4 b) {
+    for (int x = 0; x < out; x++) {
+        const float *wx = w + (size_t)x * stride, *r = row + first[x] * 3;
+        v4 acc = wx[0] * load4(r);
+        for (int k = 1; k < K; k++) acc += wx[k] * load4(r + 3 * k);
+        acc = acc * a + b;
+        float *p = d + x * ox;
+        if (oc == 1 && ox == 3 && x < out - 1)
+            memcpy(p, &acc, sizeof acc);        /* the next pixel overwrites lane 4 */
+        else { p[0] = acc[0]; p[oc] = acc[1]; p[2 * oc] = acc[2]; }
+    }
+}
+
+#define HPASS(OC, OX) switch (kx) { \
+    case 1: hpass(out, 1, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 2: hpass(out, 2, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 3: hpass(out, 3, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    case 4: hpass(out, 4, wx, Kx, fx, row, d, OC, OX, a, b); break; \
+    default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
+
+/* src: the crop's top-left pixel of an HWC uint8 image whose rows are rs bytes apart. */
+CLONES static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
+                                  float *dst, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
+    if (out < 1) return 0;
+    int Kx = 2 * (w > out ? (w + out - 1) / out : 1) + 2;
+    int Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
+    int *fx = malloc(sizeof(int) * 3 * (size_t)out), *fy = fx + out, *cy = fy + out;
+    float *wx = malloc(sizeof(float) * (size_t)out * (Kx + Ky)), *wy = wx + (size_t)out * Kx;
+    float *row = calloc((size_t)3 * (w + Kx) + 4, sizeof(float));  /* zeros past the row */
+    if (!fx || !wx || !row) { free(fx); free(wx); free(row); return -1; }
+    int kx = taps(w, out, flip, fx, cy, wx, Kx), n3 = 3 * w;     /* cy: scratch here */
+    taps(h, out, 0, fy, cy, wy, Ky);
+    for (int y = 0; y < out; y++) {
+        const float *wk = wy + (size_t)y * Ky;
+        const uint8_t *s = src + fy[y] * rs;
+        for (int j = 0; j < n3; j++) row[j] = wk[0] * s[j];
+        for (int k = 1; k < cy[y]; k++) {
+            const uint8_t *sk = s + k * rs;
+            float wv = wk[k];
+            for (int j = 0; j < n3; j++) row[j] += wv * sk[j];
+        }
+        float *d = dst + y * oy;
+        if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+    }
+    free(fx); free(wx); free(row);
+    return 0;
+}
+
+static PyObject *crop_resize(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    unsigned long long src, rows, params, dst, scale, shift;
+    int out;
+    long long on, oc, oy, ox;
+    if (!PyArg_ParseTuple(args, "nKKKiKLLLLKK", &n, &src, &rows, &params, &out, &dst,
+                          &on, &oc, &oy, &ox, &scale, &shift))
+        return NULL;
+    const uint8_t *const *s = (const uint8_t *const *)(uintptr_t)src;
+    const int64_t *rs = (const int64_t *)(uintptr_t)rows, *p = (const int64_t *)(uintptr_t)params;
+    const float *sc = (const float *)(uintptr_t)scale, *sh = (const float *)(uintptr_t)shift;
+    v4 a = {sc[0], sc[1], sc[2], 0}, b = {sh[0], sh[1], sh[2], 0};
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        const int64_t *q = p + 5 * i;       /* top, left, h, w, flip */
+        failed = crop_resize_one(s[i] + q[0] * rs[i] + q[1] * 3, rs[i], (int)q[2], (int)q[3],
+                                 (int)q[4], out, (float *)(uintptr_t)dst + on * i, oc, oy, ox,
+                                 a, b);
+    }
+    Py_END_ALLOW_THREADS
+    if (failed) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* torchvision's colour adjustments on float images in [0, 1], in place, one image at a time:
+ * brightness, contrast, saturation (blends, clamped after each) and hue (through HSV), in a
+ * given order, with one factor each per image, then optionally x * scale + shift per channel
+ * (the loader's normalisation, fused here). A chunk of a row at a time through planar buffers
+ * that stay in L1, each op a branch-free loop the compiler vectorises. One pass over the
+ * image; with contrast, two: the ops before it, written back as their mean grey is summed,
+ * then the rest (nothing is computed twice). */
+#define JW 256      /* pixels a chunk */
+static inline float clamp01(float v) { v = v > 0.f ? v : 0.f; return v < 1.f ? v : 1.f; }
+
+CLONES static void blend_run(float *r, float *g, float *b, int n, float w, const float *other,
+                             float constant) {
+    for (int i = 0; i < n; i++) {
+        float o = other ? other[i] : constant;
+        r[i] = clamp01(w * r[i] + (1.f - w) * o);
+        g[i] = clamp01(w * g[i] + (1.f - w) * o);
+        b[i] = clamp01(w * b[i] + (1.f - w) * o);
+    }
+}
+
+CLONES static void luma_run(const float *r, const float *g, const float *b, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = 0.2989f * r[i] + 0.587f * g[i] + 0.114f * b[i];
+}
+
+/* the sum of n pixels' luma, in 8 lanes (a float sum in order would not vectorise) */
+CLONES static double luma_sum(const float *r, const float *g, const float *b, int n) {
+    v8 acc = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc += 0.2989f * load8(r + i) + 0.587f * load8(g + i) + 0.114f * load8(b + i);
+    double sum = 0;
+    for (int k = 0; k < 8; k++) sum += acc[k];
+    for (; i < n; i++) sum += 0.2989f * r[i] + 0.587f * g[i] + 0.114f * b[i];
+    return sum;
+}
+
+/* HSV's closed form back to RGB: channel c is max - chroma * clamp(min(k, 4 - k), 0, 1) with
+ * k = (n_c + 6 h) mod 6, n = 5, 3, 1 for R, G, B: torchvision's sector table without its
+ * selects, divisions or clamps (the values lie between min and max). Here in units of the
+ * chroma cr, K = cr * k, which needs no division: 6 h = off + num / cr. K in [-3 cr, 13 cr]
+ * (a shift within half a turn) comes into [0, 6 cr) by three conditional steps. */
+static inline float hsv_channel(float K, float maxc, float cr) {
+    float c6 = 6.f * cr;
+    K += K < 0.f ? c6 : 0.f;
+    K -= K >= c6 ? c6 : 0.f;
+    K -= K >= c6 ? c6 : 0.f;
+    float m = K < 4.f * cr - K ? K : 4.f * cr - K;
+    m = m > 0.f ? m : 0.f;
+    return maxc - (m < cr ? m : cr);
+}
+
+CLONES static void hue_run(float *r, float *g, float *b, int n, float shift) {
+    float s6 = 6.f * (shift - floorf(shift + 0.5f));     /* the shift in [-1/2, 1/2) turn */
+    for (int i = 0; i < n; i++) {   /* float selects only, so that it vectorises */
+        float R = r[i], G = g[i], B = b[i];
+        float mx = R > G ? R : G, mn = R < G ? R : G;
+        float maxc = mx > B ? mx : B, minc = mn < B ? mn : B, cr = maxc - minc;
+        /* torchvision's hue: the largest channel's sector (R 0, G 2, B 4) and where in it;
+           grey (cr = 0) keeps every channel */
+        float num = maxc == R ? G - B : (maxc == G ? B - R : R - G);
+        float off = maxc == R ? 0.f : (maxc == G ? 2.f : 4.f);
+        float base = num + cr * (off + s6);
+        r[i] = hsv_channel(base + 5.f * cr, maxc, cr);
+        g[i] = hsv_channel(base + 3.f * cr, maxc, cr);
+        b[i] = hsv_channel(base + cr, maxc, cr);
+    }
+}
+
+/* ops[k] in 0..3 = brightness, contrast, saturation, hue; f[op] its factor */
+static void jitter_run(float *r, float *g, float *b, int n, const int *ops, int nops,
+                       const float *f, float mean, float *tmp) {
+    for (int k = 0; k < nops; k++) {
+        int op = ops[k];
+        if (op == 3) {
+            hue_run(r, g, b, n, f[3]);
+        } else if (op == 2) {
+            luma_run(r, g, b, n, tmp);
+            blend_run(r, g, b, n, f[2], tmp, 0.f);
+        } else {
+            blend_run(r, g, b, n, f[op], NULL, op == 0 ? 0.f : mean);
+        }
+    }
+}
+
+/* n pixels from p (pixel stride ox, channel stride oc) into / out of planar buffers; packed
+ * pixels (channels_last) and planes (contiguous) get loops the compiler vectorises */
+CLONES static void gather(const float *p, int64_t oc, int64_t ox, int n, float *r, float *g,
+                          float *b) {
+    if (oc == 1 && ox == 3) {
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            /* 8 packed pixels as 3 vectors: each channel's 8 values lie in lanes no other
+               vector gives it, so 2 blends gather them and one permute orders them */
+            v8 a = load8(p + 3 * i), c = load8(p + 3 * i + 8), e = load8(p + 3 * i + 16);
+            v8 vr = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 0, 9, 2, 3, 12, 5, 6, 15),
+                                      e, 0, 1, 10, 3, 4, 13, 6, 7);
+            v8 vg = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 0, 1, 10, 3, 4, 13, 6, 7),
+                                      e, 8, 1, 2, 11, 4, 5, 14, 7);
+            v8 vb = SHUFFLE2(v8i, SHUFFLE2(v8i, a, c, 8, 1, 2, 11, 4, 5, 14, 7),
+                                      e, 0, 9, 2, 3, 12, 5, 6, 15);
+            vr = SHUFFLE1(v8i, vr, 0, 3, 6, 1, 4, 7, 2, 5);
+            vg = SHUFFLE1(v8i, vg, 1, 4, 7, 2, 5, 0, 3, 6);
+            vb = SHUFFLE1(v8i, vb, 2, 5, 0, 3, 6, 1, 4, 7);
+            memcpy(r + i, &vr, sizeof vr);
+            memcpy(g + i, &vg, sizeof vg);
+            memcpy(b + i, &vb, sizeof vb);
+        }
+        for (; i < n; i++) { r[i] = p[3 * i]; g[i] = p[3 * i + 1]; b[i] = p[3 * i + 2]; }
+    } else if (ox == 1) {
+        memcpy(r, p, sizeof(float) * n);
+        memcpy(g, p + oc, sizeof(float) * n);
+        memcpy(b, p + 2 * oc, sizeof(float) * n);
+    } else {
+        for (int i = 0; i < n; i++, p += ox) { r[i] = p[0]; g[i] = p[oc]; b[i] = p[2 * oc]; }
+    }
+}
+
+/* scale/shift: 3 floats each, or NULL for the values as they are */
+CLONES static void scatter(float *p, int64_t oc, int64_t ox, int n, const float *r,
+                           const float *g, const float *b, const float *sc, const float *sh) {
+    float a0 = 1.f, a1 = 1.f, a2 = 1.f, b0 = 0.f, b1 = 0.f, b2 = 0.f;
+    if (sc) { a0 = sc[0]; a1 = sc[1]; a2 = sc[2]; b0 = sh[0]; b1 = sh[1]; b2 = sh[2]; }
+    if (oc == 1 && ox == 3) {
+        v8 va = {a0, a1, a2, a0, a1, a2, a0, a1}, vb = {b0, b1, b2, b0, b1, b2, b0, b1};
+        v8 wa = {a2, a0, a1, a2, a0, a1, a2, a0}, wb = {b2, b0, b1, b2, b0, b1, b2, b0};
+        v8 xa = {a1, a2, a0, a1, a2, a0, a1, a2}, xb = {b1, b2, b0, b1, b2, b0, b1, b2};
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {    /* gather's shuffles undone: 3 permutes, 6 blends */
+            v8 vr = SHUFFLE1(v8i, load8(r + i), 0, 3, 6, 1, 4, 7, 2, 5);
+            v8 vg = SHUFFLE1(v8i, load8(g + i), 5, 0, 3, 6, 1, 4, 7, 2);
+            v8 vbl = SHUFFLE1(v8i, load8(b + i), 2, 5, 0, 3, 6, 1, 4, 7);
+            v8 o0 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 0, 9, 2, 3, 12, 5, 6, 15),
+                                      vbl, 0, 1, 10, 3, 4, 13, 6, 7);
+            v8 o1 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 8, 1, 10, 11, 4, 13, 14, 7),
+                                      vbl, 8, 1, 2, 11, 4, 5, 14, 7);
+            v8 o2 = SHUFFLE2(v8i, SHUFFLE2(v8i, vr, vg, 8, 9, 2, 11, 12, 5, 14, 15),
+                                      vbl, 0, 9, 2, 3, 12, 5, 6, 15);
+            o0 = o0 * va + vb;
+            o1 = o1 * wa + wb;
+            o2 = o2 * xa + xb;
+            memcpy(p + 3 * i, &o0, sizeof o0);
+            memcpy(p + 3 * i + 8, &o1, sizeof o1);
+            memcpy(p + 3 * i + 16, &o2, sizeof o2);
+        }
+        for (; i < n; i++) {
+            p[3 * i] = a0 * r[i] + b0;
+            p[3 * i + 1] = a1 * g[i] + b1;
+            p[3 * i + 2] = a2 * b[i] + b2;
+        }
+    } else if (ox == 1) {
+        for (int i = 0; i < n; i++) p[i] = a0 * r[i] + b0;
+        for (int i = 0; i < n; i++) p[oc + i] = a1 * g[i] + b1;
+        for (int i = 0; i < n; i++) p[2 * oc + i] = a2 * b[i] + b2;
+    } else {
+        for (int i = 0; i < n; i++, p += ox) {
+            p[0] = a0 * r[i] + b0;
+            p[oc] = a1 * g[i] + b1;
+            p[2 * oc] = a2 * b[i] + b2;
+        }
+    }
+}
+
+static void jitter_one(float *img, int64_t oc, int64_t oy, int64_t ox, int64_t h, int64_t w,
+                       const float *f, const int *ops, int nops, const float *sc,
+                       const float *sh) {
+    float r[JW], g[JW], b[JW], tmp[JW];
+    int c = nops;           /* contrast's place: its mean is of what the ops before it make */
+    for (int k = 0; k < nops; k++) if (ops[k] == 1) { c = k; break; }
+    float mean = 0.f;
+    if (c < nops) {
+        double sum = 0;
+        for (int64_t y = 0; y < h; y++)
+            for (int64_t x0 = 0; x0 < w; x0 += JW) {
+                int n = (int)(w - x0 < JW ? w - x0 : JW);
+                float *p = img + y * oy + x0 * ox;
+                gather(p, oc, ox, n, r, g, b);
+                jitter_run(r, g, b, n, ops, c, f, 0.f, tmp);
+                sum += luma_sum(r, g, b, n);
+                if (c > 0) scatter(p, oc, ox, n, r, g, b, NULL, NULL);
+            }
+        mean = (float)(sum / (double)(h * w));
+    }
+    int from = c < nops ? c : 0;
+    if (from == nops && !sc) return;
+    for (int64_t y = 0; y < h; y++)
+        for (int64_t x0 = 0; x0 < w; x0 += JW) {
+            int n = (int)(w - x0 < JW ? w - x0 : JW);
+            float *p = img + y * oy + x0 * ox;
+            gather(p, oc, ox, n, r, g, b);
+            jitter_run(r, g, b, n, ops + from, nops - from, f, mean, tmp);
+            scatter(p, oc, ox, n, r, g, b, sc, sh);
+        }
+}
+
+static PyObject *color_jitter(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    unsigned long long dst, factors, order, scale, shift;
+    long long on, oc, oy, ox, h, w;
+    int nops;
+    if (!PyArg_ParseTuple(args, "nKLLLLLLKKiKK", &n, &dst, &on, &oc, &oy, &ox, &h, &w,
+                          &factors, &order, &nops, &scale, &shift))
+        return NULL;
+    const float *f = (const float *)(uintptr_t)factors;
+    const float *sc = (const float *)(uintptr_t)scale, *sh = (const float *)(uintptr_t)shift;
+    const int64_t *o = (const int64_t *)(uintptr_t)order;
+    int ops[4];
+    for (int k = 0; k < nops && k < 4; k++) ops[k] = (int)o[k];
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        jitter_one((float *)(uintptr_t)dst + on * i, oc, oy, ox, h, w, f + 4 * i, ops, nops,
+                   sc, sc ? sh : NULL);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* Pillow's 4-byte pixels (RGB, RGBX) -> packed RGB. The image comes through the Arrow C data
+ * interface (Pillow >= 11.2 exports its memory without a copy), the output into a writable
+ * buffer: the converter packs straight into its shared ring, where Pillow's own packing went
+ * into a new bytes object that was then copied there. */
+struct ArrowSchema {
+    const char *format, *name, *metadata;
+    int64_t flags, n_children;
+    struct ArrowSchema **children, *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children, *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+
+CLONES static void pack_rgb_run(const uint8_t *src, uint8_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 6 <= n; i += 4) {    /* 4 pixels in, 12 bytes out; the 16-byte store's last 4
+                                       bytes are rewritten next, and stay inside dst */
+        v16u8 v;
+        memcpy(&v, src + 4 * i, 16);
+        v = SHUFFLE1(v16u8, v, 0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 0, 0, 0, 0);
+        memcpy(dst + 3 * i, &v, 16);
+    }
+    for (; i < n; i++) {
+        dst[3 * i] = src[4 * i];
+        dst[3 * i + 1] = src[4 * i + 1];
+        dst[3 * i + 2] = src[4 * i + 2];
+    }
+}
+
+static PyObject *pack_rgb(PyObject *self, PyObject *args) {
+    PyObject *schema_capsule, *array_capsule;
+    Py_buffer dst;
+    if (!PyArg_ParseTuple(args, "OOw*", &schema_capsule, &array_capsule, &dst)) return NULL;
+    const struct ArrowSchema *schema = PyCapsule_GetPointer(schema_capsule, "arrow_schema");
+    const struct ArrowArray *array = PyCapsule_GetPointer(array_capsule, "arrow_array");
+    const struct ArrowArray *child = array && array->n_children == 1 ? array->children[0] : NULL;
+    if (!schema || !array) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (strcmp(schema->format, "+w:4") || schema->n_children != 1 || !schema->children[0] ||
+        strcmp(schema->children[0]->format, "C") || !child || child->n_buffers != 2 ||
+        !child->buffers[1] || child->length != 4 * array->length ||
+        dst.len != 3 * array->length) {
+        PyBuffer_Release(&dst);
+        PyErr_SetString(PyExc_ValueError, "pack_rgb: not 4 bytes per pixel, or the output is "
+                                          "not 3 bytes a pixel");
+        return NULL;
+    }
+    const uint8_t *src = (const uint8_t *)child->buffers[1] + 4 * array->offset + child->offset;
+    pack_rgb_run(src, dst.buf, array->length);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"pack_rgb", pack_rgb, METH_VARARGS,
+     "pack_rgb(schema_capsule, array_capsule, out): an image's Arrow export (4 bytes a pixel) "
+     "into out as packed RGB; use converters.decode."},
+    {"crop_resize", crop_resize, METH_VARARGS,
+     "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
+     "shift): addresses of checked buffers; use fastdata.kernels.cpu.crop_resize."},
+    {"color_jitter", color_jitter, METH_VARARGS,
+     "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops, scale, shift): "
+     "addresses of checked buffers (scale, shift 0: none); use fastdata.kernels.cpu.color_jitter."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
+                                    "fastdata's C image kernels (see fastdata/kernels/cpu.py)", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }

@@ -1,0 +1,122 @@
+"""The C image kernels' Python side (``_native.c``, built at install where a C compiler is
+found): each function checks every pointer, shape and box it hands to C.
+
+``crop_resize``: crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC →
+float32, the CPU default of the crop stage for float32 output (``CropStage(kernel="auto")``);
+``color_jitter``: ``transforms.ColorJitter``'s adjustments; ``affine``: a per-channel
+``x * scale + shift``, the loader's normalisation after a batch transform. Where the extension
+was not built, torch ops do the same work, more slowly (``docs/performance.md``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fastdata import kernels
+
+
+def available() -> bool:
+    """Whether the C kernel was built and imports."""
+    return kernels.native() is not None
+
+
+def fits(images: torch.Tensor) -> bool:
+    """Whether the kernels take ``images`` as they are: float32 on the CPU, and built."""
+    return images.device.type == "cpu" and images.dtype == torch.float32 and available()
+
+
+def require() -> None:
+    if not available():
+        raise ImportError("fastdata's C kernel (fastdata.kernels._native) is not built: reinstall "
+                          "fastdata where a C compiler is found (e.g. `apt-get install gcc`, "
+                          "then `./install.sh`), or use kernel='per_sample'")
+
+
+def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch.Tensor,
+                scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """``out[k] = scale * resize(crop(images[k])) + shift`` per channel, as
+    ``ops.crop.crop_resize_batched`` computes it, for every ``k``.
+
+    images: B uint8 (H, W, 3) CPU tensors with packed pixels (strides (row, 3, 1); rows may be
+    further apart, e.g. views of a larger array), or one (B, H, W, 3) tensor; params: (B, 5)
+    int64 ``[top, left, h, w, flip]`` (``ops.boxes.packed_params``); out: a float32 (B, 3, O, O)
+    CPU tensor, any strides; scale, shift: 3 float32 values each. The GIL is released while it
+    runs. Every pointer handed to C is checked here first."""
+    require()
+    n = len(images)
+    if out.dtype != torch.float32 or out.device.type != "cpu" or out.dim() != 4 \
+            or out.shape[0] != n or out.shape[1] != 3 or out.shape[2] != out.shape[3] \
+            or out.shape[2] < 1:
+        raise ValueError(f"out must be a float32 CPU tensor of shape ({n}, 3, O, O), O >= 1, "
+                         f"not {out.dtype} {tuple(out.shape)} on {out.device}")
+    params = params.to(torch.int64).contiguous()
+    if params.shape != (n, 5):
+        raise ValueError(f"params must be ({n}, 5) [top, left, h, w, flip], not "
+                         f"{tuple(params.shape)}")
+    kinds = {(img.dtype, img.device.type, img.dim()) for img in images}
+    if kinds - {(torch.uint8, "cpu", 3)}:
+        raise ValueError(f"images must be uint8 CPU (H, W, 3) tensors, not {kinds}")
+    # per image: address, 3 strides, 3 sizes, gathered in one list and checked as one tensor
+    # (fewer Python steps per image than a check of each image)
+    meta = torch.tensor([(img.data_ptr(), *img.stride(), *img.shape) for img in images],
+                        dtype=torch.int64).reshape(n, 7)
+    packed = (meta[:, 2] == 3) & (meta[:, 3] == 1) & (meta[:, 6] == 3) \
+        & (meta[:, 1] >= 3 * meta[:, 5])
+    if not bool(packed.all()):
+        k = int((~packed).nonzero()[0])
+        raise ValueError(f"image {k} must have packed RGB pixels (strides (row, 3, 1), 3 "
+                         f"channels), not shape {tuple(images[k].shape)} strides "
+                         f"{images[k].stride()}")
+    sizes = meta[:, 4:6]
+    top, left, h, w = params[:, :4].unbind(1)
+    bad = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > sizes[:, 0]) \
+        | (left + w > sizes[:, 1])
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0])
+        raise ValueError(f"box {params[k, :4].tolist()} of image {k} is not inside its "
+                         f"{tuple(sizes[k].tolist())} pixels")
+    scale, shift = (torch.as_tensor(v, dtype=torch.float32).reshape(3).contiguous()
+                    for v in (scale, shift))
+    ptrs, rows = meta[:, 0].contiguous(), meta[:, 1].contiguous()
+    kernels.native().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(),
+                                 out.shape[2],
+                          out.data_ptr(), *out.stride(), scale.data_ptr(), shift.data_ptr())
+    return out
+
+
+def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int],
+                 scale: Sequence[float] | None = None,
+                 shift: Sequence[float] | None = None) -> None:
+    """``transforms.ColorJitter``'s adjustments, in place: ``images`` a float32 (B, 3, H, W)
+    CPU tensor (any strides), ``factors`` (B, 4) brightness, contrast, saturation and hue per
+    image, ``order`` the adjustments to apply (0-3 in that numbering), in order; then, with
+    ``scale`` and ``shift`` (3 values each), ``x * scale + shift`` per channel in the same
+    pass. The GIL is released while it runs."""
+    require()
+    if images.dtype != torch.float32 or images.device.type != "cpu" or images.dim() != 4 \
+            or images.shape[1] != 3:
+        raise ValueError(f"images must be a float32 CPU tensor of shape (B, 3, H, W), not "
+                         f"{images.dtype} {tuple(images.shape)} on {images.device}")
+    n, _, h, w = images.shape
+    factors = factors.to(torch.float32).contiguous()
+    ops = torch.as_tensor(list(order), dtype=torch.int64)
+    if factors.shape != (n, 4) or len(ops) > 4 or bool(((ops < 0) | (ops > 3)).any()):
+        raise ValueError(f"factors must be ({n}, 4) and order up to 4 of 0-3, not "
+                         f"{tuple(factors.shape)} and {ops.tolist()}")
+    pair = (scale, shift)
+    if (scale is None) != (shift is None) or (scale is not None and shift is not None
+                                              and (len(scale), len(shift)) != (3, 3)):
+        raise ValueError(f"scale and shift must be 3 values each, or both None; not {scale!r} "
+                         f"and {shift!r}")
+    affine = None if None in pair else torch.tensor([*scale, *shift],  # type: ignore[misc]
+                                                    dtype=torch.float32)
+    ptrs = (0, 0) if affine is None else (affine.data_ptr(), affine[3:].data_ptr())
+    kernels.native().color_jitter(n, images.data_ptr(), *images.stride(), h, w,
+                                  factors.data_ptr(), ops.data_ptr(), len(ops), *ptrs)
+
+
+def affine(images: torch.Tensor, scale: Sequence[float], shift: Sequence[float]) -> None:
+    """``images * scale + shift`` per channel, in place, in one pass: ``color_jitter`` with no
+    adjustment (a loader's normalisation on the CPU: faster than torch's broadcast multiply-add)."""
+    color_jitter(images, torch.zeros(len(images), 4), [], scale, shift)

@@ -1,0 +1,292 @@
+"""``fastdata.Loader``: one constructor, interchangeable backends (a registry by name).
+
+The facade validates the arguments, owns the ``Order`` (the one order and partition of both
+backends) and the stages (the built-in crop stage, the users' hooks); a backend only turns this
+rank's batches of indices into ``(images, labels)`` on the device (``docs/format.md``, "The
+batch contract").
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fastdata.checks import choice, flag, integer
+from fastdata.env import resolve_device, usable_cpus
+from fastdata.loader.decode import jpeg_decode_where
+from fastdata.loader.spec import Backend, Spec
+from fastdata.ops.batch import BatchHook
+from fastdata.ops.crop import CropStage
+from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from fastdata.order import Order
+from fastdata.shards import ShardSet
+from fastdata.transforms import check_classes
+
+BACKENDS = {"torch": "fastdata.loader.torch_backend:TorchBackend",
+            "dali": "fastdata.loader.dali_backend:DaliBackend"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "uint8": torch.uint8}
+
+
+def _dist_rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _picklable(name: str, fn) -> None:
+    try:
+        pickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
+        raise ValueError(f"{name}={fn!r} cannot be sent to worker processes "
+                         f"(workers='process'): {type(e).__name__}: {e}; define it at the top "
+                         f"level of a module (not a lambda or a nested function), or use "
+                         f"workers='thread'") from None
+
+
+def _hooks(dataset: ShardSet, crop_stage: CropStage, sample_transform, batch_transform,
+           workers: str) -> tuple[CropStage, BatchHook | None]:
+    """Check the users' transforms. With a batch transform, the built-in stage stops at float32
+    values in [0, 1] and the normalisation follows the transform: returns the crop stage to
+    run and the batch hook (None without a batch transform)."""
+    for name, fn in (("sample_transform", sample_transform),
+                     ("batch_transform", batch_transform)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name} must be callable or None, not {type(fn).__name__}")
+        if fn is not None and workers == "process":
+            _picklable(name, fn)
+    if batch_transform is None:
+        return crop_stage, None
+    if dataset.label_kind == "class":
+        check_classes(batch_transform, len(dataset.classes))
+    t = crop_stage
+    if t.dtype == torch.uint8:
+        raise ValueError("batch_transform needs a float dtype (it sees values in [0, 1], "
+                         "normalised after it); dtype=uint8 skips normalisation")
+    to_unit = CropStage(train=t.train, crop=t.crop, dtype=torch.float32,
+                        channels_last=t.channels_last, mean=(0.0,) * 3, std=(1.0,) * 3,
+                        scale=t.scale, ratio=t.ratio, half_products=t.half_products)
+    norm = Normalize(t.mean, t.std, t.dtype, t.memory_format)
+    return to_unit, BatchHook(batch_transform, norm)
+
+
+class Loader:
+    """Iterate a shard set as ``(images, labels)`` batches on a device.
+
+    ``for images, labels in loader``: ``images`` is ``(B, 3, crop, crop)`` in ``dtype`` and the
+    memory format asked for, normalised with ``mean``/``std`` (uint8 as stored with
+    ``dtype=torch.uint8``); ``labels`` int64 ``(B,)``, or float32 ``(B, K)`` for multi-label and
+    regression sets and after MixUp/CutMix. Both backends give the same samples in the same
+    order for the same arguments. ``len(loader)``: batches per epoch for this rank.
+
+    Args:
+        path: the shard set's folder, or an open ``ShardSet``.
+        backend: ``"torch"`` (reader threads or processes, augmentation on the device) or
+            ``"dali"`` (an NVIDIA DALI pipeline fed by the same order).
+        batch_size: samples per batch on this rank.
+        train: training order and augmentation (shuffled, full batches, RandomResizedCrop and
+            flip), or evaluation (in order, every sample once over the ranks, centre crop).
+        size: the stored size to read (default: the largest); may change between epochs.
+        crop: the output size (default: the stored size); may change between epochs.
+        augment: RandomResizedCrop + flip (default: ``train``).
+        device: where batches go (default: CUDA when available, else the CPU).
+        dtype: float32, bfloat16, float16 or uint8 (a dtype or its name).
+        channels_last: the memory format of ``images`` (default: on CUDA).
+        mean: per-channel means, of values in [0, 1], subtracted.
+        std: per-channel standard deviations divided by.
+        scale: RandomResizedCrop's range of the crop's area.
+        ratio: RandomResizedCrop's range of the crop's aspect ratio.
+        shuffle: shuffle each epoch (default: ``train``).
+        seed: the order's and the augmentation's seed; with the epoch, rank and batch it
+            decides every random draw.
+        drop_last: drop each epoch's partial batch (default: ``train``).
+        rank: this process's rank (default: ``torch.distributed``'s, else 0).
+        world_size: the ranks sharing the set (default: ``torch.distributed``'s, else 1).
+        num_workers: reader threads or processes (default: the usable cores, at most 8);
+            0 reads in the calling thread.
+        workers: ``"thread"`` or ``"process"`` (the torch backend's).
+        prefetch: batches read ahead of the consumer.
+        mp_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` for process workers.
+        jpeg_decode: where JPEG shards are decoded by the torch backend: ``"auto"``,
+            ``"cpu"`` or ``"gpu"`` (nvJPEG through torchvision).
+        sample_transform: ``fn(image, rng) -> image`` per stored image, before the crop, in
+            the reader workers (``docs/augmentation.md``).
+        batch_transform: ``fn(images, labels) -> (images, labels)`` on the whole batch on the
+            device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
+
+    Raises:
+        ValueError: an argument out of its range or choices (the message names the valid
+            ones), or a transform that cannot run where it would have to.
+        TypeError: a transform that is not callable.
+        ShardFormatError: ``path`` is not a readable shard set.
+    """
+
+    def __init__(self, path: str | os.PathLike | ShardSet, *, backend: str = "torch",
+                 batch_size: int, train: bool = True, size: int | None = None,
+                 crop: int | None = None, augment: bool | None = None,
+                 device: str | torch.device | None = None,
+                 dtype: torch.dtype | str = torch.float32, channels_last: bool | None = None,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
+                 rank: int | None = None, world_size: int | None = None,
+                 num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
+                 mp_context: str | None = None, jpeg_decode: str = "auto",
+                 sample_transform: Callable | None = None,
+                 batch_transform: Callable | None = None):
+        choice("backend", backend, BACKENDS)
+        self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
+        if isinstance(dtype, str):
+            dtype = DTYPES[choice("dtype", dtype, DTYPES)]
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
+        self.device = resolve_device(device)
+        choice("workers", workers, ("thread", "process"))
+        choice("mp_context", mp_context, ("fork", "spawn", "forkserver", None))  # None: default
+        num_workers = min(8, usable_cpus()) if num_workers is None else num_workers
+        num_workers = integer("num_workers", num_workers, 0)
+        prefetch = integer("prefetch", prefetch, 1)
+        if rank is None or world_size is None:
+            r, w = _dist_rank_world()
+            rank = r if rank is None else rank
+            world_size = w if world_size is None else world_size
+        self.order = Order(len(self.dataset), batch_size=batch_size, train=train,
+                           shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                           drop_last=drop_last)
+        self._resume, self._iterations = False, 0      # see __iter__
+        self._upscale_warned = False
+        # a set shared by loaders takes the latest one's order for the shards it opens next
+        for reader in self.dataset.shards:
+            reader.access = "random" if self.order.shuffle else "sequential"
+        self.train = self.order.train
+        self._size = self.dataset.size if size is None else self.dataset.stored_size(size)
+        self.augment = flag("augment", augment, self.train)
+        self.dtype = dtype
+        self.channels_last = flag("channels_last", channels_last, self.device.type == "cuda")
+        stage = CropStage(train=self.augment, crop=integer("crop", crop, 1, optional=True),
+                          dtype=dtype, channels_last=self.channels_last, mean=mean, std=std,
+                          scale=scale, ratio=ratio)
+        self.crop_stage, self.batch_hook = _hooks(self.dataset, stage, sample_transform,
+                                                  batch_transform, workers)
+        self.sample_hook = sample_transform
+        self._check_upscale()
+        self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
+        self.mp_context = mp_context
+        self.jpeg_decode = jpeg_decode_where(jpeg_decode, self.device, self.dataset.encoding,
+                                             backend,
+                                        sample_transform is not None)
+        module, cls = BACKENDS[backend].split(":")
+        self.backend_name = backend
+        self._backend: Backend = getattr(importlib.import_module(module), cls)(self._spec())
+
+    # ---- the contract ----
+    @property
+    def size(self) -> int:
+        """Stored square size read from the shards; may change between epochs."""
+        return self._size
+
+    @size.setter
+    def size(self, value) -> None:
+        self._size = self.dataset.stored_size(value)
+        self._check_upscale()
+
+    @property
+    def crop(self) -> int | None:
+        """Output square size (None: the stored size); may change between epochs."""
+        return self.crop_stage.crop
+
+    @crop.setter
+    def crop(self, value) -> None:
+        self.crop_stage = self.crop_stage.with_crop(integer("crop", value, 1, optional=True))
+        self._check_upscale()
+
+    def _check_upscale(self) -> None:
+        """Warn, once per loader, where the crop is larger than the stored size read: every
+        output pixel is then interpolated from fewer stored ones."""
+        crop, size = self.crop_stage.crop, self._size
+        if crop is None or crop <= size or self._upscale_warned:
+            return
+        self._upscale_warned = True
+        sizes = self.dataset.sizes
+        larger = [s for s in sizes if s >= crop]
+        fix = (f"read size={larger[0]} instead" if larger else
+               f"convert with --size {1 << (crop - 1).bit_length()} to avoid it")
+        warnings.warn(f"crop={crop} is larger than the stored size {size} read from "
+                      f"{self.dataset.root} (it stores {', '.join(map(str, sizes))}): every "
+                      f"image is upsampled; {fix}", UserWarning, stacklevel=3)
+
+    def needs_crop_stage(self) -> bool:
+        """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
+        return self.augment or self.crop is not None or self.dtype != torch.uint8
+
+    def _spec(self) -> Spec:
+        return Spec(dataset=self.dataset, order=self.order, device=self.device, size=self.size,
+                    crop=self.crop, crop_stage=self.crop_stage,
+                    needs_crop_stage=self.needs_crop_stage(),
+                    sample_hook=self.sample_hook, batch_hook=self.batch_hook,
+                    num_workers=self.num_workers, workers=self.workers, prefetch=self.prefetch,
+                    mp_context=self.mp_context, jpeg_decode=self.jpeg_decode)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next pass reads, as ``DistributedSampler.set_epoch``."""
+        self.order.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """The loader's position (epoch, batches read, stored size, crop), for
+        ``load_state_dict``."""
+        return {"order": self.order.state_dict(), "size": self._size, "crop": self.crop}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at a ``state_dict()``'s position: the next pass reads exactly the rest of
+        that epoch.
+
+        Raises:
+            ValueError: ``state`` is not a loader's state, or one of another order (seed,
+                set size, batch size, world size or rank).
+        """
+        if not isinstance(state, dict) or "order" not in state or "size" not in state:
+            raise ValueError(f"not a Loader.state_dict() (a dict with order, size, crop): "
+                             f"{str(state)[:100]}")
+        self.order.load_state_dict(state["order"])
+        self.size = state["size"]
+        self.crop = state.get("crop", self.crop)
+        self._resume = True
+
+    def __iter__(self):
+        """A pass over the current epoch from its start, like a DataLoader (a batch taken with
+        ``next(iter(loader))`` is not missing from the next loop), or from the position given
+        by the last ``load_state_dict``. The latest iterator is the one ``state_dict`` follows.
+        """
+        order = self.order
+        if not self._resume:
+            order.position = 0
+        self._resume = False
+        self._iterations += 1
+        me = self._iterations
+        batches, epoch, start = order.batches(), order.epoch, order.position
+        seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
+        for images, labels in self._backend.iterate(self._spec(), batches, seeds):
+            if me == self._iterations:
+                order.position += 1
+            yield images, labels
+        if me == self._iterations:
+            order.position = 0      # a finished epoch repeats its order until set_epoch
+
+    def close(self) -> None:
+        """Stop the backend's threads and worker processes (a later pass starts them again)."""
+        self._backend.close()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dataset.root!r}, backend={self.backend_name!r}, "
+                f"batch_size={self.order.batch_size}, train={self.train}, size={self._size}, "
+                f"crop={self.crop}, device={str(self.device)!r}, {len(self)} batches/epoch)")

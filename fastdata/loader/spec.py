@@ -1,0 +1,70 @@
+"""What the loader facade hands a backend: ``Spec``, the settings of one pass, and the
+``Backend`` base every backend implements."""
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from fastdata.ops.batch import BatchHook
+from fastdata.ops.crop import CropStage
+from fastdata.order import Order
+from fastdata.shards import ShardSet
+
+
+def ordered(pool, fn, jobs, depth: int):
+    """``fn(*job)`` for each job on ``pool``, results in job order, at most ``depth`` in flight
+    (the read-ahead of both backends' reader threads)."""
+    window: deque = deque()
+    for job in jobs:
+        window.append(pool.submit(fn, *job))
+        if len(window) >= depth:
+            yield window.popleft().result()
+    while window:
+        yield window.popleft().result()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Spec:
+    """What a backend reads of its loader, fixed for one pass (``Loader`` makes one at the
+    start of each): the backends hold no loader, and a pass in flight keeps the settings it
+    started with when the loader's size or crop changes."""
+
+    dataset: ShardSet
+    order: Order
+    device: torch.device
+    size: int
+    crop: int | None
+    #: the built-in crop, flip, resize and normalisation (its settings also where it is idle)
+    crop_stage: CropStage
+    #: False where batches go out exactly as stored (uint8, no crop, no augmentation)
+    needs_crop_stage: bool
+    #: the user's ``sample_transform``, per stored image in the reader workers
+    sample_hook: Callable | None
+    #: the user's ``batch_transform`` with the normalisation after it
+    batch_hook: BatchHook | None
+    num_workers: int
+    workers: str
+    prefetch: int
+    mp_context: str | None
+    jpeg_decode: str
+
+
+class Backend:
+    """Base of loader backends: ``iterate(spec, ...)`` yields ``(images, labels)`` per batch."""
+
+    name = ""
+
+    def __init__(self, spec: Spec):
+        """``spec``: the loader's settings when it was made (threads, devices)."""
+
+    def iterate(self, spec: Spec, batches: list[np.ndarray], seeds: Iterator[int]):
+        """``batches``: this rank's batches of sample indices still to read in the epoch;
+        ``seeds``: each one's seed (``Order.batch_seed``), drawn as they are read."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,270 @@
+"""The torch backend: whole-batch reads in worker threads or processes, recycled (pinned)
+buffers, uint8 until the device, prefetch on a side CUDA stream, augmentation on the device.
+
+Host stage: each task reads one batch with ``ShardSet.read_batch`` (indices sorted for locality
+inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform runs in the same
+task, so it is spread over the workers (raw shards: it crops views of the memory maps, LMDB's
+while the batch's read transactions are held, with no batch copy). On CUDA the buffer, the
+labels and the crop parameters are pinned, copied ``non_blocking`` on a side stream and
+transformed there, ``prefetch`` batches ahead of the consumer. Worker processes make a CPU
+device's batches in shared buffers the parent lends them (``SharedRing``).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import ctypes
+import itertools
+import weakref
+from collections import deque
+
+import numpy as np
+import torch
+
+from fastdata.loader.buffers import BufferPool, tensor_in
+from fastdata.loader.spec import Backend, ordered
+from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
+from fastdata.ops.boxes import packed_params
+from fastdata.ops.sample import apply_sample_transform
+from fastdata.shards.mapped import guard_faults
+
+
+def _tensor(view: np.ndarray) -> torch.Tensor:
+    """A tensor over a view of a shard's map. LMDB's map is read-only, and torch warns on such
+    arrays: it is aliased through ctypes instead, which is sound because the transform only
+    reads its input (a write would fault)."""
+    if not view.flags.writeable:
+        alias = (ctypes.c_uint8 * view.nbytes).from_address(view.ctypes.data)
+        view = np.ctypeslib.as_array(alias).reshape(view.shape)
+    return torch.from_numpy(view)
+
+
+def _encoded(payloads: list) -> list[torch.Tensor]:
+    """Stored JPEGs as CPU uint8 tensors, as torchvision's ``decode_jpeg`` takes them."""
+    return [torch.from_numpy(np.frombuffer(p, np.uint8)) if isinstance(p, (bytes, memoryview))
+            else _tensor(p) for p in payloads]
+
+
+def decode_on_device(jpegs: list[torch.Tensor], device) -> torch.Tensor:
+    """A batch of same-size JPEGs decoded on a CUDA device by nvJPEG (torchvision), as
+    ``(B, S, S, 3)`` uint8, the layout of raw shards."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    images = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
+    return torch.stack(images).permute(0, 2, 3, 1).contiguous()
+
+
+class _BatchReader:
+    """Read (and on CPU, transform) one batch. Picklable for worker processes."""
+
+    def __init__(self, spec):
+        self.ds, self.size, self.crop_stage = spec.dataset, spec.size, spec.crop_stage
+        self.on_host = spec.device.type == "cpu"        # CPU: all output work in the workers
+        self.needs_crop_stage = spec.needs_crop_stage
+        self.key = (spec.size, spec.crop)
+        self.pin = spec.device.type == "cuda"
+        self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
+        self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
+        self._pools: dict = {}
+
+    def _pool(self, key, shape, dtype, result: bool = True):
+        if key not in self._pools:
+            # in a DataLoader worker process, a result made outside a lent ring buffer is made
+            # in shared memory, where the parent reads it (no recycling: the worker cannot tell
+            # when the parent is done; made elsewhere, it would be copied there), and the
+            # DataLoader pins it in the parent (pinning here would touch CUDA, which a forked
+            # worker cannot); what stays in the worker is recycled there
+            worker = torch.utils.data.get_worker_info() is not None
+            shared = worker and result
+            self._pools[key] = BufferPool(shape, dtype, pin=self.pin and not worker,
+                                          shared=shared)
+            self._pools[key].recycle &= not shared
+        return self._pools[key]
+
+    def _buffer(self, key, shape, dtype, ring: torch.UntypedStorage | None = None,
+                result: bool = True) -> torch.Tensor:
+        """A buffer for a result (in ``ring``, a worker process's lent buffer, where it fits)
+        or, with ``result=False``, for a step before it."""
+        t = tensor_in(ring, shape, dtype) if result else None
+        return self._pool(key, shape, dtype, result).get() if t is None else t
+
+    def ring_bytes(self, batch: int) -> int | None:
+        """The bytes of a batch made in a buffer of ``_buffer``'s (see ``_read``); None where
+        it is not (on a CUDA device; uint8 output made by the transform)."""
+        t = self.crop_stage
+        if not self.on_host or (self.needs_crop_stage and t.dtype == torch.uint8):
+            return None
+        side = (t.crop or self.size) if self.needs_crop_stage else self.size
+        return batch * 3 * side * side * t.dtype.itemsize
+
+    def __getstate__(self):
+        return {**self.__dict__, "_pools": {}}
+
+    def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
+        """``(images, labels, params)``; ``seed``: the batch's augmentation's
+        (``Order.batch_seed``); ``ring``: a buffer to make the images in."""
+        faults = guard_faults()
+        with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
+            batch = self._read(indices, seed, hold, ring)
+        if guard_faults() != faults:    # a shard was cut short under the views: name it
+            self.ds.check_intact(indices)
+        return batch
+
+    def _read(self, indices, seed, hold, ring):
+        b, s = len(indices), self.size
+        labels = torch.from_numpy(self.ds.labels[indices])
+        if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
+            return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
+        views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_crop_stage
+                 and self.sample_hook is None else None)
+        if views is not None:   # each image's crop is read from the map: no batch copy first
+            raw = [_tensor(v) for v in views]
+        else:
+            # the stored pixels are the result on a device, and as channels_last uint8
+            as_is = not self.on_host or not self.needs_crop_stage and self.crop_stage.channels_last
+            raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
+            self.ds.read_batch(indices, size=s, out=raw.numpy())
+            if self.sample_hook is not None:
+                apply_sample_transform(self.sample_hook, raw.numpy(), seed)
+        if not self.on_host:
+            return self._for_device(raw, labels, seed)
+        if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)
+            nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
+            if self.crop_stage.channels_last:
+                return nchw, labels, None
+            out = self._buffer(("out", b, s), (b, 3, s, s), torch.uint8, ring)
+            return out.copy_(nchw), labels, None
+        g = torch.Generator().manual_seed(seed)
+        t = self.crop_stage
+        o = t.crop or s
+        if t.dtype == torch.uint8:
+            return t(raw, g), labels, None
+        if t.channels_last:
+            out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
+        else:
+            out = self._buffer(("out", b, o), (b, 3, o, o), t.dtype, ring)
+        images = t(raw, g, out=out)
+        if self.batch_hook is not None:
+            images, labels = self.batch_hook(images, labels, seed)
+        return images, labels, None
+
+    def _for_device(self, raw, labels, seed):
+        """``(raw, labels, params)``, all pinned (in a worker process the DataLoader pins
+        them): a copy from pageable memory makes the host wait for the copying stream's earlier
+        work (CUDA's rule for such copies), which made the training loop wait for the previous
+        batch's augmentation. ``params``: this batch's crop boxes and flips, (B, 5) int64, drawn
+        here rather than in the training loop's thread; None without augmentation."""
+        b = len(labels)
+        pinned = self._pool(("labels", *labels.shape), labels.shape,
+                            labels.dtype).get().copy_(labels)
+        if not self.needs_crop_stage:
+            return raw, pinned, None
+        g = torch.Generator().manual_seed(seed)
+        boxes, flips = self.crop_stage.params(b, self.size, self.size, g)
+        params = packed_params(boxes, flips, out=self._pool(("params", b), (b, 5),
+                                                             torch.int64).get())
+        return raw, pinned, params
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._reader: _BatchReader | None = None
+        self._workers: WorkerProcesses | None = None   # kept from one pass to the next
+        self._all_workers: weakref.WeakSet = weakref.WeakSet()   # for close(), passes' own too
+        self._stream = None         # the side stream that copies and augments on CUDA
+
+    # ---- host stage: ordered batches from threads, processes or the calling thread ----
+    def _read(self, spec, reader, batches, seeds):
+        jobs = zip(batches, seeds)
+        if spec.num_workers == 0:
+            for job in jobs:
+                yield reader(*job)
+        elif spec.workers == "thread":
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(spec.num_workers, thread_name_prefix="fastdata",
+                                                   initializer=one_intraop_thread)
+            yield from ordered(self._pool, reader, jobs, spec.num_workers + spec.prefetch)
+        else:
+            yield from self._processes(spec, reader, jobs)
+
+    def _processes(self, spec, reader, jobs):
+        w = self._workers
+        if w is not None and w.busy:    # a pass still under way has them: this one its own
+            w = WorkerProcesses(reader, spec, persistent=False)
+        elif w is None or not w.usable((reader, spec.num_workers, spec.prefetch, spec.mp_context)):
+            self._workers = None        # first: the old ones stop before new ones start
+            w = self._workers = WorkerProcesses(reader, spec, persistent=True)
+        self._all_workers.add(w)
+        yield from w.run(jobs)
+
+    def iterate(self, spec, batches, seeds):
+        if self._reader is None or self._reader.key != (spec.size, spec.crop):
+            # kept across epochs: its recycled buffers are already faulted in
+            self._reader = _BatchReader(spec)
+        reader = self._reader       # this loop's, even if the size or crop changes meanwhile
+        if spec.device.type == "cpu":
+            for images, labels, _ in self._read(spec, reader, batches, seeds):
+                yield images, labels
+        else:       # each seed drawn once, for the read and for the batch hook on the device
+            seeds, hook_seeds = itertools.tee(seeds)
+            read = self._read(spec, reader, batches, seeds)
+            yield from self._cuda(spec, zip(read, hook_seeds), reader)
+
+    def _cuda(self, spec, host, reader):
+        dev = spec.device
+        if self._stream is None or self._stream.device != dev:
+            self._stream = torch.cuda.Stream(dev)
+        stream = self._stream
+        pending: deque = deque()
+        copying: deque = deque()    # (event, pinned buffer): kept alive until the copy is done
+
+        def stage(item, seed):
+            while copying and copying[0][0].query():
+                copying.popleft()
+            raw, labels, params = item
+            with torch.cuda.stream(stream):
+                x = (decode_on_device(raw, dev) if isinstance(raw, list) else
+                     raw.to(dev, non_blocking=True))
+                y = labels.to(dev, non_blocking=True)
+                if params is not None:
+                    p = params.to(dev, non_blocking=True)
+                    x = reader.crop_stage(x, params=(p[:, :4], p[:, 4]))
+                else:
+                    x = x.permute(0, 3, 1, 2)
+                    x = x.contiguous(memory_format=reader.crop_stage.memory_format)
+                if reader.batch_hook is not None:
+                    x, y = reader.batch_hook(x, y, seed)
+                done = torch.cuda.Event()
+                done.record(stream)
+            copying.append((done, item))    # pooled host buffers: reused once copied
+            return x, y, done
+
+        for item, seed in host:
+            pending.append(stage(item, seed))
+            if len(pending) > spec.prefetch:
+                yield self._hand_over(*pending.popleft())
+        while pending:
+            yield self._hand_over(*pending.popleft())
+
+    @staticmethod
+    def _hand_over(x, y, done):
+        cur = torch.cuda.current_stream(x.device)
+        cur.wait_event(done)                     # no host sync: the GPU orders the streams
+        x.record_stream(cur)
+        y.record_stream(cur)
+        return x, y
+
+    def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._reader = None
+        self._workers = None
+        for w in list(self._all_workers):    # an iterator still held keeps them otherwise
+            w.shutdown()
+
+

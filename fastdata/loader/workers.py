@@ -1,0 +1,155 @@
+"""The torch backend's workers: reader threads limited to one OpenMP thread each, and worker
+processes through torch's DataLoader, one whole batch per item, made in ring buffers the parent
+lends them."""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+
+from fastdata.env import parent_garbage_frozen
+from fastdata.loader.buffers import SharedRing
+
+
+@functools.lru_cache(maxsize=1)
+def _openmp():
+    """The OpenMP runtime torch uses (found among the loaded libraries), or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libgomp" in line or "libiomp" in line}
+    except OSError:
+        return None
+    own = os.path.dirname(torch.__file__)       # torch's own copy first (others may be loaded)
+    for path in sorted(paths, key=lambda p: not p.startswith(own)):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            pass
+    return None
+
+
+def one_intraop_thread() -> None:
+    """Make ATen ops in *this* thread single-threaded (OpenMP's per-thread nthreads setting).
+
+    Worker threads already process whole batches in parallel; ops inside each starting an
+    OpenMP team as wide as the machine oversubscribe the cores.
+    ``torch.set_num_threads`` would also change the default of every later thread, the
+    training loop's included.
+    """
+    torch.get_num_threads()         # this thread's lazy OpenMP set-up runs now, not afterwards
+    lib = _openmp()
+    if lib is not None:
+        lib.omp_set_num_threads(1)
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    """Job ``(indices, seed, slot)``: that batch, made in ring buffer ``slot`` where
+    one was lent; the result is ``(slot, images, labels, params)``, with ``images`` as
+    ``(dtype, shape, stride, offset)`` where it was made there (the parent has that memory),
+    and on CPU ``labels`` as a numpy array."""
+
+    def __init__(self, reader, ring: SharedRing | None):
+        self.reader = reader
+        self.storages = ring.storages if ring is not None else []
+
+    def __getitem__(self, job):
+        *batch, slot = job
+        buffer = None if slot is None else self.storages[slot]
+        images, labels, params = self.reader(*batch, ring=buffer)
+        if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
+            images = (images.dtype, images.shape, images.stride(), images.storage_offset())
+        if self.reader.on_host:     # pickled as bytes: as a tensor it would take a shared
+            labels = labels.numpy()     # memory segment of its own for a few bytes
+        return slot, images, labels, params
+
+
+class _Lending(torch.utils.data.Sampler):
+    """A pass's jobs, each with a ring buffer lent as the DataLoader sends it (None when none
+    is free: the worker then makes the batch in fresh shared memory)."""
+
+    def __init__(self, ring: SharedRing | None):
+        self.ring, self.jobs = ring, iter(())
+
+    def __iter__(self):
+        # first run as the DataLoader sends a pass's first job, which it does after waiting
+        # for its workers to finish the jobs of a pass left unfinished (persistent workers:
+        # ``_reset``); those jobs' buffers come back (tests/test_loader.py checks both)
+        if self.ring is not None:
+            self.ring.reclaim()
+        for job in self.jobs:
+            yield *job, None if self.ring is None else self.ring.lend()
+
+
+def _as_sent(item):
+    return item     # not the default's conversion, which makes the tuples lists
+
+
+class WorkerProcesses:
+    """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
+    their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
+    them again delays each pass's first batch, by a second with spawn)."""
+
+    def __init__(self, reader, spec, *, persistent: bool):
+        """``spec``: the pass's ``Spec``."""
+        nbytes = reader.ring_bytes(spec.order.batch_size)
+        self.ring = None
+        if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
+            # the jobs in flight, the batch the consumer holds, one it has just been handed
+            self.ring = SharedRing(spec.num_workers * spec.prefetch + 2, nbytes)
+        self.key = (reader, spec.num_workers, spec.prefetch, spec.mp_context)
+        self.busy = self.broken = self.closed = False
+        self._iterator = None
+        self._lending = _Lending(self.ring)
+        self._dl = torch.utils.data.DataLoader(
+            _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
+            collate_fn=_as_sent, num_workers=spec.num_workers, prefetch_factor=spec.prefetch,
+            multiprocessing_context=spec.mp_context, persistent_workers=persistent,
+            pin_memory=spec.device.type == "cuda")     # pins for the current CUDA device
+
+    def usable(self, key) -> bool:
+        """Whether a pass may use these workers: made for ``key``, and none has failed or died
+        (a killed one is noticed when it happens, wherever the main thread then is)."""
+        it = getattr(self._dl, "_iterator", None)   # DataLoader's own, when persistent
+        return (key == self.key and not self.broken
+                and all(p.is_alive() for p in getattr(it, "_workers", ())))
+
+    def run(self, jobs):
+        """The pass's ``(images, labels, params)``; one pass at a time (see ``busy``)."""
+        self.busy = True
+        try:
+            self._lending.jobs = jobs
+            with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs
+                batches = self._iterator = iter(self._dl)   # the workers start or resume here
+            while True:
+                if self.closed:
+                    raise RuntimeError("the loader was closed: its worker processes are gone; "
+                                       "make a new Loader to read on")
+                try:
+                    slot, images, labels, params = next(batches)
+                except StopIteration:
+                    return
+                if slot is not None:
+                    images = self.ring.give_back(slot, images)
+                yield images, torch.as_tensor(labels), params
+        except BaseException as e:          # a worker's error, one that died, Ctrl-C...
+            if not isinstance(e, GeneratorExit):    # ...then not used again: stopped now
+                self.shutdown(kill=True)
+            raise
+        finally:
+            self.busy = False
+
+    def shutdown(self, *, kill: bool = False) -> None:
+        """Stop the worker processes now, even while an iterator over them is held; ``kill``:
+        without waiting for them (after an error the DataLoader's own shutdown waited 5 s for
+        each worker, and did it whenever the collector reached the pool)."""
+        self.closed = self.broken = True
+        for it in (self._iterator, getattr(self._dl, "_iterator", None)):
+            for w in getattr(it, "_workers", ()) if kill else ():
+                if w.is_alive():
+                    w.terminate()
+            stop = getattr(it, "_shutdown_workers", None)     # DataLoader's, not public
+            if stop is not None:
+                stop()
+        self._iterator = None

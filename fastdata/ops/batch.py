@@ -1,0 +1,148 @@
+"""The batch hook: how a loader runs a user's ``batch_transform`` and normalises after it.
+
+``BatchTransform`` is the protocol of batch operations (``fastdata.transforms``): a call on
+``(images, labels)`` with a generator, and the optional fold of the loader's normalisation into
+the transform's last pass over the pixels. ``BatchHook`` runs a transform for a batch: its
+generator from the batch's seed, the fold where the transform offers one, the check of what it
+returns, then the normalisation.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from fastdata.ops.normalize import Normalize
+
+
+# ---- the batch hook ----
+def takes_generator(fn: Callable) -> bool:
+    """Whether ``fn`` accepts a ``generator`` keyword."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "generator" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def call(fn: Callable, images, labels, generator):
+    """``fn(images, labels)``, with ``generator=`` where it takes one; the result checked to be
+    ``(images, labels)``.
+
+    Raises:
+        TypeError: ``fn`` returned something else.
+    """
+    out = fn(images, labels, generator=generator) if takes_generator(fn) else fn(images, labels)
+    if not (isinstance(out, tuple) and len(out) == 2 and torch.is_tensor(out[0])):
+        raise TypeError(f"batch_transform {fn!r} returned {type(out).__name__}; it must return "
+                        f"(images, labels)")
+    return out
+
+
+def batch_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The generator a batch transform gets for the batch whose seed is ``seed``."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(np.random.SeedSequence([seed, 2]).generate_state(1, np.uint64)[0] >> 1))
+    return g
+
+
+def host_generator(generator: torch.Generator | None) -> torch.Generator | None:
+    """A CPU generator for a transform's per-batch values: ``generator`` itself on the CPU.
+    From a device's generator, one seeded on the host (no device value read), a stream of
+    its own at each call (the device generator's offset moves on), the first the same as a
+    CPU generator of the same seed gives."""
+    if generator is None or generator.device.type == "cpu":
+        return generator
+    seed, offset = generator.initial_seed(), generator.get_offset()
+    generator.set_offset(offset + 4)
+    if offset:
+        seed = int(np.random.SeedSequence([seed, offset]).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(seed)
+
+
+def coins(n: int, p: float, host) -> torch.Tensor:
+    """``n`` draws of True with probability ``p``, on the host, shaped (n, 1, 1, 1)."""
+    return (torch.rand(n, generator=host) < p).view(n, 1, 1, 1)
+
+
+class BatchTransform:
+    """Base of the batch operations: ``op(images, labels, generator=None) -> (images,
+    labels)``. ``images``: ``(B, 3, H, W)`` float in [0, 1]; ``generator``: a
+    ``torch.Generator`` on the images' device (None: torch's default one). An operation may
+    write into ``images`` (the loader's batch, made for this call): pass a copy to keep
+    yours."""
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 generator: torch.Generator | None = None):
+        """Transform a batch; its random draws come from ``generator``."""
+        raise NotImplementedError
+
+    def fold_normalization(self, scale: tuple, shift: tuple) -> BatchTransform | None:
+        """This transform returning ``x * scale + shift`` per channel (the loader's
+        normalisation, folded into its last pass over the pixels), with the same draws; None
+        where it has no such form. A loader runs it in place of the two."""
+        return None
+
+    def after_normalization(self, scale: tuple, shift: tuple) -> BatchTransform | None:
+        """The transform that does to ``x * scale + shift`` what this one does to ``x``, with
+        the same draws (so the normalisation may run before it); None where there is none."""
+        return None
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({args})"
+
+
+def ask(t, method: str, scale: tuple, shift: tuple) -> BatchTransform | None:
+    """``t.fold_normalization`` or ``t.after_normalization`` (``method``) of ``scale`` and
+    ``shift``; None where ``t`` is not a ``BatchTransform``, or where it runs a ``__call__`` of
+    a subclass's (outside fastdata) that the method does not come with (one that may ignore
+    what it asks)."""
+    if not isinstance(t, BatchTransform):
+        return None
+    mro = type(t).__mro__
+    runs = next(c for c in mro if "__call__" in vars(c))
+    has = next(c for c in mro if method in vars(c))
+    if not runs.__module__.startswith("fastdata.") and not issubclass(has, runs):
+        return None
+    return getattr(t, method)(scale, shift)
+
+
+def ask_each(transforms: list, method: str, scale: tuple, shift: tuple) -> list | None:
+    """``ask`` of each transform, or None where one has none."""
+    out = [ask(t, method, scale, shift) for t in transforms]
+    return None if any(t is None for t in out) else out
+
+
+class BatchHook:
+    """A loader's batch transform then normalisation, for the batch whose seed is given. Where
+    the transform can fold the normalisation into its last pass over the pixels
+    (``BatchTransform.fold_normalization``: e.g. ColorJitter followed by RandomGrayscale,
+    RandomErasing, MixUp or CutMix), it does, with the same draws: one pass fewer over the
+    batch."""
+
+    def __init__(self, fn: Callable, normalize: Normalize):
+        self.fn, self.normalize = fn, normalize
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, seed: int):
+        """The batch transform with the batch's generator, checked, then the normalisation."""
+        n = self.normalize
+        # folded per batch, not once: a change to the user's transform shows at the next one
+        folded = ask(self.fn, "fold_normalization", n.scale, n.shift)
+        fn = self.fn if folded is None else folded
+        given = images
+        images, labels = call(fn, images, labels, batch_generator(seed, images.device))
+        check_batch(images, given)
+        return n(images, values=folded is None), labels
+
+
+def check_batch(images: torch.Tensor, given: torch.Tensor) -> None:
+    """What the loader needs of a batch transform's images: the batch's size, 3 channels,
+    floats, on the batch's device (the height and width are the transform's choice)."""
+    if (images.dim() != 4 or images.shape[:2] != given.shape[:2] or
+            not images.is_floating_point() or images.device != given.device):
+        raise ValueError(f"batch_transform returned images of shape {tuple(images.shape)}, "
+                         f"{images.dtype}, on {images.device}; it must return float images of "
+                         f"shape ({len(given)}, 3, H, W) on {given.device}, as it was given")

@@ -1,0 +1,29 @@
+"""The sample hook: a user's ``sample_transform(image, rng) -> image``, run per stored image
+in the reader workers, before the crop, with a generator per image drawn from the batch's
+seed."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+# ---- the per-sample hook ----
+def sample_rngs(seed: int, n: int) -> list[np.random.Generator]:
+    """The ``n`` per-image generators of a batch whose seed is ``seed``."""
+    return [np.random.default_rng([seed, 1, k]) for k in range(n)]
+
+
+def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int) -> None:
+    """``images[k] = fn(images[k], rng_k)`` for a ``(B, S, S, 3)`` uint8 batch, in place.
+
+    Raises:
+        ValueError: ``fn`` returned an image of another shape or dtype.
+    """
+    for k, rng in enumerate(sample_rngs(seed, len(images))):
+        out = np.asarray(fn(images[k].copy(), rng))
+        if out.shape != images.shape[1:] or out.dtype != np.uint8:
+            raise ValueError(f"sample_transform returned a {out.dtype} image of shape "
+                             f"{out.shape}; it must return the image's shape "
+                             f"{images.shape[1:]} as uint8 (the crop after it sets the size)")
+        images[k] = out

@@ -1,0 +1,184 @@
+"""The base of shard readers: one ``ShardReader`` per shard file, registered by container
+name in ``READERS``.
+
+A reader opens its handles lazily in the process that reads and reopens after a fork; pickling
+drops handles, so a ``ShardSet`` can be sent to ``spawn`` workers.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from fastdata.format import (
+    ShardFormatError,
+    ShardMeta,
+)
+from fastdata.shards.mapped import open_files_limit, open_regular, unguard
+
+# Opening is serialised: reader threads (torch or DALI backend) may open the same shard at once,
+# and LMDB allows one environment per file per process. A child of fork gets a fresh lock.
+OPEN_LOCK = threading.Lock()
+
+
+def _reset_open_lock() -> None:
+    global OPEN_LOCK
+    OPEN_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_open_lock)
+
+
+class ShardReader:
+    """One shard file. Subclasses implement ``_open`` → a dict of per-process handles."""
+
+    container = ""
+    zero_copy = False       # ``payload`` of a raw sample is an (S, S, 3) view of a memory map
+    #: how the shard will be read: ``"random"`` (a shuffled order; the default) or
+    #: ``"sequential"`` (file order: ``verify``, an unshuffled ``Loader``). Set before it opens
+    access = "random"
+    #: whether the whole set fits in half the memory available when it opened (``ShardSet``)
+    fits = False
+
+    @property
+    def readahead(self) -> bool:
+        """Whether the kernel reads ahead of the shard's maps, resolved once where the shard
+        opens (an open LMDB env serves every reader of its file in the process): in file order
+        always; at random where the set fits, so its first pass comes from the disk in large
+        windows. On a larger set each window would read many times the bytes wanted and push
+        out what is cached: there a batch asks for its samples' pages at once instead
+        (``docs/performance.md``, "Reading from the disk")."""
+        return self.access == "sequential" or self.fits
+
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None):
+        """``count``: the samples the manifest gives the shard (None: its own metadata's)."""
+        self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
+        self._h: dict | None = None
+        self._pid = -1
+
+    @property
+    def h(self) -> dict:
+        h = self._h
+        if h is None or self._pid != os.getpid():
+            with OPEN_LOCK:
+                if self._h is None or self._pid != os.getpid():
+                    self._h, self._pid = self._open_checked(), os.getpid()
+                h = self._h
+        return h
+
+    def _open_checked(self) -> dict:
+        """``_open``, with every failure an OSError that names the shard."""
+        try:
+            fd = open_regular(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"shard {self.path} is missing (the manifest lists it): restore it, or run "
+                f"`fastdata convert SRC OUT --resume`, which redoes it") from None
+        try:
+            return self._open(fd)
+        except OSError as e:    # h5py's messages do not always name the file
+            hint = ""
+            if e.errno == errno.EMFILE or "Too many open files" in str(e):
+                hint = (f" (each open shard keeps a file open: raise `ulimit -n`, now "
+                        f"{open_files_limit()}, or convert with a larger --shard-size)")
+            os.close(fd)
+            raise OSError(f"cannot open shard {self.path}: {e}{hint}") from e
+        except Exception as e:  # noqa: BLE001 - a damaged or foreign file: any library error
+            os.close(fd)
+            raise OSError(f"cannot open shard {self.path}: {type(e).__name__}: {e}") from e
+
+    def check_intact(self) -> None:
+        """Raise an OSError naming the shard if its file was cut short or written to since it
+        was opened: its memory maps would end in a SIGBUS that kills the process. One
+        ``fstat`` of the open file."""
+        h = self.h
+        st = os.fstat(h["fd"])
+        if st.st_size < h["end"] or st.st_mtime_ns != h["mtime"]:
+            raise OSError(f"shard {self.path} changed while it was read (now {st.st_size} "
+                          f"bytes, {h['end']} when opened): a shard set must not change "
+                          f"while a loader reads it; check it with `fastdata verify`")
+
+    def __getstate__(self):
+        return {**self.__dict__, "_h": None, "_pid": -1}
+
+    def _open(self, fd: int) -> dict:
+        """Per-process handles of the shard open as ``fd`` (a regular file, kept open for
+        ``check_intact``): a dict with at least ``fd``, ``end`` (the bytes the handles
+        read up to), ``mtime``, ``meta``, ``labels`` and ``crc32``."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        h, self._h = self._h, None
+        if h is not None and "fd" in h and self._pid == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(h["fd"])
+            for slot in h.get("guards", ()):
+                unguard(slot)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):     # at interpreter exit, modules may be gone
+            self.close()
+
+    def _meta(self, text) -> ShardMeta:
+        meta = ShardMeta.from_json(text)
+        if self.count is None:          # a shard looked at on its own (convert --resume)
+            self.count = meta.count
+        return meta
+
+    def _with_records(self, h: dict, fd: int, meta: ShardMeta, labels, crcs: dict) -> dict:
+        """``h`` with the records every container has, checked against the count the
+        manifest gives."""
+        n = self.count
+        if meta.count != n:
+            raise ShardFormatError(f"its metadata says {meta.count} samples, the manifest {n}")
+        if labels.shape != (n,):
+            raise ShardFormatError(f"labels: {labels.shape[0] if labels.ndim else 0} of them "
+                                   f"for {n} samples")
+        for s, c in crcs.items():
+            if c.shape != (n,):
+                raise ShardFormatError(f"crc32 at size {s}: {c.size} values for {n} samples")
+        st = os.fstat(fd)
+        return {**h, "fd": fd, "mtime": st.st_mtime_ns, "meta": meta, "labels": labels,
+                "crc32": crcs}
+
+    # --- record access (all indices are local to the shard) ---
+    def meta(self) -> ShardMeta:
+        return self.h["meta"]
+
+    def labels(self) -> np.ndarray:
+        return self.h["labels"]
+
+    def crcs(self, size: int) -> np.ndarray:
+        return self.h["crc32"][size]
+
+    def payload(self, size: int, i: int):
+        """The stored bytes of sample ``i`` (a buffer: bytes, memoryview or uint8 array)."""
+        raise NotImplementedError
+
+    def payloads(self, size: int, local: np.ndarray) -> list:
+        """``payload`` of each of the samples ``local``."""
+        return [self.payload(size, i) for i in local.tolist()]
+
+    def read_raw(self, size: int, local: np.ndarray, out: np.ndarray, rows: np.ndarray) -> None:
+        """Copy raw sample ``local[k]`` straight into ``out[rows[k]]``, in ascending-index order
+        (locality) and with no intermediate buffer."""
+        raise NotImplementedError
+
+    def raw_views(self, size: int, local: np.ndarray,
+                  hold: contextlib.ExitStack | None) -> list:
+        """Raw samples ``local`` as (S, S, 3) uint8 views of the shard's memory map, valid until
+        ``hold`` closes (a ``zero_copy`` reader's as long as the map)."""
+        return self.payloads(size, local)
+
+
+READERS: dict[str, type[ShardReader]] = {}
+
+
+def register(cls: type[ShardReader]) -> type[ShardReader]:
+    """Class decorator: ``cls`` reads the shards of its ``container``."""
+    READERS[cls.container] = cls
+    return cls

@@ -1,0 +1,245 @@
+"""``ShardSet``: one API over a shard set's files, whatever their container and encoding."""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Iterator
+
+import numpy as np
+
+from fastdata.env import available_memory
+from fastdata.format import (
+    ShardFormatError,
+    check_size,
+    label_kind,
+    read_manifest,
+    read_targets,
+)
+from fastdata.shards.jpeg import decode_jpeg
+from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
+from fastdata.shards.reader import READERS, ShardReader
+
+
+class ShardSet:
+    """A shard set on disk: ``len(ds)``, ``ds.classes``, ``ds.labels``, ``ds.label_kind``,
+    ``ds.sizes``, ``ds[i] -> (image, label)`` and ``ds.read_batch(indices)``; made by
+    ``fastdata.open`` (its arguments and errors). Picklable: a worker process reopens the shards
+    it reads."""
+
+    def __init__(self, root: str | os.PathLike, *, size: int | None = None):
+        self.root = os.path.abspath(os.fspath(root))
+        self.manifest = m = read_manifest(self.root)
+        self.container, self.encoding = m["container"], m["encoding"]
+        self.sizes: tuple[int, ...] = tuple(m["sizes"])
+        self.classes: list[str] = list(m["classes"])
+        #: "class" (``labels`` int64 (N,)), "multi_label" or "regression" (float32 (N, K);
+        #: ``classes`` then names the K columns)
+        self.label_kind = label_kind(m)
+        reader_class = READERS[self.container]
+        self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
+                              encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+        self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
+        self._n = int(m["num_samples"])
+        self._check_files()
+        # an open shard keeps a file descriptor per memory map (HDF5: one per size) or LMDB env
+        make_room_for_files(len(self.shards) * (len(self.sizes) if self.container == "hdf5"
+                                                 else 1))
+        self.size = self.sizes[-1] if size is None else self.stored_size(size)
+        self._labels: np.ndarray | None = None
+        # half the memory available: the rest is room for what the program holds later (its
+        # loader's buffers, its model), which the page cache cannot have
+        memory = available_memory()
+        nbytes = sum(s.get("bytes", 0) for s in m["shards"])
+        self.readahead = memory is not None and 2 * nbytes <= memory     # at random
+        for reader in self.shards:
+            reader.fits = self.readahead
+
+    def _check_files(self) -> None:
+        """Each shard file that exists must be a regular file inside the set's folder (a link
+        within it is fine); no shard may claim more samples than its bytes can hold (labels and
+        CRCs at least): a damaged or hostile manifest is refused here, not read from another
+        set or allocated in TiB. A missing or damaged file is left to the read that needs it
+        (``verify`` lists them all)."""
+        real_root = os.path.realpath(self.root)
+        least = 8 + 4 * len(self.sizes)         # a label and a CRC per size, per sample
+        manifest = os.path.join(self.root, "manifest.json")
+        for reader, entry in zip(self.shards, self.manifest["shards"]):
+            name = entry["file"]
+            if reader.count * least > entry["bytes"]:  # type: ignore[operator]
+                raise ShardFormatError(f"{manifest}: {name} cannot hold the {reader.count} "
+                                       f"samples it is given in {entry['bytes']} bytes")
+            try:
+                st = os.stat(reader.path)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise ShardFormatError(f"shard {reader.path}: {e.strerror}") from None
+            real = os.path.realpath(reader.path)
+            if os.path.dirname(real) != real_root:
+                raise ShardFormatError(f"shard {reader.path} is a link to {real}, outside the "
+                                       f"set's folder: refused")
+            if not stat.S_ISREG(st.st_mode):
+                raise ShardFormatError(f"shard {reader.path} is not a regular file")
+
+    def stored_size(self, size) -> int:
+        """``size`` as an int, or a ValueError naming the sizes this set stores."""
+        s = check_size(size)
+        if s not in self.sizes:
+            raise ValueError(f"size {size!r} is not stored in {self.root}; stored sizes: "
+                             f"{', '.join(map(str, self.sizes))}")
+        return s
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return (f"ShardSet({self.root!r}, {self._n} samples, {len(self.classes)} classes, "
+                f"{self.container}/{self.encoding}, sizes={list(self.sizes)})")
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
+        rows or regression targets (``label_kind``)."""
+        if self._labels is None and self.label_kind != "class":
+            self._labels = read_targets(self.root, self.manifest["targets"])
+        if self._labels is None:
+            parts = [s.labels() for s in self.shards]
+            for shard, part in zip(self.shards, parts):     # else a loss fails far from here
+                if len(part) != shard.count or (part.size and not (
+                        0 <= part.min() and part.max() < len(self.classes))):
+                    raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} "
+                                  f"labels in 0..{len(self.classes) - 1}); check the set with "
+                                  f"`fastdata verify {self.root}`")
+            self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._labels
+
+    def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count
+        from the end).
+
+        Raises:
+            TypeError: indices that are not integers.
+            ValueError: not one sequence of indices.
+            IndexError: an index out of range (named).
+        """
+        idx = np.asarray(indices)
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"sample indices must be integers, got {idx.dtype} "
+                            f"(e.g. {idx.reshape(-1)[0]!r})")
+        if idx.ndim > 1:        # numpy would give (2, 3, S, S, 3) for (2, 3): not a batch
+            raise ValueError(f"sample indices must be one sequence, got shape {idx.shape}")
+        idx = idx.astype(np.int64, copy=False).reshape(-1)
+        lo, n = (idx.min() if idx.size else 0), self._n
+        if idx.size and (lo < -n or idx.max() >= n):
+            bad = idx[(idx < -n) | (idx >= n)][0]
+            raise IndexError(f"sample index {bad} out of range for {n} samples")
+        if lo < 0:                                      # from the end, as Python and numpy
+            idx = np.where(idx < 0, idx + n, idx)
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        return shard, idx - self._starts[shard]
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int | np.ndarray]:
+        image = self.read_batch([i])[0]         # checks i
+        label = self.labels[i]
+        return image, int(label) if label.ndim == 0 else label
+
+    def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
+        faults = guard_faults()
+        out = self._read_batch(indices, size, out)
+        if guard_faults() != faults:        # a shard cut short under the copy: which one
+            self.check_intact(indices)
+        return out
+
+    def check_intact(self, indices) -> None:
+        """``ShardReader.check_intact`` of each shard that holds some of ``indices``: after a
+        read during which a guarded map faulted (``guard_faults()`` moved), it names the
+        shard that was cut short or rewritten."""
+        shard, _ = self.locate(indices)
+        for sh, _ in _by_shard(shard):
+            self.shards[sh].check_intact()
+
+    def _read_batch(self, indices, size, out) -> np.ndarray:
+        s = self.size if size is None else self.stored_size(size)
+        shard, local = self.locate(indices)
+        if out is None:
+            out = page_aligned((len(local), s, s, 3))
+        elif out.shape != (len(local), s, s, 3) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {(len(local), s, s, 3)}, got "
+                             f"{out.dtype} {out.shape}")
+        for sh, rows in _by_shard(shard):
+            reader = self.shards[sh]
+            reader.check_intact()
+            if self.encoding == "raw":
+                reader.read_raw(s, local[rows], out, rows)
+            else:                               # an unopenable shard says so
+                for r, buf in zip(rows.tolist(), reader.payloads(s, local[rows])):
+                    try:
+                        decode_jpeg(buf, out[r])
+                    except Exception as e:      # noqa: BLE001 - damaged data, named below
+                        raise OSError(f"{reader.path}: sample {int(local[r])} (of that shard) "
+                                      f"at size {s} is not a readable JPEG ({e}); check the "
+                                      f"set with `fastdata verify {self.root}`") from e
+        return out
+
+    def raw_views(self, indices, size: int | None = None,
+                  hold: contextlib.ExitStack | None = None) -> list[np.ndarray] | None:
+        """Samples ``indices`` as (S, S, 3) uint8 views of the shards' memory maps, with no
+        copy (a transform that crops reads only its crop), valid until ``hold`` closes; None
+        where this set cannot give them (JPEG; LMDB without ``hold``, since a value lives only
+        as long as its transaction, which ``hold`` keeps open)."""
+        if self.encoding != "raw" or (hold is None and not READERS[self.container].zero_copy):
+            return None
+        # LMDB: one transaction per shard
+        return self._per_shard(indices, size, lambda sh, s, local: sh.raw_views(s, local, hold))
+
+    def read_encoded(self, indices, size: int | None = None) -> list:
+        """The stored payloads (JPEG bytes, or raw HWC bytes) of ``indices``, in that order."""
+        return self._per_shard(indices, size, lambda sh, s, local: sh.payloads(s, local))
+
+    def _per_shard(self, indices, size, fetch) -> list:
+        """``fetch(reader, size, local)`` for each shard's share of ``indices``, in their order."""
+        s = self.size if size is None else self.stored_size(size)
+        shard, local = self.locate(indices)
+        out: list = [None] * len(local)
+        for sh, rows in _by_shard(shard):
+            self.shards[sh].check_intact()
+            for r, v in zip(rows.tolist(), fetch(self.shards[sh], s, local[rows])):
+                out[r] = v
+        return out
+
+    def close(self) -> None:
+        """Drop every shard's handles and memory maps (they reopen on the next read)."""
+        for sh in self.shards:
+            sh.close()
+
+    def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
+        """``(manifest entry, reader)`` of each shard, in order."""
+        return zip(self.manifest["shards"], self.shards)
+
+
+def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """``(shard, positions)`` for each shard that ``shard`` (a shard index per sample) names."""
+    for sh in np.unique(shard):
+        yield int(sh), np.flatnonzero(shard == sh)
+
+
+def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # noqa: A001
+    """Open the shard set at ``root`` (a directory with ``manifest.json``).
+
+    Args:
+        root: the set's folder.
+        size: the stored size ``ds[i]`` and ``read_batch`` read by default (default: the
+            largest).
+
+    Returns:
+        The ``ShardSet``; shards open lazily, in the process that reads them.
+
+    Raises:
+        ShardFormatError: no manifest (or an unfinished conversion), a manifest of another
+            format or version, or a field or shard file that does not check out (named).
+        ValueError: ``size`` is not one the set stores.
+    """
+    return ShardSet(root, size=size)

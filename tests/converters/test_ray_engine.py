@@ -1,0 +1,219 @@
+"""Conversion on a Ray cluster: a real local cluster (``ray start --head``), the CLI as a user
+runs it, and the same shards as the local converter."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fastdata
+from fastdata.converters.convert import convert
+from fastdata.shards.verify import verify
+from tests.helpers import plain_folder
+
+pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata[ray]')")
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+SHARD = 3           # positions [9, 12) are the broken files below: a range with none readable
+# the cluster's token, for it and its clients (Ray asks for one on local clusters too)
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+       "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_cluster(port: int, cpus: int) -> subprocess.Popen:
+    """A local Ray cluster (``ray start --head --block``) in a process group of its own, up
+    once its port answers; ``os.killpg`` on it stops that cluster and nothing else."""
+    proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}",
+                             f"--num-cpus={cpus}", "--include-dashboard=false",
+                             "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"the Ray cluster did not start (exit status {proc.poll()})")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The address of a local Ray cluster of 2 CPUs, stopped afterwards."""
+    port = _free_port()
+    proc = start_cluster(port, 2)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:       # at once: nothing of it is kept (a graceful stop takes ~30 s)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """21 images over 3 classes; 3 unreadable ones fill the range [9, 12), a fourth is alone
+    in its range."""
+    src = plain_folder(tmp_path_factory.mktemp("ray") / "src", per_class=7)
+    files = sorted(os.path.join(c, n) for c in "abc" for n in os.listdir(os.path.join(src, c)))
+    for k in (9, 10, 11, 16):
+        with open(os.path.join(src, files[k]), "r+b") as f:     # a JPEG or PNG cut short
+            f.truncate(60)
+    return src
+
+
+def _ray_convert(src, out, address, *extra):
+    return subprocess.run([sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out),
+                           "--engine", "ray", "--address", address, "--size", "8,16",
+                           "--shard-size", str(SHARD), *extra],
+                          capture_output=True, text=True, timeout=240, env=ENV)
+
+
+def _same_shards(a: dict, b: dict) -> None:
+    """The same shards (names, starts, counts, content checksums) and records; the files'
+    sizes may differ by the metadata rewritten into them."""
+    drop = lambda m: {k: v for k, v in m.items() if k != "shards"}     # noqa: E731
+    assert drop(a) == drop(b)
+    assert [{k: v for k, v in s.items() if k != "bytes"} for s in a["shards"]] == \
+        [{k: v for k, v in s.items() if k != "bytes"} for s in b["shards"]]
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_path, container):
+    local = convert(source, str(tmp_path / "local"), container=container, sizes=[8, 16],
+                    shard_size=SHARD, workers=1, progress=False)
+    r = _ray_convert(source, tmp_path / "ray", cluster, "--format", container)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        on_ray = json.load(f)
+    _same_shards(local, on_ray)
+    assert len(on_ray["skipped"]) == 4 and on_ray["num_samples"] == 17
+    # a shard per range of 3 source files; the unreadable range [9, 12) adds to the next
+    assert [s["count"] for s in local["shards"]] == [3, 3, 3, 3, 2, 3]
+    assert fastdata.open(str(tmp_path / "local")).shards[3].meta().sources == (9, 15)
+    # the empty range's skips went into the next shard, as the local converter puts them
+    a, b = fastdata.open(str(tmp_path / "local")), fastdata.open(str(tmp_path / "ray"))
+    assert [r.meta() for r in a.shards] == [r.meta() for r in b.shards]
+    assert verify(str(tmp_path / "ray")) == []
+    assert sorted(os.listdir(tmp_path / "ray")) == sorted(os.listdir(tmp_path / "local"))
+
+
+def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):
+    """A driver killed after some shards were placed leaves them, no manifest, and the
+    temporary files of tasks in flight: ``--resume`` keeps the shards, clears the rest and
+    finishes, on either engine, with the shards of an uninterrupted run."""
+    whole = convert(source, str(tmp_path / "whole"), sizes=[8, 16], shard_size=SHARD,
+                    workers=1, progress=False)
+    for engine, out in (("ray", tmp_path / "r"), ("local", tmp_path / "l")):
+        r = _ray_convert(source, out, cluster)
+        assert r.returncode == 0, r.stderr
+        os.remove(out / "manifest.json")
+        names = sorted(n for n in os.listdir(out) if n.startswith("shard-"))
+        for n in names[3:]:
+            os.remove(out / n)
+        shutil.copy(out / names[0], out / (names[-1] + ".tmp-a1b2c3d4"))  # a task's, cut off
+        if engine == "ray":
+            r = _ray_convert(source, out, cluster, "--resume")
+            assert r.returncode == 0, r.stderr
+            with open(out / "manifest.json") as f:
+                resumed = json.load(f)
+        else:
+            resumed = convert(source, str(out), sizes=[8, 16], shard_size=SHARD, workers=1,
+                              resume=True, progress=False)
+        _same_shards(whole, resumed)
+        assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
+        assert verify(str(out)) == []
+
+
+def test_a_killed_driver_is_resumed_with_the_shards_it_placed(cluster, tmp_path):
+    """SIGKILL to the driver once it has placed a shard; ``--resume`` on the Ray engine then
+    finishes with the shards of an uninterrupted local run."""
+    src = plain_folder(tmp_path / "src", per_class=40, size=(400, 300))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out), "--engine",
+           "ray", "--address", cluster, "--size", "8,128", "--shard-size", "4"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (out / "shard-00001.h5").exists():
+        time.sleep(0.01)
+    if proc.poll() is not None:
+        pytest.skip("the conversion finished before its driver could be killed")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (out / "manifest.json").exists()
+    r = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=240, env=ENV)
+    assert r.returncode == 0, r.stderr
+    with open(out / "manifest.json") as f:
+        resumed = json.load(f)
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+                    progress=False)
+    _same_shards(whole, resumed)
+    assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
+
+
+def _running_tasks() -> list[int]:
+    """Ray workers running a conversion task (Ray names the process after the task)."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if f.read().startswith(b"ray::convert_range"):
+                    found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_task_whose_worker_dies_is_retried(cluster, tmp_path):
+    src = plain_folder(tmp_path / "src", per_class=40, size=(400, 300))
+    out = tmp_path / "retried"
+    cmd = [sys.executable, "-m", "fastdata.cli", "-q", "convert", src, str(out), "--engine",
+           "ray", "--address", cluster, "--size", "8,128", "--shard-size", "4"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline, killed = time.time() + 120, []
+    while time.time() < deadline and proc.poll() is None and not killed:
+        for pid in _running_tasks():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.005)
+    if not killed:
+        pytest.skip("the conversion finished before a task's worker could be killed")
+    assert proc.wait(timeout=240) == 0, proc.stderr.read()
+    with open(out / "manifest.json") as f:
+        retried = json.load(f)
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+                    progress=False)
+    _same_shards(whole, retried)
+    assert verify(str(out)) == []
+    assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)  # the dead task's
+
+
+def test_a_task_that_raises_fails_the_conversion_naming_the_file(cluster, source, tmp_path):
+    r = _ray_convert(source, tmp_path / "raise", cluster, "--on-error", "raise")
+    assert r.returncode == 1
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ERROR")]
+    assert len(errors) == 1 and "cannot read 'b/img_002.jpg'" in errors[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "--resume" not in r.stderr
+    assert not (tmp_path / "raise" / "manifest.json").exists()
+
+
+def test_engine_arguments_are_checked(source, tmp_path):
+    with pytest.raises(ValueError, match="engine='spark' is not valid; choose one of local, ray"):
+        convert(source, str(tmp_path / "x"), engine="spark")
+    with pytest.raises(ValueError, match="address='h:1' is for engine='ray'"):
+        convert(source, str(tmp_path / "x"), address="h:1")

@@ -1,0 +1,282 @@
+"""Helpers of the tests: tiny generated image folders (every image is made here; nothing binary
+is committed), cold-read accounting, and the loader tests' sample fingerprints."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import io
+import mmap
+import os
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image, features
+
+import fastdata.shards.mapped
+
+RED, BLUE = (255, 0, 0), (0, 0, 255)
+
+_COLLECT_IN_CHILD: list = []   # armed by garbage_left_for_forks; a fork hook cannot be removed
+os.register_at_fork(after_in_child=lambda: _COLLECT_IN_CHILD and gc.collect())
+
+
+class _Garbage:
+    """A reference cycle standing in for a CUDA tensor: freeing one in a forked worker aborts
+    it ("CUDA error: initialization error", seen on an H100 after the bench tests). Its
+    ``__del__`` writes the pid of the process that freed it to ``log``."""
+
+    def __init__(self, log, **attrs):
+        self.log, self.me = log, self
+        self.__dict__.update(attrs)
+
+    def __del__(self):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+@contextlib.contextmanager
+def garbage_left_for_forks(log, **attrs):
+    """While the body runs: a ``_Garbage`` cycle (with ``attrs``) left uncollected in this
+    process, and every process forked meanwhile collecting its garbage at once. Collected
+    here at the end, so ``log`` names each process that freed it."""
+    gc.disable()                        # the garbage lives on until the workers fork...
+    try:
+        _Garbage(log, **attrs)
+        _COLLECT_IN_CHILD.append(1)     # ...and each child collects at once
+        yield
+    finally:
+        _COLLECT_IN_CHILD.clear()
+        gc.enable()
+    gc.collect()
+
+
+def noise(w: int, h: int, seed: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8))
+
+
+def smooth(w: int, h: int, seed: int) -> Image.Image:
+    """A random smooth image: unique per seed, yet robust to half-pixel resampling shifts."""
+    small = np.random.default_rng(seed).integers(0, 256, (3, 3, 3), np.uint8)
+    return Image.fromarray(small).resize((w, h), Image.BICUBIC)
+
+
+def _drop_from_page_cache(path) -> None:
+    """Out of the page cache, and out of this process's maps of the file (a mapped page is
+    not dropped: as if memory pressure had taken it)."""
+    os.sync()                                   # dirty pages are not dropped
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps") as f:
+            spans = [line.split()[0] for line in f if line.rstrip().endswith(" " + real)]
+    except OSError:                             # not Linux
+        spans = []
+    madvise = fastdata.shards.mapped.libc_madvise()       # the readers' libc madvise
+    for span in spans:                          # nothing writes the shards' maps
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _bytes_read() -> int | None:
+    """Bytes this process has had read from storage (``/proc/self/io``; None without it)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes"))
+    except (OSError, StopIteration):
+        return None
+
+
+def cold_read_cost(path, read) -> tuple[int, int | None]:
+    """(major page faults, bytes read from storage or None) of this process while ``read()``
+    runs, after the file ``path`` was dropped from the page cache (each page read in is one
+    fault, unless the kernel reads ahead or was asked for it). Skips the test where that
+    cannot tell readahead from none: where dropped pages do not fault (tmpfs keeps no separate
+    cache), or where the device reads nothing ahead."""
+    import resource
+
+    def majflt():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+    _drop_from_page_cache(path)
+    pages = os.path.getsize(path) // 4096
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        before = majflt()
+        for page in range(pages):           # in order, as readahead likes it best
+            m[page * 4096]
+        faults = majflt() - before
+    if not faults:
+        pytest.skip("pages dropped from the page cache do not fault here")
+    if faults > pages // 4:
+        pytest.skip(f"this file system reads nothing ahead ({faults} faults for {pages} pages)")
+    _drop_from_page_cache(path)
+    before, nbytes = majflt(), _bytes_read()
+    read()
+    after = _bytes_read()
+    return majflt() - before, None if nbytes is None or after is None else after - nbytes
+
+
+def in_private_mounts(script: str, env: dict, what: str):
+    """``sh -c script`` in a user and mount namespace of its own, where it may mount (a small
+    tmpfs, a read-only bind mount) without root; its exit 99 says it could not. Skips the test
+    where such a namespace cannot be made."""
+    import subprocess
+
+    env = {**os.environ, "CLI": f"{sys.executable} -m fastdata.cli -q", "PY": sys.executable,
+           **env}
+    try:
+        r = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=300, env=env)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if r.returncode == 99 or r.stderr.startswith("unshare:"):
+        pytest.skip(f"no private {what} here: {r.stderr.strip()}")
+    return r
+
+
+def plain_folder(root, classes=("a", "b", "c"), per_class=7, seed=0, size=(40, 30)):
+    """root/<class>/img_i.{jpg,png}: smooth random pictures, every payload unique."""
+    k = 0
+    for c in classes:
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+        for i in range(per_class):
+            ext = ".png" if i % 3 == 0 else ".jpg"
+            smooth(size[0] + i, size[1] + k % 5, seed * 1000 + k).save(
+                os.path.join(root, c, f"img_{i:03d}{ext}"), **({"quality": 95} if ext == ".jpg"
+                                                                else {}))
+            k += 1
+    return str(root)
+
+
+def odd_folder(root, outside) -> dict:
+    """Every input oddity the converter must handle; returns what the test should expect."""
+    root, outside = str(root), str(outside)
+    for d in ("good/nested/deeper", "good/.hidden_dir", "modes", "broken", "zz_empty"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    j = lambda *p: os.path.join(root, *p)  # noqa: E731
+    noise(30, 20, 1).save(j("good", "UPPER.JPG"))
+    noise(30, 20, 2).save(j("good", "mixed.JpEg"))
+    noise(30, 20, 3).save(j("good", "nested", "deeper", "deep.png"))
+    noise(30, 20, 4).save(j("good", "çà_日本 ✓.png"))
+    noise(30, 20, 5).save(j("good", "b.bmp"))
+    noise(30, 20, 6).save(j("good", "t.TIF"))
+    noise(30, 20, 15).save(j("loose.png"))      # in no class, as ImageFolder: ignored, counted
+    latin1 = sys.platform.startswith("linux")   # names that are not UTF-8 (Linux takes any bytes)
+    if latin1:
+        noise(30, 20, 14).save(j("good", os.fsdecode(b"latin1_\xe9.png")))
+    if features.check("webp"):
+        noise(30, 20, 7).save(j("good", "w.webp"))
+    os.makedirs(outside, exist_ok=True)
+    noise(30, 20, 8).save(os.path.join(outside, "target.png"))
+    os.symlink(os.path.join(outside, "target.png"), j("good", "link.png"))
+    noise(30, 20, 9).save(j("good", ".hidden.jpg"))
+    noise(30, 20, 10).save(j("good", ".hidden_dir", "x.jpg"))
+    for name, text in (("notes.txt", "hi"), ("vector.svg", "<svg/>"), ("sound.wav", "RIFF")):
+        with open(j("good", name), "w") as f:
+            f.write(text)
+    # --- modes: each file's expected top-left pixel after conversion (size 8, stretch)
+    wide = Image.new("RGB", (40, 20), RED)
+    wide.paste(BLUE, (20, 0, 40, 20))
+    exif = Image.Exif()
+    exif[0x0112] = 6                   # rotate 90° clockwise to display: left half → top half
+    wide.save(j("modes", "exif_rot.jpg"), exif=exif.tobytes(), quality=95)
+    Image.new("L", (20, 20), 77).save(j("modes", "gray.png"))
+    Image.new("L", (20, 20), 77).save(j("modes", "gray.jpg"), quality=95)
+    Image.new("RGBA", (20, 20), (0, 0, 0, 0)).save(j("modes", "rgba_clear.png"))
+    Image.new("LA", (20, 20), (0, 0)).save(j("modes", "la_clear.png"))
+    Image.new("RGB", (20, 20), (0, 200, 0)).convert("P").save(j("modes", "palette.png"))
+    pal = Image.new("P", (20, 20), 0)
+    pal.putpalette([10, 20, 30] * 256)
+    pal.save(j("modes", "pal_transparent.gif"), transparency=0)
+    Image.new("CMYK", (20, 20), (0, 255, 255, 0)).save(j("modes", "cmyk.jpg"), quality=95)
+    Image.fromarray(np.full((20, 20), 40000, np.uint16)).save(j("modes", "gray16.png"))
+    frames = [Image.new("RGB", (20, 20), RED), Image.new("RGB", (20, 20), BLUE)]
+    frames[0].save(j("modes", "anim.gif"), save_all=True, append_images=frames[1:])
+    # --- corrupt inputs, each must be skipped with its path and a reason
+    open(j("broken", "zero.jpg"), "wb").close()
+    good = io.BytesIO()
+    noise(64, 64, 11).save(good, "JPEG")
+    with open(j("broken", "truncated.jpg"), "wb") as f:
+        f.write(good.getvalue()[: len(good.getvalue()) // 2])
+    with open(j("broken", "text.jpg"), "w") as f:
+        f.write("this is not a jpeg")
+    png = io.BytesIO()
+    noise(64, 64, 12).save(png, "PNG")
+    with open(j("broken", "broken.png"), "wb") as f:
+        f.write(png.getvalue()[:60] + b"\x00" * 200)
+    noise(30, 20, 13).save(j("broken", "ok.png"))
+    corrupt = {"broken/zero.jpg", "broken/truncated.jpg", "broken/text.jpg", "broken/broken.png"}
+    if latin1:
+        with open(j("broken", os.fsdecode(b"text_\xff.jpg")), "w") as f:
+            f.write("not a jpeg either")
+        corrupt.add("broken/" + os.fsdecode(b"text_\xff.jpg"))
+    return {
+        "corrupt": corrupt,
+        "expect_pixel": {   # name -> RGB at (0, 0) and, for exif, the bottom-left too
+            "modes/gray.png": (77, 77, 77), "modes/gray.jpg": (77, 77, 77),
+            "modes/rgba_clear.png": (255, 255, 255),
+            "modes/la_clear.png": (255, 255, 255), "modes/palette.png": (0, 200, 0),
+            "modes/pal_transparent.gif": (255, 255, 255), "modes/cmyk.jpg": RED,
+            "modes/gray16.png": (156, 156, 156), "modes/anim.gif": RED,
+            "modes/exif_rot.jpg": RED,
+        },
+        "ignored": {"hidden": 2, "not an image extension": 3,
+                    "image outside the class directories": 1},
+        "good": 7 + features.check("webp") + latin1,
+    }
+
+
+def tree_digest(root) -> dict:
+    out = {}
+    for dp, _, fn in os.walk(root):
+        for n in fn:
+            p = os.path.join(dp, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = (os.lstat(p).st_mtime_ns,
+                                                 hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+
+# ---- the loader tests' shard sets (hdf5 and lmdb, sizes 16 and 32, N samples) ----
+N = 23      # not a multiple of any batch size or world size used here
+
+
+def ids_of(ds) -> dict:
+    """Pixel fingerprint → sample index (every fixture image is unique)."""
+    raw = ds.read_batch(range(len(ds)), size=16)
+    return {hashlib.md5(raw[i].tobytes()).hexdigest(): i for i in range(len(ds))}
+
+
+def seen(loader, ids) -> list[list[int]]:
+    """The sample indices of each batch of a uint8, unaugmented loader (16 px, NCHW)."""
+    import torch
+
+    out = []
+    for images, labels in loader:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.shape[1:] == (3, 16, 16) and images.is_contiguous()   # NCHW on CPU
+        nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
+        batch = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
+        assert labels.tolist() == loader.dataset.labels[batch].tolist()
+        out.append(batch)
+    return out
+
+
+def plain_loader(path, **kw):
+    """A loader of the stored uint8 images as they are (16 px, on the CPU, 4 a batch)."""
+    import torch
+
+    import fastdata
+
+    args = dict(batch_size=4, size=16, dtype=torch.uint8, augment=False, device="cpu")
+    return fastdata.Loader(path, **{**args, **kw})
+
+
+#: the repository's root (what a subprocess puts on ``sys.path`` to import ``tests``)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

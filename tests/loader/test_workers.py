@@ -1,0 +1,175 @@
+"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import glob
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastdata
+from fastdata.converters.convert import convert
+from tests.helpers import (
+    N,
+    garbage_left_for_forks,
+    ids_of,
+    plain_folder,
+    plain_loader,
+    seen,
+)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_process_workers_fork_and_spawn(shards, method):
+    ds = fastdata.open(shards["lmdb"])
+    ds.read_batch([0])                                  # handles open in the parent first
+    ids = ids_of(ds)
+    ref = seen(plain_loader(ds, seed=5, num_workers=0), ids)
+    got = seen(plain_loader(ds, seed=5, num_workers=2, workers="process", mp_context=method), ids)
+    assert got == ref
+
+
+def children() -> set[int]:
+    """This process's child processes."""
+    pids = set()
+    for path in glob.glob("/proc/self/task/*/children"):
+        with contextlib.suppress(FileNotFoundError):    # a thread that has ended since
+            pids |= set(map(int, Path(path).read_text().split()))
+    return pids
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(dtype=torch.float32, crop=12),
+                                  dict(channels_last=True)])
+def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(shards, opts):
+    """Worker processes, kept from pass to pass, make each batch in a shared buffer the parent
+    lent: a batch still held is never written again (past the buffers there are, batches come
+    in fresh memory), one let go of is; a pass left unfinished gives its buffers back."""
+    ds = fastdata.open(shards["hdf5"])
+    kw = dict(batch_size=2, train=False, **opts)
+    ref = [x.clone() for x, _ in plain_loader(ds, **kw)]
+    before = children()
+    loader = plain_loader(ds, num_workers=2, workers="process", mp_context="fork", **kw)
+    lent = 2 * loader.prefetch + 2
+    held = list(loader)
+    workers = children() - before
+    assert len(workers) == 2
+    assert len(held) == len(ref) > lent
+    assert all(torch.equal(x, r) for (x, _), r in zip(held, ref))
+    assert len({x.untyped_storage().data_ptr() for x, _ in held}) == len(held)
+    del held
+    ring = {s.data_ptr() for s in loader._backend._workers.ring.storages}
+    assert len(ring) == lent
+
+    def one_pass():
+        same, ptrs = [], set()
+        for (x, _), r in zip(loader, ref):  # noqa: F821 - bound above, deleted below
+            same.append(torch.equal(x, r))
+            ptrs.add(x.untyped_storage().data_ptr())
+        assert same == [True] * len(ref)
+        return ptrs
+
+    assert one_pass() | one_pass() <= ring
+    left = iter(loader)
+    first = next(left)[0]
+    assert one_pass() - ring        # meanwhile a pass of its own, in fresh memory
+    assert torch.equal(first, ref[0])
+    del left, first
+    assert one_pass() <= ring       # the unfinished pass's buffers are back
+    assert children() - before == workers
+    del loader                      # not closed: its workers go with it all the same
+    assert not children() - before
+
+
+def test_worker_processes_that_raised_are_gone_at_once(tmp_path):
+    """A pass whose worker raised (a damaged sample) stops its workers as the error comes out:
+    they were left waiting for the DataLoader's shutdown, 5 s each, whenever the collector
+    reached the pool."""
+    src = plain_folder(tmp_path / "src", per_class=4)
+    out = tmp_path / "jpeg"
+    convert(src, str(out), encoding="jpeg", sizes=[16], shard_size=4, workers=1,
+            progress=False)
+    ds = fastdata.open(out)
+    payload = bytes(ds.read_encoded([5])[0])
+    shard = out / ds.manifest["shards"][1]["file"]
+    shard.write_bytes(shard.read_bytes().replace(payload, bytes(len(payload))))
+    before = children()
+    loader = plain_loader(str(out), train=False, num_workers=2, workers="process")
+    for _ in range(2):
+        with pytest.raises(OSError, match="not a readable JPEG"):
+            list(loader)
+        assert not children() - before      # no worker left waiting
+    loader.close()
+
+
+def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards):
+    """Workers started under one seed make the batches of another loaded afterwards."""
+    kw = dict(dtype=torch.float32, augment=True, crop=12, train=True)
+    other = plain_loader(shards["hdf5"], seed=7, **kw)
+    other.set_epoch(2)
+    rest = iter(other)
+    next(rest)
+    state = other.state_dict()
+    want = [x for x, _ in rest]
+    loader = plain_loader(shards["hdf5"], seed=1, num_workers=2, workers="process",
+                          mp_context="fork",
+                  **kw)
+    assert len(list(loader)) == len(loader)
+    loader.load_state_dict(state)
+    got = [x for x, _ in loader]
+    assert len(got) == len(want) > 0 and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_worker_process_killed_mid_pass_is_an_error_and_the_next_pass_has_new_ones(shards):
+    """Whatever the main thread is doing when a worker is killed, later passes run."""
+    before = children()
+    loader = plain_loader(shards["hdf5"], batch_size=2, train=False, num_workers=2,
+                          workers="process",
+                  mp_context="fork")
+    assert len(list(loader)) == len(loader)
+    workers = children() - before
+    rest = iter(loader)
+    next(rest)
+    with pytest.raises(RuntimeError, match="DataLoader worker"):   # torch's SIGCHLD handler
+        os.kill(min(workers), signal.SIGKILL)
+        time.sleep(30)          # raised here, with the pass open: it is not the loader's error
+    ids = ids_of(loader.dataset)
+    whole = list(range(N))
+    assert sorted(i for b in seen(loader, ids) for i in b) == whole     # beside the open pass
+    del rest
+    assert sorted(i for b in seen(loader, ids) for i in b) == whole
+    now = children() - before
+    assert len(now) == 2 and not now & workers      # new ones, kept; the old ones gone
+
+
+@pytest.mark.parametrize("frozen_by_the_program", [False, True])
+def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
+                                                          frozen_by_the_program):
+    log = tmp_path / "freed"
+    if frozen_by_the_program:       # a program's own pre-fork freeze stays as it was
+        keep = [object()]
+        gc.freeze()
+    try:
+        with garbage_left_for_forks(log):
+            loader = plain_loader(shards["hdf5"], num_workers=2, workers="process",
+                                  mp_context="fork")
+            assert len(list(loader)) == len(loader)
+            if frozen_by_the_program:
+                assert gc.get_freeze_count() > 0 and keep
+    finally:
+        gc.unfreeze()
+    assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
+
+
+@pytest.mark.gpu
+def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
+    """The crash itself, on a GPU: a CUDA tensor in a garbage cycle, collected in a forked
+    worker, killed it ("CUDA error: initialization error")."""
+    with garbage_left_for_forks(tmp_path / "freed", tensor=torch.ones(4, device="cuda")):
+        loader = plain_loader(shards["hdf5"], num_workers=2, workers="process", mp_context="fork",
+                      device="cuda")
+        assert len(list(loader)) == len(loader)
