@@ -21,7 +21,7 @@ def _convert_options(a) -> dict:
     given, those of the conversion being resumed (said in the log)."""
     given = {k: getattr(a, k) for k in CONVERT_DEFAULTS if getattr(a, k) is not None}
     if a.resume and not given:
-        from fastdata.converters.convert import saved_options
+        from fastdata.converters.resume import saved_options
 
         found = saved_options(a.out)
         if found is not None:

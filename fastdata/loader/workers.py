@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import multiprocessing
 import os
 
 import torch
@@ -146,9 +147,14 @@ class WorkerProcesses:
         each worker, and did it whenever the collector reached the pool)."""
         self.closed = self.broken = True
         for it in (self._iterator, getattr(self._dl, "_iterator", None)):
-            for w in getattr(it, "_workers", ()) if kill else ():
-                if w.is_alive():
-                    w.terminate()
+            killed = [w for w in getattr(it, "_workers", ()) if kill and w.is_alive()]
+            for w in killed:
+                w.terminate()
+            if killed and hasattr(it, "_workers_done_event"):
+                # a worker terminated while it held the shared event's lock (it reads the
+                # event between items) would make the shutdown's set() wait forever: the
+                # shutdown gets an event of its own, as no worker is left to read it
+                it._workers_done_event = multiprocessing.Event()
             stop = getattr(it, "_shutdown_workers", None)     # DataLoader's, not public
             if stop is not None:
                 stop()

@@ -17,7 +17,6 @@ import torch
 from fastdata.ops.normalize import Normalize
 
 
-# ---- the batch hook ----
 def takes_generator(fn: Callable) -> bool:
     """Whether ``fn`` accepts a ``generator`` keyword."""
     try:

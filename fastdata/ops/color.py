@@ -62,7 +62,7 @@ def adjust_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     return torch.stack(out, 1)
 
 
-# ---- TrivialAugment, batched: an operation and a magnitude per image ----
+# ---- the 8-bit and sharpness operations of TrivialAugment ----
 def adjust_sharpness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """torchvision's: blend with the image smoothed by [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13
     (its border pixels kept)."""

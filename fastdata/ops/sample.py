@@ -8,7 +8,6 @@ from collections.abc import Callable
 import numpy as np
 
 
-# ---- the per-sample hook ----
 def sample_rngs(seed: int, n: int) -> list[np.random.Generator]:
     """The ``n`` per-image generators of a batch whose seed is ``seed``."""
     return [np.random.default_rng([seed, 1, k]) for k in range(n)]

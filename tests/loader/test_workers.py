@@ -173,3 +173,29 @@ def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
         loader = plain_loader(shards["hdf5"], num_workers=2, workers="process", mp_context="fork",
                       device="cuda")
         assert len(list(loader)) == len(loader)
+
+
+def _take_and_exit(lock) -> None:
+    lock.acquire()
+    os._exit(0)             # a semaphore is not given back when its holder dies
+
+
+def test_a_worker_that_died_holding_the_shared_event_lock_does_not_hang_the_shutdown(shards):
+    """The DataLoader's workers read a shared event between items, under its lock: one
+    terminated while it held that lock left the shutdown after an error waiting for it
+    forever. Here a process takes the lock and dies holding it."""
+    import multiprocessing
+    import threading
+
+    loader = plain_loader(shards["hdf5"], num_workers=2, workers="process", mp_context="fork")
+    it = iter(loader)
+    next(it)
+    workers = loader._backend._workers
+    lock = workers._iterator._workers_done_event._cond
+    holder = multiprocessing.get_context("fork").Process(target=_take_and_exit, args=(lock,))
+    holder.start()
+    holder.join(30)
+    stop = threading.Thread(target=workers.shutdown, kwargs={"kill": True}, daemon=True)
+    stop.start()
+    stop.join(60)
+    assert not stop.is_alive(), "the shutdown waited on a lock a dead process held"
