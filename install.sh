@@ -47,6 +47,12 @@ simd() { pip install --force-reinstall --no-deps --no-index --find-links "$wheel
 simd
 spec="."
 [ ${#extras[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${extras[*]}")]"
+# this checkout installed under its earlier distribution name, "fastdata" (on the package
+# index another project's): removed first, so that one distribution provides the package
+earlier=$("$VENV/bin/python" -m pip show fastdata 2>/dev/null || true)
+if grep -qx "Editable project location: $PWD" <<<"$earlier"; then
+  pip uninstall -y fastdata
+fi
 pip install -e "$spec"
 # Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
 # put it back last, and check what is live.

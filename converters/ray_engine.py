@@ -12,7 +12,7 @@ The shards hold what the local converter's hold (the same ``manifest["shards"]``
 
 A task that fails is retried by Ray where its worker died (``max_retries``); one that raised
 (``on_error="raise"``) fails the conversion with the task's error. Every node needs fastdata
-installed (``pip install 'fastdata[ray]'``) and the source and OUT at the same paths.
+installed (``pip install 'fastdata-shards[ray]'``) and the source and OUT at the same paths.
 """
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ import platform
 import warnings
 from importlib import metadata
 
+from fastdata._optional import DISTRIBUTION
+
 SIMD_FIX = "pip install --force-reinstall --no-deps pillow-simd"
 
 
@@ -278,7 +280,7 @@ def env_info() -> dict:
     memory = usable_memory()
     info = {
         "python": platform.python_version(),
-        "fastdata": _version("fastdata"),
+        "fastdata": _version(DISTRIBUTION),
         "torch": torch.__version__,
         "numpy": _version("numpy"),
         "h5py": _version("h5py"),

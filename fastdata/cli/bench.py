@@ -81,4 +81,4 @@ def add_args(b: argparse.ArgumentParser) -> None:
                    "on these host cores only, e.g. 0-3: what a GPU gets from its share of a "
                    "node (default: every core this process may use)")
     b.add_argument("--json", help="write every figure and the environment here")
-    b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata[plot])")
+    b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata-shards[plot])")

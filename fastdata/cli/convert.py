@@ -80,7 +80,7 @@ def add_args(c: argparse.ArgumentParser) -> None:
                    "the cores this process may use)")
     c.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="where shards are made: local decode processes, or a task per shard "
-                        "on a Ray cluster (needs fastdata[ray]; the same shards)")
+                        "on a Ray cluster (needs fastdata-shards[ray]; the same shards)")
     c.add_argument("--address", default=None, help="the Ray cluster's address for --engine "
                    "ray (default: RAY_ADDRESS, or a local cluster started for the run)")
     c.add_argument("--shard-size", type=int, default=None,

@@ -41,7 +41,7 @@ def run(a) -> int:
                     last.get("val_acc", 0))
     plot = ["--plot", j("bench.png")] if available("matplotlib")[0] else []
     if not plot:
-        log.warning("no plot: matplotlib is not installed (pip install 'fastdata[plot]')")
+        log.warning("no plot: matplotlib is not installed (pip install 'fastdata-shards[plot]')")
     bench.bench_run(options(bench.add_args, a, j("train-hdf5"), j("train-lmdb"),
                             "--source", j("images", "train"),
                   "--model", "resnet8", "--batch-size", 32, "--warmup", 3,

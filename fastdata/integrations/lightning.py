@@ -1,5 +1,5 @@
 """``ShardDataModule``: fastdata loaders for Lightning's ``Trainer`` (``pip install
-'fastdata[lightning]'``).
+'fastdata-shards[lightning]'``).
 
 The trainer gives each loader its rank, world size and device; each training epoch starts the
 loader's epoch (``set_epoch``), validation and test read every sample exactly once over the
@@ -57,9 +57,15 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
         test: the shard set to test on, or None.
         batch_size: samples per batch on each rank.
         eval_batch_size: for validation and test (default: ``batch_size``).
+        batch_transform: the training loader's batch transform (augmentation such as MixUp:
+            never the evaluation loaders').
+        sample_transform: the training loader's per-image hook.
+        eval_batch_transform: the validation and test loaders' batch transform, if they need
+            one (a random one warns: evaluation would change from run to run).
+        eval_sample_transform: the validation and test loaders' per-image hook.
         **loader_args: any other ``fastdata.Loader`` argument (``size``, ``crop``, ``dtype``,
-            ``batch_transform``, ``backend``...), for every loader. ``rank``,
-            ``world_size`` and ``device`` come from the trainer.
+            ``backend``...), for every loader. ``rank``, ``world_size`` and ``device`` come
+            from the trainer.
 
     Raises:
         ValueError: ``rank``, ``world_size``, ``device`` or ``train`` is given in
@@ -69,7 +75,9 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
     def __init__(self, train: str | os.PathLike | ShardSet | None = None,
                  val: str | os.PathLike | ShardSet | None = None,
                  test: str | os.PathLike | ShardSet | None = None, *, batch_size: int,
-                 eval_batch_size: int | None = None, **loader_args: Any):
+                 eval_batch_size: int | None = None, batch_transform=None,
+                 sample_transform=None, eval_batch_transform=None, eval_sample_transform=None,
+                 **loader_args: Any):
         super().__init__()
         taken = sorted({"rank", "world_size", "device", "train"} & set(loader_args))
         if taken:
@@ -79,6 +87,11 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.loader_args = loader_args
+        # augmentation reaches the training loader only: evaluation sees the images as stored
+        self.hooks = {"train": dict(batch_transform=batch_transform,
+                                    sample_transform=sample_transform),
+                      "eval": dict(batch_transform=eval_batch_transform,
+                                   sample_transform=eval_sample_transform)}
         self._loaders: dict = {}
         self._resume = None
 
@@ -93,7 +106,7 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
                 self.paths[split], train=split == "train", rank=t.global_rank,
                 world_size=t.world_size, device=t.strategy.root_device,
                 batch_size=self.batch_size if split == "train" else self.eval_batch_size,
-                **self.loader_args)
+                **self.hooks["train" if split == "train" else "eval"], **self.loader_args)
         return self._loaders[split]
 
     def train_dataloader(self):

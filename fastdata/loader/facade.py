@@ -19,7 +19,7 @@ from fastdata.checks import choice, flag, integer
 from fastdata.env import resolve_device, usable_cpus
 from fastdata.loader.decode import jpeg_decode_where
 from fastdata.loader.spec import Backend, Spec
-from fastdata.ops.batch import BatchHook
+from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from fastdata.order import Order
@@ -51,10 +51,11 @@ def _picklable(name: str, fn) -> None:
 
 
 def _hooks(dataset: ShardSet, crop_stage: CropStage, sample_transform, batch_transform,
-           workers: str) -> tuple[CropStage, BatchHook | None]:
+           workers: str, train: bool) -> tuple[CropStage, BatchHook | None]:
     """Check the users' transforms. With a batch transform, the built-in stage stops at float32
     values in [0, 1] and the normalisation follows the transform: returns the crop stage to
-    run and the batch hook (None without a batch transform)."""
+    run and the batch hook (None without a batch transform). An evaluation loader (``train``
+    False) given a random batch transform says so."""
     for name, fn in (("sample_transform", sample_transform),
                      ("batch_transform", batch_transform)):
         if fn is not None and not callable(fn):
@@ -65,6 +66,11 @@ def _hooks(dataset: ShardSet, crop_stage: CropStage, sample_transform, batch_tra
         return crop_stage, None
     if dataset.label_kind == "class":
         check_classes(batch_transform, len(dataset.classes))
+    if not train and takes_generator(batch_transform):
+        warnings.warn(f"batch_transform={batch_transform!r} draws random values (it takes a "
+                      f"generator) on an evaluation loader (train=False): its results then "
+                      f"depend on the draws; augmentation belongs to the training loader",
+                      UserWarning, stacklevel=3)
     t = crop_stage
     if t.dtype == torch.uint8:
         raise ValueError("batch_transform needs a float dtype (it sees values in [0, 1], "
@@ -174,7 +180,7 @@ class Loader:
                           dtype=dtype, channels_last=self.channels_last, mean=mean, std=std,
                           scale=scale, ratio=ratio)
         self.crop_stage, self.batch_hook = _hooks(self.dataset, stage, sample_transform,
-                                                  batch_transform, workers)
+                                                  batch_transform, workers, self.train)
         self.sample_hook = sample_transform
         self._check_upscale()
         self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch

@@ -150,7 +150,7 @@ class WorkerProcesses:
             killed = [w for w in getattr(it, "_workers", ()) if kill and w.is_alive()]
             for w in killed:
                 w.terminate()
-            if killed and hasattr(it, "_workers_done_event"):
+            if killed and it is not None and hasattr(it, "_workers_done_event"):
                 # a worker terminated while it held the shared event's lock (it reads the
                 # event between items) would make the shutdown's set() wait forever: the
                 # shutdown gets an event of its own, as no worker is left to read it

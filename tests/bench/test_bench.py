@@ -53,7 +53,7 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
     assert by["baseline"]["what"].startswith(("torchvision", "in-package"))
     for name, r in by.items():
         if r["status"] == "skipped":        # only DALI may be missing, and it says why
-            assert name == "dali" and "fastdata[dali]" in r["reason"]
+            assert name == "dali" and "fastdata-shards[dali]" in r["reason"]
             continue
         check_stats(r["loader"]["img_per_s"])
         assert r["loader"]["vs_baseline"] > 0

@@ -19,7 +19,7 @@ from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
 from tests.helpers import plain_folder
 
-pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata[ray]')")
+pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata-shards[ray]')")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 SHARD = 3           # positions [9, 12) are the broken files below: a range with none readable
 # the cluster's token, for it and its clients (Ray asks for one on local clusters too)

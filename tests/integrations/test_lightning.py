@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import REPO, N, ids_of
 
-L = pytest.importorskip("lightning", reason="Lightning not installed (fastdata[lightning])")
+L = pytest.importorskip("lightning", reason="Lightning not installed (fastdata-shards[lightning])")
 
 import fastdata  # noqa: E402
 from fastdata.integrations.lightning import ShardDataModule  # noqa: E402
@@ -113,3 +113,40 @@ def test_two_processes_split_training_and_evaluate_every_sample_once(shards, tmp
     assert len(ranks[0]["train"]) == len(ranks[1]["train"]) == N // 2 // 4
     assert not set(train[0]) & set(train[1])
     assert sorted(sum((sum(r["val"], []) for r in ranks), [])) == list(range(N))
+
+
+class LabelRecorder(L.LightningModule):
+    """Records the labels' dtype and shape that each split's steps are given."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(3, 3)
+        self.labels = {"train": set(), "val": set()}
+
+    def training_step(self, batch, i):
+        x, y = batch
+        self.labels["train"].add((y.dtype, tuple(y.shape[1:])))
+        return self.net(x.float().mean((2, 3))).sum()
+
+    def validation_step(self, batch, i):
+        self.labels["val"].add((batch[1].dtype, tuple(batch[1].shape[1:])))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_augmentation_reaches_the_training_loader_only(shards, recwarn):
+    """A batch transform given to the DataModule (MixUp: soft targets) shapes the training
+    batches, never the validation ones, and no evaluation loader warns about it."""
+    from fastdata import transforms as T
+
+    path = shards["hdf5"]
+    args = {**ARGS, "dtype": torch.float32}
+    model = LabelRecorder()
+    trainer(max_epochs=1, enable_checkpointing=False).fit(model, datamodule=ShardDataModule(
+        path, path, batch_transform=T.MixUp(1.0, num_classes=3), **args))
+    assert model.labels == {"train": {(torch.float32, (3,))}, "val": {(torch.int64, ())}}
+    assert not [w for w in recwarn if "evaluation loader" in str(w.message)]
+    dm = ShardDataModule(path, path, eval_batch_transform=T.MixUp(1.0, num_classes=3), **args)
+    with pytest.warns(UserWarning, match="evaluation loader"):
+        trainer(max_epochs=1, enable_checkpointing=False).fit(LabelRecorder(), datamodule=dm)

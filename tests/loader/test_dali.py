@@ -13,7 +13,8 @@ import fastdata
 from fastdata.converters.convert import convert
 from tests.helpers import N, ids_of, seen
 
-pytest.importorskip("nvidia.dali", reason="DALI not installed (pip install 'fastdata[dali]')")
+pytest.importorskip("nvidia.dali",
+                    reason="DALI not installed (pip install 'fastdata-shards[dali]')")
 gpu = pytest.mark.gpu          # skipped without CUDA (conftest.py)
 
 
@@ -184,7 +185,7 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120, cwd=os.getcwd())
     assert r.returncode == 0, r.stderr
-    assert "pip install 'fastdata[dali]'" in r.stdout and "backend='dali'" in r.stdout
+    assert "pip install 'fastdata-shards[dali]'" in r.stdout and "backend='dali'" in r.stdout
 
 
 def test_torch_only_arguments_are_named_not_silently_dropped(shards):

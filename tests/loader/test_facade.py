@@ -292,3 +292,19 @@ def test_jpeg_shards_decoded_on_the_gpu_match_the_cpu_decode(jpeg_shards, worker
         off_gpu, off_cpu, apart = ((u.float() - v.float()).abs().mean().item()
                                    for u, v in ((a, c), (b, c), (a, b)))
         assert off_gpu <= 2 * off_cpu + 2, (off_gpu, off_cpu, apart)
+
+
+def test_an_evaluation_loader_with_a_random_batch_transform_says_so_once(shards):
+    from fastdata import transforms as T
+
+    kw = dict(batch_size=4, size=16, device="cpu", train=False)
+    with pytest.warns(UserWarning, match=r"evaluation loader \(train=False\)") as caught:
+        loader = fastdata.Loader(shards["hdf5"], batch_transform=T.ColorJitter(0.4), **kw)
+        list(loader)
+        list(loader)
+    assert len([w for w in caught if "evaluation loader" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # a transform that draws nothing: no warning
+        fastdata.Loader(shards["hdf5"], batch_transform=lambda x, y: (x, y), **kw)
+        fastdata.Loader(shards["hdf5"], batch_transform=T.ColorJitter(0.4), batch_size=4,
+                        size=16, device="cpu", train=True)
