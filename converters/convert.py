@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +131,8 @@ def _validated(*, engine, address, container, sizes, encoding, quality, fit, wor
     return sizes, quality, workers, shard_size
 
 
-def convert(src: str, out: str, *, container: str = "hdf5", sizes=(256,), encoding: str = "raw",
+def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int] = (256,),
+            encoding: str = "raw",
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,

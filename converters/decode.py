@@ -16,9 +16,21 @@ from dataclasses import dataclass
 import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import features as PIL_features
 
 from fastdata import kernels
 from fastdata.format import BACKGROUND, PAGE, crc32
+
+
+def unknown_format(data) -> str:
+    """Why PIL could not open ``data``: a WebP file where this PIL was built without WebP
+    (pillow-simd compiles it only where libwebp's headers are found) says so."""
+    head = bytes(data[:12])
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP" and not PIL_features.check("webp"):
+        return ("a WebP image, and this PIL was built without WebP support: install libwebp's "
+                "headers (e.g. apt-get install libwebp-dev), then rebuild pillow-simd "
+                "(./install.sh)")
+    return "not an image format PIL can read"
 
 
 def _native_pack():
@@ -257,7 +269,7 @@ def _load(path: str, opts: DecodeOptions, scratch: Scratch | None = None) -> Ima
         try:
             img = Image.open(io.BytesIO(data))
         except UnidentifiedImageError:      # its message names a BytesIO's address
-            raise UnidentifiedImageError("not an image format PIL can read") from None
+            raise UnidentifiedImageError(unknown_format(data)) from None
         with img:
             if img.format == "JPEG":
                 img.draft("RGB", _draft_request(*img.size, opts.sizes[-1], opts.fit))

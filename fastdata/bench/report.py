@@ -109,9 +109,22 @@ def _plot_fed(ax, ok: list[dict], model: str) -> None:
     if "0.75" in colours:
         ax.bar([0], [0], color="0.75", label="unreliable (runs disagree)")
     ax.set_title(f"{model} fed by the loader")
-    top = max(max(f["max"] for f in fed), max(r["model"]["ceiling"]["median"] for r in ok))
-    ax.set_ylim(0, top * 1.35)          # room above the bars for the legend
-    ax.legend(loc="upper center", ncol=3, framealpha=0.9, fontsize=7)
+    ax.set_ylim(0, max(max(f["max"] for f in fed),
+                       max(r["model"]["ceiling"]["median"] for r in ok)))
+
+
+def _fit_legend(ax) -> None:
+    """The panel's legend in as many columns as its width holds, with room above the bars
+    for its lines (after the figure's layout, which sets the width)."""
+    renderer = ax.figure.canvas.get_renderer()
+    entries = len(ax.get_legend_handles_labels()[0])
+    for ncol in range(min(3, entries), 0, -1):
+        legend = ax.legend(loc="upper center", ncol=ncol, framealpha=0.9, fontsize=7,
+                           markerscale=0.4)
+        if legend.get_window_extent(renderer).width <= ax.get_window_extent(renderer).width:
+            break
+    lines = -(-entries // ncol)
+    ax.set_ylim(0, ax.get_ylim()[1] * (1.15 + 0.1 * lines))
 
 
 def plot(report: dict, path: str) -> None:
@@ -153,4 +166,6 @@ def figure(report: dict):
     fig.text(0.01, 0.01, f"bars: median of {c['repeat']} runs; error bars: their min-max",
              fontsize=8, color="0.3")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    if report["ceiling"]:
+        _fit_legend(axes[0][1])
     return fig

@@ -72,7 +72,7 @@ def add_args(b: argparse.ArgumentParser) -> None:
                    "median and their spread (default 3)")
     b.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="default: bf16 on CUDA (fp16 without bf16 support), fp32 on CPU")
-    b.add_argument("--workers", type=int, default=None,
+    b.add_argument("--num-workers", "--workers", dest="workers", type=int, default=None,
                    help="each backend's workers: threads, DALI threads, baseline "
                    "processes (default: min(8, usable cores))")
     b.add_argument("--device", default=None, help="default: cuda when available, else cpu")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from fastdata._optional import DISTRIBUTION
 from fastdata.checks import printable
 from fastdata.cli.common import echo, human_bytes
 from fastdata.format import json_text
@@ -90,6 +91,13 @@ def run(a) -> int:
             if not env["native_kernel"]:
                 echo("  warning: fastdata's C kernel was not built (no C compiler at install): "
                      "CPU augmentation runs about half as fast")
+            if not env["webp"]:
+                echo("  note: this PIL reads no WebP: .webp images are skipped as unreadable; "
+                     "fix: install libwebp's headers (e.g. apt-get install libwebp-dev), then "
+                     "./install.sh")
+            if env["dali"] is None:
+                echo(f"  note: DALI is not installed: backend='dali' needs it; "
+                     f"pip install '{DISTRIBUTION}[dali]'")
         if not a.shards:
             return 0
     if not a.shards:

@@ -140,7 +140,8 @@ def add_args(t: argparse.ArgumentParser) -> None:
                    help="learning-rate schedule")
     t.add_argument("--clip-grad-norm", type=float, default=None,
                    help="clip the gradient norm to this (default: no clipping)")
-    t.add_argument("--workers", type=int, default=None,
+    # the Loader's num_workers (its `workers` is a kind: threads or processes)
+    t.add_argument("--num-workers", "--workers", dest="workers", type=int, default=None,
                    help="loader threads per process (default: min(8, usable cores))")
     t.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when available")
     t.add_argument("--seed", type=int, default=0, help="seed of the sample order and the model")

@@ -9,6 +9,7 @@ training epoch exactly where the checkpoint was taken, mid-epoch included.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from fastdata._optional import require
@@ -75,9 +76,10 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
     def __init__(self, train: str | os.PathLike | ShardSet | None = None,
                  val: str | os.PathLike | ShardSet | None = None,
                  test: str | os.PathLike | ShardSet | None = None, *, batch_size: int,
-                 eval_batch_size: int | None = None, batch_transform=None,
-                 sample_transform=None, eval_batch_transform=None, eval_sample_transform=None,
-                 **loader_args: Any):
+                 eval_batch_size: int | None = None, batch_transform: Callable | None = None,
+                 sample_transform: Callable | None = None,
+                 eval_batch_transform: Callable | None = None,
+                 eval_sample_transform: Callable | None = None, **loader_args: Any):
         super().__init__()
         taken = sorted({"rank", "world_size", "device", "train"} & set(loader_args))
         if taken:

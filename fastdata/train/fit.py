@@ -41,9 +41,24 @@ log = logging.getLogger("fastdata.train")
 SCHEDULES = ("none", "onecycle", "cosine")
 
 
-def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int = 0):
-    """``none``; ``onecycle`` (peak at each group's ``lr``); ``cosine`` to 0 after a linear
-    warm-up of ``warmup_steps``."""
+def make_scheduler(optimizer: torch.optim.Optimizer, name: str, *, total_steps: int,
+                   warmup_steps: int = 0) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """A learning-rate schedule by name, stepped once per optimizer step.
+
+    Args:
+        optimizer: the optimizer whose groups' ``lr`` it moves.
+        name: ``none``; ``onecycle`` (peak at each group's ``lr``); ``cosine`` (to 0 after a
+            linear warm-up).
+        total_steps: optimizer steps in the whole run (its length is fixed: a run resumed
+            with another length is refused).
+        warmup_steps: the cosine schedule's linear warm-up.
+
+    Returns:
+        The scheduler, or None for ``none``.
+
+    Raises:
+        ValueError: an unknown ``name`` (the valid ones are named).
+    """
     choice("schedule", name, SCHEDULES)
     total_steps = max(1, int(total_steps))
     if name == "none":
@@ -64,7 +79,7 @@ def make_scheduler(optimizer, name: str, *, total_steps: int, warmup_steps: int 
 
 
 @torch.no_grad()
-def evaluate(step: TrainStep, loader) -> float:
+def evaluate(step: TrainStep, loader: Loader) -> float:
     """Score ``step``'s model over ``loader``, summed over all ranks (one host sync at the end).
 
     Args:
@@ -215,10 +230,12 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
     epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
     if ckpt and resume and os.path.exists(ckpt):
         epoch0, start = _load(ckpt, step, loader)
-        log.info("resumed from %s at epoch %d, step %d", ckpt, epoch0, step.steps)
         if epoch0 >= epochs:
-            log.info("nothing left to train: %s is at the end of epoch %d (epochs=%d)", ckpt,
-                     epoch0 - 1, epochs)
+            log.info("nothing left to train: %s is at the end of epoch %d of %d (optimizer "
+                     "step %d)", ckpt, epoch0 - 1, epochs, step.steps)
+        else:
+            log.info("resumed from %s: epoch %d, after %d of its batches (optimizer step %d)",
+                     ckpt, epoch0, start, step.steps)
     run = _Run(step, loader, ckpt=ckpt, checkpoint_every=checkpoint_every, log_every=log_every,
                max_steps=max_steps, rank=rank, group=group, progress=progress)
     history = []
@@ -407,7 +424,9 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
         if have is not None and have != want:   # None: a cosine saved before lengths were
             raise ValueError(f"{path} was saved by a run whose learning-rate schedule lasts "
                              f"{have} optimizer steps, and this run's lasts {want} (other "
-                             f"epochs, batch size, accumulation or world size): {again}")
+                             f"epochs, batch size, accumulation or world size): a schedule's "
+                             f"length is fixed when its run starts, so a finished run is not "
+                             f"extended; {again}")
 
 
 def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -98,9 +99,11 @@ class TrainStep:
         ValueError: a bad argument, named with the valid choices.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, loss_fn=None,
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 loss_fn: Callable | None = None,
                  label_smoothing: float = 0.0, precision: str | None = None, accum_steps: int = 1,
-                 clip_grad_norm: float | None = None, scheduler=None,
+                 clip_grad_norm: float | None = None,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                  channels_last: bool | None = None, compile: bool = False):
         self.device = _device_of(model)
         precision = default_precision(self.device) if precision is None else precision

@@ -111,6 +111,14 @@ def test_plot_labels_every_panel_and_marks_rows_above_their_ceiling(bench_set):
     assert bars[2].get_facecolor() != bars[1].get_facecolor()      # the unreliable one greyed
     legend = fed_ax.get_legend().get_window_extent()
     assert not any(legend.overlaps(b.get_window_extent()) for b in bars)
+    for n in (1, 2, 3):     # the legend inside its panel, however few its rows
+        fig = figure({**report, "results": report["results"][:n]})
+        fig.canvas.draw()
+        legend, panel = fig.axes[1].get_legend().get_window_extent(), \
+            fig.axes[1].get_window_extent()
+        assert panel.x0 <= legend.x0 and legend.x1 <= panel.x1, (n, legend, panel)
+        bars = [p for p in fig.axes[1].patches if p.get_height() > 0]
+        assert not any(legend.overlaps(b.get_window_extent()) for b in bars)
 
 
 def test_env_names_whichever_dali_build_is_installed(tmp_path):

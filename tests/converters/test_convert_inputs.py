@@ -359,3 +359,23 @@ def test_quality_is_for_jpeg_and_every_argument_has_help(tmp_path, folder, caplo
         for line in text.partition("positional arguments:")[2].split("options:")[0].splitlines():
             if line.startswith("  ") and line.split()[0] in ("out", "src"):
                 assert len(line.split()) > 1, f"{command}: {line!r} has no help"
+
+
+@pytest.mark.pil
+def test_a_webp_image_where_pil_lacks_webp_is_named_as_such(monkeypatch):
+    import io
+
+    from PIL import Image, features
+
+    from fastdata.converters import decode
+
+    if not features.check("webp"):
+        pytest.skip("this PIL cannot write the WebP file the test reads")
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, "WEBP")
+    data = buf.getvalue()
+    assert decode.unknown_format(data) == "not an image format PIL can read"
+    monkeypatch.setattr(decode.PIL_features, "check", lambda name: name != "webp")
+    assert "WebP image" in decode.unknown_format(data)
+    assert "libwebp" in decode.unknown_format(data)
+    assert decode.unknown_format(b"GIF89a" + bytes(6)) == "not an image format PIL can read"

@@ -363,12 +363,15 @@ def test_resume_refuses_another_schedule_length_and_a_finished_run_trains_nothin
     times") or silently bend the cosine; a finished run resumed logs that nothing is left."""
     d = str(tmp_path / "ck")
     _run(shard_set, d, schedule=schedule, epochs=1)
-    with pytest.raises(ValueError, match="lasts 18 optimizer steps, and this run's lasts 24"):
+    with pytest.raises(ValueError, match="lasts 18 optimizer steps, and this run's lasts 24.*"
+                                         "not extended.*start anew in another checkpoint"):
         _run(shard_set, d, schedule=schedule, plan=4)
     _run(shard_set, d, schedule=schedule, epochs=3)
     with caplog.at_level(logging.INFO, logger="fastdata.train"):
         assert _run(shard_set, d, schedule=schedule, epochs=3)[1] == []
-    assert "nothing left to train" in caplog.text
+    # one line that says where the run is, not a "resumed at epoch 3" before it
+    assert "nothing left to train" in caplog.text and "end of epoch 2 of 3" in caplog.text
+    assert "resumed from" not in caplog.text
 
 
 def test_val_is_evaluated_at_the_size_trained_on(tmp_path, caplog):
