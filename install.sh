@@ -53,7 +53,9 @@ earlier=$("$VENV/bin/python" -m pip show fastdata 2>/dev/null || true)
 if grep -qx "Editable project location: $PWD" <<<"$earlier"; then
   pip uninstall -y fastdata
 fi
-pip install -e "$spec"
+# setuptools warns at every editable install of a package whose folders it maps (converters/
+# installs as fastdata.converters) that a folder of the same name could shadow it: not news
+PYTHONWARNINGS="ignore:Editable installation" pip install -e "$spec"
 # Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
 # put it back last, and check what is live.
 "$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)' || simd

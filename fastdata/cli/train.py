@@ -24,15 +24,46 @@ def _held_out(last: dict, ds) -> str:
     return f", held-out accuracy {last['val_acc']:.1%} ({chance})"
 
 
+def _loaders(a, device, dtype) -> tuple:
+    """``fastdata train``'s training loader and its held-out one (None without ``--val``)."""
+    from fastdata.loader import Loader
+    from fastdata.shards import ShardSet
+    from fastdata.train.models import default_crop
+    from fastdata.train.recipes import train_recipe
+
+    sset = ShardSet(a.shards)
+    crop = a.crop
+    if crop is None:
+        size = sset.size if a.size is None else sset.stored_size(a.size)
+        crop = default_crop(a.model, size)
+        log.info("crop %d: %s's default from images stored at %d px (--crop to choose)",
+                 crop, a.model, size)
+    common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=crop,
+                  device=device, dtype=dtype, seed=a.seed, num_workers=a.workers,
+                  channels_last=True)   # the model's layout: no per-step copy
+    train = Loader(sset, train=True, scale=(a.min_scale, 1.0), **common,
+                   batch_transform=train_recipe(a, len(sset.classes), sset.label_kind))
+    if not a.val:
+        return train, None
+    held = ShardSet(a.val)      # evaluated at the size trained on (each set's largest default)
+    if train.size not in held.sizes:
+        both = set(held.sizes) & set(train.dataset.sizes)
+        raise ValueError(f"--val {a.val} stores sizes {', '.join(map(str, held.sizes))}, "
+                         f"not {train.size}, the size trained on: convert it with "
+                         f"--size {train.size} too" +
+                         (f", or train with --size {max(both)}" if both else ""))
+    if held.classes != train.dataset.classes:
+        raise ValueError(f"--val {a.val} has classes {held.classes}, "
+                         f"not the training set's {train.dataset.classes}")
+    return train, Loader(held, train=False, **{**common, "size": train.size})
+
+
 def train_run(a) -> dict:
     """``fastdata train``: returns the last epoch's record (rank 0 prints it)."""
     import torch
 
-    from fastdata.loader import Loader
-    from fastdata.shards import ShardSet
     from fastdata.train import TrainStep, build_model, fit, make_scheduler
     from fastdata.train import distributed as dist
-    from fastdata.train.recipes import train_recipe
     from fastdata.train.step import default_precision, input_dtype, loss_for
 
     info = dist.setup(device=a.device)
@@ -41,25 +72,7 @@ def train_run(a) -> dict:
     try:
         precision = a.precision or default_precision(info.device)
         dtype = input_dtype(precision, info.device)
-        common = dict(backend=a.backend, batch_size=a.batch_size, size=a.size, crop=a.crop,
-                      device=info.device, dtype=dtype, seed=a.seed, num_workers=a.workers,
-                      channels_last=True)   # the model's layout below: no per-step copy
-        sset = ShardSet(a.shards)
-        train = Loader(sset, train=True, scale=(a.min_scale, 1.0), **common,
-                       batch_transform=train_recipe(a, len(sset.classes), sset.label_kind))
-        val = None
-        if a.val:       # evaluated at the size trained on (by default each set's largest)
-            held = ShardSet(a.val)
-            if train.size not in held.sizes:
-                both = set(held.sizes) & set(train.dataset.sizes)
-                raise ValueError(f"--val {a.val} stores sizes {', '.join(map(str, held.sizes))}, "
-                                 f"not {train.size}, the size trained on: convert it with "
-                                 f"--size {train.size} too" +
-                                 (f", or train with --size {max(both)}" if both else ""))
-            val = Loader(held, train=False, **{**common, "size": train.size})
-        if val is not None and val.dataset.classes != train.dataset.classes:
-            raise ValueError(f"--val {a.val} has classes {val.dataset.classes}, "
-                             f"not the training set's {train.dataset.classes}")
+        train, val = _loaders(a, info.device, dtype)
         torch.manual_seed(a.seed)
         # channels_last on every device: on CPU too it was faster for the demo's resnet8
         model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info,
@@ -119,8 +132,10 @@ def add_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("shards", help="training shard set")
     t.add_argument("--val", help="held-out shard set for accuracy after each epoch")
     t.add_argument("--backend", choices=list(BACKENDS), default="torch", help="loader backend")
-    t.add_argument("--model", default="resnet8", help="built-in (tiny, resnet8, resnet14), a "
-                   "torchvision name, or module:callable(num_classes=...)")
+    t.add_argument("--model", default="resnet8", help="built-in: tiny (a very small net, "
+                   "for checking a pipeline), resnet8 or resnet14 (small ResNets for small "
+                   "images: trained at up to 64 px by default); a torchvision name (resnet50...: "
+                   "up to 224 px by default); or module:callable(num_classes=...)")
     t.add_argument("--epochs", type=int, default=10, help="passes over the training set")
     t.add_argument("--batch-size", type=int, default=64, help="per process and micro-batch")
     t.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -130,7 +145,8 @@ def add_args(t: argparse.ArgumentParser) -> None:
                    "and per-rank logs")
     t.add_argument("--size", type=size_arg, default=None,
                    help="stored size to read (default: the largest)")
-    t.add_argument("--crop", type=int, default=None, help="output crop (default: the size)")
+    t.add_argument("--crop", type=int, default=None, help="output crop (default: the stored "
+                   "size, at most 64 for a built-in model and 224 for any other)")
     t.add_argument("--min-scale", type=float, default=0.08,
                    help="smallest RandomResizedCrop area fraction")
     t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer")

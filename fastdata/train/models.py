@@ -58,6 +58,19 @@ BUILTIN = {
 }
 
 
+#: the largest crop ``fastdata train`` feeds the built-in models by default: they keep the
+#: full resolution in their first stage, so their cost grows with the crop's area
+BUILTIN_CROP = 64
+#: the same for other models (torchvision's are made for 224 px)
+OTHER_CROP = 224
+
+
+def default_crop(name: str, size: int) -> int:
+    """The crop to train model ``name`` at from images stored at ``size`` px, where none is
+    given: at most ``BUILTIN_CROP`` for a built-in model, ``OTHER_CROP`` for any other."""
+    return min(size, BUILTIN_CROP if name in BUILTIN else OTHER_CROP)
+
+
 def build_model(name: str, num_classes: int) -> nn.Module:
     """A model for ``num_classes`` classes by name.
 

@@ -14,3 +14,28 @@ def test_the_worker_count_is_num_workers_as_in_the_loader(command):
     assert parse([command, "s"]).workers is None
     assert "--num-workers" in build_parser(command)._subparsers._group_actions[0] \
         .choices[command].format_help()
+
+
+def test_train_crops_by_default_to_what_the_model_is_made_for(tmp_path, caplog):
+    """Without --crop a built-in model (full resolution in its first stage) trains at up to
+    64 px and any other at up to 224: the stored size (here 128) made a CPU epoch crawl."""
+    import logging
+
+    from fastdata.cli import main
+    from fastdata.converters.convert import convert
+    from tests.helpers import plain_folder
+
+    shards = str(tmp_path / "s")
+    convert(plain_folder(tmp_path / "src", per_class=3), shards, sizes=[128], progress=False)
+    common = ["--epochs", "1", "--batch-size", "3", "--device", "cpu", "--num-workers", "0",
+              "--log-every", "0", "--schedule", "none"]
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        assert main(["-q", "train", shards, "--model", "tiny", *common]) == 0
+        assert "crop 64: tiny's default from images stored at 128 px" in caplog.text
+        caplog.clear()
+        assert main(["-q", "train", shards, "--model", "fastdata.train.models:SmallResNet",
+                     *common]) == 0
+        assert "crop 128: fastdata.train.models:SmallResNet's default" in caplog.text
+        caplog.clear()
+        assert main(["-q", "train", shards, "--model", "tiny", "--crop", "32", *common]) == 0
+        assert "default from images" not in caplog.text
