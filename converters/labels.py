@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import csv
 import os
+import re
+import stat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +26,10 @@ from fastdata.converters.scan import Files, Scan, walk_images
 
 #: a labels file larger than this is refused before it is parsed
 MAX_LABELS_BYTES = 1 << 30
+#: integer labels are class indices below this: each index up to the largest is a class, so
+#: one row's label must not make millions of them
+MAX_CLASSES = 1 << 20
+_INTEGER = re.compile(r"[0-9]+")
 
 
 @dataclass
@@ -32,6 +38,7 @@ class LabelsFile:
     names: list[str]                            # classes or target names
     values: dict[str, list[str]]                # path -> its cells after ``path``
     bad: list[dict] = field(default_factory=list)   # rows that cannot be used: path, reason
+    lines: dict[str, int] = field(default_factory=dict)     # path -> its line in the file
 
 
 def _relative(path: str) -> str | None:
@@ -48,22 +55,33 @@ def read_labels(csv_path: str) -> LabelsFile:
     """Parse a labels file (see the module's docstring).
 
     Raises:
-        ValueError: the file is too large, not UTF-8 text, or its header is not
-            ``path,label`` or ``path,<name>,...``.
+        ValueError: the file is not a regular file, too large, not UTF-8 text, its header is
+            not ``path,label`` or ``path,<name>,...``, or it mixes integer labels (class
+            indices) with others (the first such row named).
     """
-    if os.path.getsize(csv_path) > MAX_LABELS_BYTES:
-        raise ValueError(f"labels file {csv_path} is larger than {MAX_LABELS_BYTES} bytes")
+    # opened without blocking and checked before a byte is read: a FIFO would wait forever
+    fd = os.open(csv_path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"labels file {csv_path} is not a regular file (a FIFO, a device "
+                             f"or a folder): refused")
+        if st.st_size > MAX_LABELS_BYTES:
+            raise ValueError(f"labels file {csv_path} is larger than {MAX_LABELS_BYTES} bytes")
+        os.set_blocking(fd, True)
+        with open(fd, newline="", encoding="utf-8-sig", closefd=False) as f:
             rows = list(csv.reader(f))
     except (UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"labels file {csv_path} is not a readable CSV ({e})") from None
+    finally:
+        os.close(fd)
     header = [h.strip() for h in rows[0]] if rows else []
     names = header[1:]
     if len(header) < 2 or header[0] != "path" or "" in names or len(set(names)) < len(names):
         raise ValueError(f"labels file {csv_path}: the first row must be a header `path,label` "
                          f"or `path,<name>,<name>...` (distinct names), not {header[:5]}")
     values: dict[str, list[str]] = {}
+    lines: dict[str, int] = {}
     bad: list[dict] = []
     for line, row in enumerate(rows[1:], 2):
         if not any(c.strip() for c in row):
@@ -81,39 +99,59 @@ def read_labels(csv_path: str) -> LabelsFile:
                                                   f"counts)"})
         else:
             values[path] = [c.strip() for c in row[1:]]
+            lines[path] = line
     if names == ["label"]:
-        return _classes(values, bad)
-    return _numbers(names, values, bad)
+        return _classes(csv_path, values, bad, lines)
+    return _numbers(names, values, bad, lines)
 
 
-def _classes(values: dict, bad: list) -> LabelsFile:
+def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
+    """Class labels: names (sorted), or class indices where every label is an integer."""
     labels = {p: v[0] for p, v in values.items()}
     for p in [p for p, v in labels.items() if not v]:
-        bad.append({"path": p, "reason": "labels file: empty label"})
+        bad.append({"path": p, "reason": f"labels file line {lines[p]}: empty label"})
         del labels[p]
-    if labels and all(v.isdigit() for v in labels.values()):
-        names = [str(i) for i in range(max(int(v) for v in labels.values()) + 1)]
+    integer = {p: bool(_INTEGER.fullmatch(v)) for p, v in labels.items()}
+    if labels and any(integer.values()):
+        if not all(integer.values()):      # never a silent reordering of integer classes
+            odd = next(p for p in labels if not integer[p])
+            raise ValueError(f"labels file {csv_path} line {lines[odd]}: label "
+                             f"{labels[odd][:40]!r} is not a non-negative integer, while "
+                             f"other labels are (class indices): use one kind of label")
+        for p in [p for p in labels if int(labels[p]) >= MAX_CLASSES]:
+            bad.append({"path": p, "reason": f"labels file line {lines[p]}: class index "
+                                             f"{labels[p][:40]} is not below {MAX_CLASSES}"})
+            del labels[p]
+        names = [str(i) for i in range(max((int(v) for v in labels.values()), default=-1) + 1)]
         labels = {p: str(int(v)) for p, v in labels.items()}
     else:
         names = sorted(set(labels.values()))
-    return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad)
+    return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad, lines)
 
 
-def _numbers(names: list[str], values: dict, bad: list) -> LabelsFile:
+def _numbers(names: list[str], values: dict, bad: list, lines: dict) -> LabelsFile:
+    """Multi-hot (0 and 1 only) or regression targets, each a float32."""
     parsed = {}
     for p, cells in values.items():
+        where = f"labels file line {lines[p]}"
         try:
             row = [float(c) for c in cells]
         except ValueError:
-            bad.append({"path": p, "reason": f"labels file: not numbers: {cells[:5]}"})
+            bad.append({"path": p, "reason": f"{where}: not numbers: {cells[:5]}"})
             continue
-        if not all(np.isfinite(row)):
-            bad.append({"path": p, "reason": "labels file: not a finite number"})
+        if not np.isfinite(row).all():
+            bad.append({"path": p, "reason": f"{where}: not a finite number"})
+            continue
+        with np.errstate(over="ignore"):
+            fits = np.isfinite(np.asarray(row, np.float32)).all()
+        if not fits:        # stored as float32: 1e39 would be inf, a damaged set
+            bad.append({"path": p, "reason": f"{where}: a number beyond float32's range "
+                                             f"(about ±3.4e38)"})
             continue
         parsed[p] = row
     multi = all(v in (0.0, 1.0) for row in parsed.values() for v in row)
     return LabelsFile("multi_label" if multi else "regression", names,
-                      {p: list(map(str, row)) for p, row in parsed.items()}, bad)
+                      {p: list(map(str, row)) for p, row in parsed.items()}, bad, lines)
 
 
 def scan_labeled(root: str, csv_path: str) -> Scan:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 from fastdata._optional import require
 from fastdata.converters.decode import prepare_batch
@@ -116,6 +117,32 @@ class _Placer:
         return self.shards, self.skipped + self.carry
 
 
+#: how long a cluster's address may take to answer before the conversion gives up
+CONNECT_TIMEOUT_S = 15.0
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Where ``address`` names a cluster as ``HOST:PORT``, that something answers there: Ray
+    itself retries a silent address for many minutes.
+
+    Raises:
+        ConversionError: nothing answers, in one line naming the address.
+    """
+    if not address or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return
+    except ValueError:
+        raise ConversionError(f"--address {address!r} is not HOST:PORT") from None
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else e.strerror or str(e)
+        raise ConversionError(f"no Ray cluster answers at {address} ({why} after up to "
+                              f"{timeout:.0f} s): start one there (`ray start --head`), or "
+                              f"leave out --address to start a local one") from None
+
+
 def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: str,
                  progress: bool) -> tuple[list[dict], list[dict]]:
     """``convert``'s shards on a Ray cluster (``address``: an existing cluster's, or None to
@@ -123,9 +150,9 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
     entries, as the local engine does."""
     from tqdm import tqdm
 
-
     ray = require("ray", "--engine ray")
     if not ray.is_initialized():
+        check_reachable(address if address is not None else os.environ.get("RAY_ADDRESS"))
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     task = ray.remote(max_retries=RETRIES)(convert_range)
     files, fp, options = job.scan.files, job.fp, job.options()

@@ -180,7 +180,10 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     done = finished_manifest(out) if is_regular(os.path.join(out, MANIFEST)) else None
     if done is not None and "shard_size" in done:
         keys = ("container", "sizes", "encoding", "quality", "fit", "shard_size")
-        return {k: done.get(k) for k in keys}, os.path.join(out, MANIFEST)
+        found = {k: done.get(k) for k in keys}
+        if done.get("labels_file") is not None:     # labels from a file, not from folders
+            found["labels"] = done["labels_file"]
+        return found, os.path.join(out, MANIFEST)
     for container in CONTAINERS:
         path = os.path.join(out, shard_file(container, 0))
         if not is_regular(path):

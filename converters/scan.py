@@ -97,15 +97,22 @@ class Scan:
     targets: np.ndarray | None = None
 
 
-def walk_images(folder: str, rel: str, ignored: dict[str, int]) -> list[str]:
+def walk_images(folder: str, rel: str, ignored: dict[str, int], *,
+                others: frozenset[str] = frozenset()) -> list[str]:
     """The image files under ``folder``, as paths ``rel`` + their path from it (unsorted);
-    what is not one is counted in ``ignored`` by reason."""
+    what is not one is counted in ``ignored`` by reason. ``others``: the real paths of folders
+    another walk owns (the source folder, the other classes), which a link inside this one
+    must not bring in (a folder outside them that several classes link is in each)."""
     found: list[str] = []
     seen: set[str] = set()
     stack = [(folder, rel)]    # (folder, its path from the root)
     while stack:
         folder, rel = stack.pop()
         real = os.path.realpath(folder)
+        if real in others:          # a link to the source folder or to another class
+            ignored["link to a folder of another class"] = \
+                ignored.get("link to a folder of another class", 0) + 1
+            continue
         if real in seen:            # a symlink loop, or a folder linked twice: walked once
             continue
         seen.add(real)
@@ -156,9 +163,13 @@ def scan_folder(root: str, *, progress: bool = False) -> Scan:
     # ImageNet: 1.28M files to list before the first image is decoded
     bar = tqdm(total=len(classes), unit="class", desc="scan", disable=not progress,
                dynamic_ncols=True)
+    # a folder belongs to one class: a link inside a class to the source folder or another
+    # class brings in nothing (it made a class hold every other one's images)
+    owned = {os.path.realpath(root)} | {os.path.realpath(os.path.join(root, c)) for c in classes}
     for label, name in enumerate(classes):
-        files.extend(sorted(walk_images(os.path.join(root, name), name + os.sep, ignored)),
-                     label)
+        own = os.path.realpath(os.path.join(root, name))
+        files.extend(sorted(walk_images(os.path.join(root, name), name + os.sep, ignored,
+                                        others=frozenset(owned - {own}))), label)
         bar.update(1)
     bar.close()
     return Scan(root, classes, files.freeze(), ignored)

@@ -120,13 +120,18 @@ class ShardWriter:
         except BaseException as e:      # e.g. a full disk: no partial file left taking space
             self.abort()
             # h5py reports a failed write at its close as a RuntimeError with the errno inside
-            if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or (
-                    isinstance(e, RuntimeError) and f"errno = {errno.ENOSPC}," in str(e)):
+            if _is(e, errno.ENOSPC):
                 free = shutil.disk_usage(os.path.dirname(self.path)).free >> 20
                 raise OSError(errno.ENOSPC, f"no space left on the device to write "
                               f"{os.path.basename(self.path)} ({free} MiB free); the shards "
                               f"before it are complete: make room, then run the same "
                               f"command with --resume") from e
+            if _is(e, errno.EFBIG):     # h5py's message runs over several lines
+                raise OSError(errno.EFBIG, f"{os.path.basename(self.path)} would be larger "
+                              f"than this process may write (the file-size limit, `ulimit "
+                              f"-f`, or the file system's largest file): raise it, or convert "
+                              f"with a smaller --shard-size; then the same command with "
+                              f"--resume") from e
             raise
 
     def _begin(self) -> None:
@@ -146,6 +151,13 @@ class ShardWriter:
 
     def _close(self) -> None:
         pass
+
+
+def _is(e: BaseException, code: int) -> bool:
+    """Whether ``e`` is the OS error ``code``: an OSError, or h5py's RuntimeError or OSError
+    with the errno inside its message."""
+    return (isinstance(e, OSError) and e.errno == code) or (
+        isinstance(e, (OSError, RuntimeError)) and f"errno = {code}," in str(e))
 
 
 def _allocate(fd: int, offset: int, length: int) -> None:

@@ -169,7 +169,8 @@ def read_manifest(root: str | os.PathLike) -> dict:
         raise ShardFormatError(f"{os.fspath(root)!r} is not a shard set: no {MANIFEST} ({hint})")
     if os.path.getsize(path) > MAX_MANIFEST_BYTES:
         raise ShardFormatError(f"{path}: {os.path.getsize(path)} bytes, more than a manifest "
-                               f"of fastdata's can be ({MAX_MANIFEST_BYTES})")
+                               f"of fastdata's can be ({MAX_MANIFEST_BYTES} bytes): refused "
+                               f"before it is read")
     try:
         with open(path, encoding="utf-8") as f:
             m = json.load(f)
@@ -188,8 +189,9 @@ def read_manifest(root: str | os.PathLike) -> dict:
     return m
 
 
-#: a manifest lists shards, skipped files and classes: far below this even for 14 M images
-MAX_MANIFEST_BYTES = 1 << 30
+#: a manifest lists shards, skipped files and classes: far below this even for 14 M images.
+#: Parsed, JSON takes a few times its size in memory: the cap bounds what reading one costs
+MAX_MANIFEST_BYTES = 256 << 20
 _SHARD_NAME = re.compile(r"shard-\d{5,}\.(h5|lmdb)")
 
 

@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, ImportError) as e:     # bad input or damaged data: no traceback
         log.error("%s", e)
         return 2
+    except MemoryError:
+        log.error("out of memory (the command's input is larger than this process may hold; "
+                  "`ulimit -v` or a container's limit may be what stops it)")
+        return 2
     except KeyboardInterrupt:
         return 130
 

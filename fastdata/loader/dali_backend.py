@@ -86,7 +86,8 @@ class _Source:
             buf = page_aligned((len(idx), self.size, self.size, 3))
         images = self.ds.read_batch(idx, size=self.size, out=buf[:len(idx)])
         if self.sample_transform is not None:
-            apply_sample_transform(self.sample_transform, images, seed)
+            apply_sample_transform(self.sample_transform, images, seed,
+                                   self.ds.sample_names(idx))
         return images, labels, buf
 
     def __call__(self):

@@ -125,7 +125,8 @@ class _BatchReader:
             raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
             self.ds.read_batch(indices, size=s, out=raw.numpy())
             if self.sample_hook is not None:
-                apply_sample_transform(self.sample_hook, raw.numpy(), seed)
+                apply_sample_transform(self.sample_hook, raw.numpy(), seed,
+                                       self.ds.sample_names(indices))
         if not self.on_host:
             return self._for_device(raw, labels, seed)
         if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)

@@ -131,17 +131,31 @@ class BatchHook:
         # folded per batch, not once: a change to the user's transform shows at the next one
         folded = ask(self.fn, "fold_normalization", n.scale, n.shift)
         fn = self.fn if folded is None else folded
-        given = images
+        given = images, labels
         images, labels = call(fn, images, labels, batch_generator(seed, images.device))
-        check_batch(images, given)
+        check_batch(images, labels, *given)
         return n(images, values=folded is None), labels
 
 
-def check_batch(images: torch.Tensor, given: torch.Tensor) -> None:
+def check_batch(images: torch.Tensor, labels, given: torch.Tensor,
+                given_labels: torch.Tensor) -> None:
     """What the loader needs of a batch transform's images: the batch's size, 3 channels,
-    floats, on the batch's device (the height and width are the transform's choice)."""
+    floats, on the batch's device (the height and width are the transform's choice); and of
+    its labels: a tensor of the batch's size on that device (their dtype and columns are the
+    transform's choice: MixUp makes soft targets).
+
+    Raises:
+        ValueError: naming what came back and what was given.
+    """
     if (images.dim() != 4 or images.shape[:2] != given.shape[:2] or
             not images.is_floating_point() or images.device != given.device):
         raise ValueError(f"batch_transform returned images of shape {tuple(images.shape)}, "
                          f"{images.dtype}, on {images.device}; it must return float images of "
                          f"shape ({len(given)}, 3, H, W) on {given.device}, as it was given")
+    if not torch.is_tensor(labels) or labels.dim() < 1 or len(labels) != len(given) or \
+            labels.device != given_labels.device:
+        what = (f"labels of shape {tuple(labels.shape)} on {labels.device}"
+                if torch.is_tensor(labels) else f"labels of type {type(labels).__name__}")
+        raise ValueError(f"batch_transform returned {what}; it must return a tensor of "
+                         f"{len(given)} labels (one per image) on {given_labels.device}, as "
+                         f"it was given")

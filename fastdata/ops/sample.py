@@ -13,16 +13,31 @@ def sample_rngs(seed: int, n: int) -> list[np.random.Generator]:
     return [np.random.default_rng([seed, 1, k]) for k in range(n)]
 
 
-def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int) -> None:
+def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int,
+                           name: Callable[[int], str] = str) -> None:
     """``images[k] = fn(images[k], rng_k)`` for a ``(B, S, S, 3)`` uint8 batch, in place.
+    ``name(k)`` says which sample image ``k`` is, for errors (e.g. its index and shard).
 
     Raises:
-        ValueError: ``fn`` returned an image of another shape or dtype.
+        ValueError: ``fn`` returned an image of another shape or dtype (the sample named).
+        Exception: what ``fn`` raised, with a note naming the sample (the message, before
+            Python 3.11's notes).
     """
     for k, rng in enumerate(sample_rngs(seed, len(images))):
-        out = np.asarray(fn(images[k].copy(), rng))
+        try:
+            out = np.asarray(fn(images[k].copy(), rng))
+        except Exception as e:
+            _note(e, f"in sample_transform={fn!r}, on {name(k)}")
+            raise
         if out.shape != images.shape[1:] or out.dtype != np.uint8:
             raise ValueError(f"sample_transform returned a {out.dtype} image of shape "
-                             f"{out.shape}; it must return the image's shape "
+                             f"{out.shape} for {name(k)}; it must return the image's shape "
                              f"{images.shape[1:]} as uint8 (the crop after it sets the size)")
         images[k] = out
+
+
+def _note(e: BaseException, text: str) -> None:
+    if hasattr(e, "add_note"):
+        e.add_note(text)
+    elif e.args and isinstance(e.args[0], str):
+        e.args = (f"{e.args[0]} ({text})", *e.args[1:])

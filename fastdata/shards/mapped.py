@@ -139,6 +139,8 @@ def make_room_for_files(n: int) -> None:
     if soft == inf or soft >= need:
         return
     new = max(need, 1 << 16) if hard == inf else hard
+    if new <= soft:         # at the hard limit already: opening says so if it runs out
+        return
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     except (ValueError, OSError):

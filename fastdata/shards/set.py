@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -138,6 +138,16 @@ class ShardSet:
             idx = np.where(idx < 0, idx + n, idx)
         shard = np.searchsorted(self._starts, idx, side="right") - 1
         return shard, idx - self._starts[shard]
+
+    def sample_names(self, indices) -> Callable[[int], str]:
+        """``name(k)``: which sample ``indices[k]`` is, for messages (its index, its shard
+        file and its place there), worked out only when asked."""
+        def name(k: int) -> str:
+            i = int(np.asarray(indices).reshape(-1)[k])
+            (shard,), (local,) = self.locate([i])
+            return (f"sample {i} ({os.path.basename(self.shards[shard].path)}, its sample "
+                    f"{int(local)})")
+        return name
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int | np.ndarray]:
         image = self.read_batch([i])[0]         # checks i

@@ -122,6 +122,23 @@ def test_scan_follows_linked_folders_once_and_counts_broken_links(tmp_path):
     assert scan.ignored == {"broken link": 1, "not an image extension": 1}
 
 
+def test_a_link_to_the_source_or_another_class_brings_no_other_class_in(tmp_path):
+    """A link back to the source folder inside a class made that class also hold every
+    other class's images (5 images became 7 samples), silently."""
+    src = tmp_path / "src"
+    for d in (src / "a" / "deep", src / "b", src / "c"):
+        d.mkdir(parents=True)
+    for p in (src / "a" / "x.png", src / "b" / "y.png", src / "b" / "z.png", src / "c" / "w.png",
+              src / "c" / "v.png"):
+        Image.new("RGB", (4, 4)).save(p)
+    os.symlink(src, src / "a" / "deep" / "root")          # the whole source, from class a
+    os.symlink(src / "c", src / "b" / "to_c")             # class c, from class b
+    scan = scan_folder(str(src))
+    assert list(scan.files) == [("a/x.png", 0), ("b/y.png", 1), ("b/z.png", 1),
+                                ("c/v.png", 2), ("c/w.png", 2)]
+    assert scan.ignored == {"link to a folder of another class": 2}
+
+
 def test_on_error_raise_names_the_file(tmp_path):
     src = tmp_path / "src"
     odd_folder(src, tmp_path / "outside")

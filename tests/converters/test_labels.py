@@ -196,3 +196,75 @@ def test_fastdata_train_picks_the_loss_of_the_label_kind(flat, tmp_path, capsys,
     said = capsys.readouterr().out
     assert ("held-out accuracy" in said and "each label counted" in said
             if kind == "multi_label" else "held-out mean squared error" in said), said
+
+
+def test_integer_labels_keep_their_index_and_a_huge_one_costs_one_skipped_row(flat, tmp_path):
+    """An integer label of 10^9 used to make 10^9 class names (MemoryError): its row is
+    skipped, naming its line; the others keep their integer as their class index."""
+    from fastdata.converters.labels import MAX_CLASSES
+
+    src, names = flat
+    rows = [[p, [2, 10, 0][k % 3]] for k, p in enumerate(names)]
+    rows[4][1] = 10 ** 9
+    m = convert(src, str(tmp_path / "a"), sizes=[16], progress=False,
+                labels=write_csv(tmp_path / "l.csv", ["path", "label"], rows))
+    ds = fastdata.open(str(tmp_path / "a"))
+    assert len(ds.classes) == 11 and ds.classes[10] == "10"
+    kept = [r for k, r in enumerate(rows) if k != 4]
+    assert ds.labels.tolist() == [r[1] for r in kept]
+    (bad,) = [s for s in m["skipped"] if s["path"] == names[4]]
+    assert "line 6" in bad["reason"] and f"not below {MAX_CLASSES}" in bad["reason"]
+
+
+@pytest.mark.parametrize("odd", ["-1", "3.5", "cat", "²"])
+def test_integer_labels_mixed_with_others_are_refused_naming_the_row(flat, tmp_path, odd):
+    """One such label turned every class into a name sorted as text: 10 came before 2."""
+    src, names = flat
+    rows = [[p, k % 3 + 1] for k, p in enumerate(names)]
+    rows[7][1] = odd
+    labels = write_csv(tmp_path / "l.csv", ["path", "label"], rows)
+    with pytest.raises(ValueError, match=r"line 9: label .* is not a non-negative integer"):
+        convert(src, str(tmp_path / "a"), sizes=[16], progress=False, labels=labels)
+    assert cli(["-q", "convert", src, str(tmp_path / "b"), "--size", "16", "--labels",
+                labels]) == 2
+
+
+def test_a_target_beyond_float32_is_skipped_not_stored_as_inf(flat, tmp_path):
+    src, names = flat
+    rows = [[p, k * 0.5, 1.0] for k, p in enumerate(names)]
+    rows[3][1] = "1e39"
+    m = convert(src, str(tmp_path / "a"), sizes=[16], progress=False,
+                labels=write_csv(tmp_path / "l.csv", ["path", "a", "b"], rows))
+    (bad,) = [s for s in m["skipped"] if s["path"] == names[3]]
+    assert "line 5" in bad["reason"] and "float32" in bad["reason"]
+    assert verify(str(tmp_path / "a")) == []
+    assert np.isfinite(fastdata.open(str(tmp_path / "a")).labels).all()
+
+
+def test_a_fifo_as_the_labels_file_is_refused_not_waited_on(flat, tmp_path):
+    src, _ = flat
+    fifo = tmp_path / "labels.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        convert(src, str(tmp_path / "a"), sizes=[16], progress=False, labels=str(fifo))
+
+
+def test_a_labels_set_is_repaired_by_the_commands_verify_prints(flat, tmp_path, capsys):
+    """The options kept in the manifest left out the labels file: `convert SRC OUT --resume`
+    then failed with "no class directories"."""
+    src, names = flat
+    labels = write_csv(tmp_path / "l.csv", ["path", "label"],
+                       [[p, ["dog", "cat"][k % 2]] for k, p in enumerate(names)])
+    out = str(tmp_path / "o")
+    convert(src, out, sizes=[16], shard_size=4, labels=labels, progress=False)
+    before = fastdata.open(out).labels.tolist()
+    os.remove(os.path.join(out, fastdata.open(out).manifest["shards"][1]["file"]))
+    assert cli(["-q", "verify", out]) == 1
+    command = capsys.readouterr().out.splitlines()[-1].split()
+    assert command[:2] == ["fastdata", "convert"] and command[-1] == "--resume"
+    assert cli(["-q", *command[1:]]) == 0
+    assert verify(out) == [] and fastdata.open(out).labels.tolist() == before
+    write_csv(labels, ["path", "label"], [[p, ["dog", "cat"][k % 3 % 2]]
+                                          for k, p in enumerate(names)])
+    os.remove(os.path.join(out, fastdata.open(out).manifest["shards"][1]["file"]))
+    assert cli(["-q", *command[1:]]) != 0       # another labels file: not the same set

@@ -217,3 +217,16 @@ def test_engine_arguments_are_checked(source, tmp_path):
         convert(source, str(tmp_path / "x"), engine="spark")
     with pytest.raises(ValueError, match="address='h:1' is for engine='ray'"):
         convert(source, str(tmp_path / "x"), address="h:1")
+
+
+def test_an_address_where_no_cluster_listens_fails_in_one_line(source, tmp_path):
+    """Ray retried such an address for nine minutes and more."""
+    port = _free_port()         # nothing listens there
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "fastdata.cli", "-q", "convert", source,
+                        str(tmp_path / "o"), "--size", "16", "--engine", "ray", "--address",
+                        f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - t < 60
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import warnings
 
@@ -308,3 +309,28 @@ def test_an_evaluation_loader_with_a_random_batch_transform_says_so_once(shards)
         fastdata.Loader(shards["hdf5"], batch_transform=lambda x, y: (x, y), **kw)
         fastdata.Loader(shards["hdf5"], batch_transform=T.ColorJitter(0.4), batch_size=4,
                         size=16, device="cpu", train=True)
+
+
+def _raises_on_red(image, rng):
+    if image[..., 0].mean() > image[..., 2].mean():
+        raise RuntimeError("no red images here")
+    return image
+
+
+def _wrong_size(image, rng):
+    return image[:8]
+
+
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_a_failing_sample_transform_names_the_sample_and_its_shard(shards, workers):
+    """Its error named neither the sample nor the shard."""
+    kw = dict(batch_size=4, size=16, device="cpu", train=False, num_workers=1,
+              workers=workers)
+    ds = fastdata.open(shards["hdf5"])
+    shard = r"shard-0000\d\.h5, its sample \d"
+    with pytest.raises(RuntimeError, match="no red images here") as e:
+        list(fastdata.Loader(ds, sample_transform=_raises_on_red, **kw))
+    assert re.search(rf"on sample \d+ \({shard}\)", str(e.value) + "".join(
+        getattr(e.value, "__notes__", []))), e.value
+    with pytest.raises(ValueError, match=rf"shape \(8, 16, 3\) for sample 0 \({shard}\)"):
+        list(fastdata.Loader(ds, sample_transform=_wrong_size, **kw))

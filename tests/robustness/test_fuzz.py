@@ -113,3 +113,112 @@ def test_damaged_sets_end_in_data_or_a_clean_error(tmp_path, container, encoding
     assert r.returncode == 0, f"crashed or hung after {r.stdout.splitlines()[-1:]}:\n{r.stderr}"
     bad = json.loads(r.stdout.splitlines()[-1])
     assert not bad, "\n".join(f"{c} {w}:\n{t}" for c, w, t in bad[:3])
+
+
+LABEL_EDITS = ["", "-1", "3.5", "1e39", "-1e39", "nan", "inf", "10" * 40, "²", "cat", "0x10",
+               "../../etc/passwd", "/abs.png", "a,b", '"', "\x00", "9" * 12]
+
+
+def _edit_labels(rng, rows: list[list[str]]) -> list[list[str]]:
+    """A random edit of a labels table: a cell replaced, a row cut or doubled, a column
+    added or dropped."""
+    rows = [list(r) for r in rows]
+    kind = rng.randrange(5)
+    k = rng.randrange(1, len(rows))
+    if kind == 0:
+        rows[k][rng.randrange(len(rows[k]))] = rng.choice(LABEL_EDITS)
+    elif kind == 1:
+        del rows[k]
+    elif kind == 2:
+        rows.insert(k, list(rows[k]))
+    elif kind == 3:
+        rows[k].append(rng.choice(LABEL_EDITS))
+    else:
+        rows[k] = rows[k][:1]
+    return rows
+
+
+@pytest.mark.parametrize("table", ["class", "integer", "targets"])
+def test_edited_labels_files_end_in_a_set_or_one_clean_error(tmp_path, table):
+    """Random edits of a labels file: every conversion ends in a set that verifies, or a
+    ValueError or ConversionError; bounded in time, nothing else raised."""
+    import csv
+
+    from fastdata.converters.units import ConversionError
+    from fastdata.shards.verify import verify
+
+    src = plain_folder(tmp_path / "src", per_class=3)
+    paths = sorted(os.path.relpath(os.path.join(d, f), src)
+                   for d, _, fs in os.walk(src) for f in fs)
+    cells = {"class": lambda k: [["cat", "dog"][k % 2]], "integer": lambda k: [str(k % 4)],
+             "targets": lambda k: [str(k * 0.25), "1"]}[table]
+    header = ["path", "label"] if table != "targets" else ["path", "a", "b"]
+    good = [header] + [[p, *cells(k)] for k, p in enumerate(paths)]
+    rng = random.Random(table)
+    for case in range(10):
+        rows = good
+        for _ in range(rng.randint(1, 3)):
+            rows = _edit_labels(rng, rows)
+        labels = tmp_path / f"l{case}.csv"
+        with open(labels, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+        out = str(tmp_path / f"o{case}")
+        try:
+            m = convert(src, out, sizes=[8], labels=str(labels), workers=1, progress=False)
+        except (ValueError, ConversionError) as e:
+            assert "\n" not in str(e), (case, rows, e)
+            continue
+        assert verify(out) == [], (case, rows)
+        assert m["num_samples"] + len(m["skipped"]) >= 1
+
+
+def _hook_raises(image, rng):
+    raise KeyError("a hook's own error")
+
+
+def _hook_returns_junk(image, rng):
+    return [[1, 2], [3]]
+
+
+def _hook_returns_float(image, rng):
+    return image.astype("float32")
+
+
+def _hook_returns_none(image, rng):
+    return None
+
+
+def _batch_returns_one(images, labels):
+    return images
+
+
+def _batch_returns_bad_labels(images, labels):
+    return images, labels[:1]
+
+
+def _batch_returns_strings(images, labels):
+    return "images", "labels"
+
+
+@pytest.mark.parametrize("hooks", [
+    dict(sample_transform=_hook_raises), dict(sample_transform=_hook_returns_junk),
+    dict(sample_transform=_hook_returns_float), dict(sample_transform=_hook_returns_none),
+    dict(batch_transform=_batch_returns_one), dict(batch_transform=_batch_returns_bad_labels),
+    dict(batch_transform=_batch_returns_strings)])
+@pytest.mark.parametrize("workers", ["thread", "process"])
+def test_misbehaving_hooks_end_in_an_error_that_names_them(tmp_path, hooks, workers):
+    """A user's hook that raises or returns the wrong thing: an error naming the hook (and,
+    for a sample hook, the sample), on threads and processes alike; never a hang or a
+    batch of wrong shape."""
+    import fastdata
+
+    src = plain_folder(tmp_path / "src", per_class=3)
+    convert(src, str(tmp_path / "s"), sizes=[8], workers=1, progress=False)
+    loader = fastdata.Loader(str(tmp_path / "s"), batch_size=3, device="cpu", num_workers=1,
+                             workers=workers, **hooks)
+    with pytest.raises(Exception) as e:
+        list(loader)
+    text = str(e.value) + "".join(getattr(e.value, "__notes__", []))
+    assert ("sample_transform" in text and "sample " in text) if "sample_transform" in hooks \
+        else "batch_transform" in text, text
+    loader.close()

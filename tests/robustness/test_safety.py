@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -419,7 +420,8 @@ def test_huge_special_and_non_image_files_are_skipped_unread(tmp_path):
     reasons = {s["path"]: s["reason"] for s in m["skipped"]}
     assert "file too large (3.0 GiB" in reasons["a/huge.jpg"]
     assert "file too large" in reasons["a/sparse.png"]
-    assert "not an image: its first bytes (3c 68 74 6d" in reasons["b/page.png"]
+    assert "not an image: its first bytes match no image format" in reasons["b/page.png"]
+    assert "3c 68" not in json.dumps(m) and "<html>" not in json.dumps(m)
     assert m["ignored"] == {"not a regular file": 1} and m["num_samples"] == 6
 
 
@@ -504,3 +506,21 @@ def test_raw_pixels_are_packed_by_whichever_pil_is_installed(tmp_path, monkeypat
     src = plain_folder(tmp_path / "src", per_class=2)
     m = convert(src, str(tmp_path / "o"), sizes=[8], progress=False)
     assert m["num_samples"] == 6 and not m["skipped"]
+
+
+def test_a_manifest_beyond_the_cap_is_refused_in_one_line_before_it_is_read(small_set,
+                                                                             tmp_path):
+    """A manifest near the old 1 GiB cap needed ~4x its size to parse (info --json: a
+    MemoryError traceback at 4 GB)."""
+    from fastdata.format import MAX_MANIFEST_BYTES
+
+    big = tmp_path / "big"
+    shutil.copytree(small_set, big)
+    with open(big / "manifest.json", "r+b") as f:       # sparse: nothing is written
+        f.truncate(MAX_MANIFEST_BYTES + 1)
+    r = subprocess.run([*CLI, "info", "--json", str(big)], capture_output=True, text=True,
+                       timeout=120)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "more than a manifest of fastdata's can be" in lines[0]
+    assert MAX_MANIFEST_BYTES <= 256 << 20

@@ -420,6 +420,17 @@ def test_a_batch_transform_that_breaks_the_batch_is_named(shards, bad, match):
         run(shards["hdf5"], batch_transform=bad, num_workers=0)
 
 
+@pytest.mark.parametrize("bad,match", [
+    (lambda x, y: (x, y[:2]), r"labels of shape \(2,\)"),
+    (lambda x, y: (x, y[0]), r"labels of shape \(\)"),
+    (lambda x, y: (x, y.tolist()), r"labels of type list")])
+def test_a_batch_transform_whose_labels_do_not_fit_the_batch_is_named(shards, bad, match):
+    """Labels of another batch size than the images were accepted, and failed in the loss."""
+    with pytest.raises(ValueError, match=f"batch_transform returned {match}.* a tensor of 5 "
+                                         f"labels"):
+        run(shards["hdf5"], batch_transform=bad, num_workers=0)
+
+
 def test_a_mix_with_too_few_classes_for_the_set_is_refused(shards):
     """The set has 3 classes: a one-hot target of 2 columns would fail inside a kernel on a
     GPU (taking the CUDA context with it); refused when the loader is made."""
