@@ -9,6 +9,7 @@ import multiprocessing
 import os
 
 import torch
+from torch.utils.data._utils import signal_handling
 
 from fastdata.env import parent_garbage_frozen
 from fastdata.loader.buffers import SharedRing
@@ -147,10 +148,17 @@ class WorkerProcesses:
         each worker, and did it whenever the collector reached the pool)."""
         self.closed = self.broken = True
         for it in (self._iterator, getattr(self._dl, "_iterator", None)):
+            if it is None:
+                continue
             killed = [w for w in getattr(it, "_workers", ()) if kill and w.is_alive()]
-            for w in killed:
-                w.terminate()
-            if killed and it is not None and hasattr(it, "_workers_done_event"):
+            if killed:
+                # out of torch's SIGCHLD watch first: a worker that has not yet set its own
+                # SIGTERM handler dies "killed by signal", which would replace the error
+                if getattr(it, "_worker_pids_set", False):
+                    signal_handling._remove_worker_pids(id(it))
+                    it._worker_pids_set = False
+                for w in killed:
+                    w.terminate()
                 # a worker terminated while it held the shared event's lock (it reads the
                 # event between items) would make the shutdown's set() wait forever: the
                 # shutdown gets an event of its own, as no worker is left to read it

@@ -199,3 +199,37 @@ def test_a_worker_that_died_holding_the_shared_event_lock_does_not_hang_the_shut
     stop.start()
     stop.join(60)
     assert not stop.is_alive(), "the shutdown waited on a lock a dead process held"
+
+
+def test_a_worker_error_is_not_replaced_by_its_workers_being_stopped(tmp_path, monkeypatch):
+    """About one in 140 such errors surfaced as "DataLoader worker (pid N) is killed by
+    signal: Terminated": torch's SIGCHLD handler saw the workers this loader stopped, where a
+    worker had not yet set its own SIGTERM handler (which exits quietly). Here no worker has
+    one, and each stop waits until its worker is dead, so the handler runs every time."""
+    import multiprocessing.process
+
+    from torch.utils.data._utils import signal_handling
+
+    from fastdata.converters.convert import convert
+    from tests.helpers import plain_folder
+
+    out = tmp_path / "o"
+    convert(plain_folder(tmp_path / "src"), str(out), encoding="jpeg", sizes=[16],
+            shard_size=5, progress=False)
+    ds = fastdata.open(out)
+    payload = bytes(ds.read_encoded([7])[0])
+    shard = out / ds.manifest["shards"][1]["file"]
+    shard.write_bytes(shard.read_bytes().replace(payload, bytes(len(payload))))
+    terminate = multiprocessing.process.BaseProcess.terminate
+
+    def terminate_and_wait(self):
+        terminate(self)
+        os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)     # dead, not yet reaped
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", terminate_and_wait)
+    monkeypatch.setattr(signal_handling, "_set_worker_signal_handlers", lambda *a: None)
+    loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu", num_workers=2,
+                             workers="process", mp_context="fork")
+    for _ in range(3):
+        with pytest.raises(OSError, match=f"{shard.name}: sample 2 .* not a readable JPEG"):
+            list(loader)
