@@ -17,6 +17,7 @@ memory does not push everything else out of the cache.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -87,13 +88,16 @@ class ShardWriter:
         """Complete the shard and rename it into place; return its size in bytes. ``options``:
         the conversion's, kept beside ``meta`` (see ``options``). ``place=False``: left
         complete at ``self.tmp``, for ``place()`` once its ``meta`` is known."""
+        # written as a draft (its place in the set left out), then placed: the same steps
+        # whichever engine writes (a Ray task does not know the place), so that every engine
+        # writes the same bytes
+        draft = dataclasses.replace(meta, index=0, start=0, sources=(0, 0), skipped=[])
         with self._cleanup():
             self.write_pending()
-            self._finish(meta, json.dumps(options or {}, sort_keys=True))
-        if not place:
-            return os.path.getsize(self.tmp)
-        os.replace(self.tmp, self.path)
-        return os.path.getsize(self.path)
+            self._finish(draft, json.dumps(options or {}, sort_keys=True))
+            if not place:
+                return os.path.getsize(self.tmp)
+            return self.place(self.tmp, self.path, meta)
 
     @classmethod
     def place(cls, tmp: str, path: str, meta: ShardMeta) -> int:
@@ -151,6 +155,17 @@ class ShardWriter:
 
     def _close(self) -> None:
         pass
+
+
+def _meta_record(text: str, length: int | None = None) -> np.bytes_:
+    """An HDF5 shard's metadata as a fixed-length record, blank-padded to ``length``
+    (default: with room for the place in the set that ``place()`` writes in later): the
+    rewrite then changes bytes in place, the same ones whichever engine wrote the shard, and
+    needs no room on the disk."""
+    data = text.encode()
+    if length is None:
+        length = -(-(len(data) + 512) // 512) * 512
+    return np.bytes_(data.ljust(length))
 
 
 def _is(e: BaseException, code: int) -> bool:
@@ -265,7 +280,7 @@ class HDF5Writer(ShardWriter):
         if self.encoding == "raw" and n < self.capacity:
             self._shrink(n)
         with h5py.File(self.tmp, "r+" if self.encoding == "raw" else "w", locking=False) as f:
-            f.attrs["meta"] = meta.to_json()
+            f.attrs["meta"] = _meta_record(meta.to_json())
             f.attrs["options"] = options
             f.create_dataset("labels", data=np.asarray(self.labels, np.int64), track_times=False)
             for s in self.sizes:     # no chunks, no compression: contiguous, memory-mappable
@@ -281,8 +296,13 @@ class HDF5Writer(ShardWriter):
     def _rewrite_meta(path, meta):
         import h5py
 
-        with h5py.File(path, "r+") as f:
-            f.attrs["meta"] = meta.to_json()
+        text = meta.to_json()
+        with h5py.File(path, "r+", locking=False) as f:
+            old = f.attrs["meta"]
+            if isinstance(old, bytes) and len(text.encode()) <= len(old):
+                f.attrs.modify("meta", _meta_record(text, len(old)))    # in place
+            else:               # more skipped files than the record has room for
+                f.attrs["meta"] = text
 
     def _shrink(self, n: int) -> None:
         """The last shard, short of the files it was sized for (some were skipped): copy its
