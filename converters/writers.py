@@ -416,7 +416,9 @@ class LMDBWriter(ShardWriter):
         import lmdb
 
         size = os.path.getsize(path)
-        with lmdb.open(path, subdir=False, map_size=size + (16 << 20), lock=False) as env:
+        # no sync at the commit, as the writer's: a shard is complete once its manifest is
+        with lmdb.open(path, subdir=False, map_size=size + (16 << 20), lock=False, sync=False,
+                       metasync=False) as env:
             with env.begin(write=True) as txn:
                 txn.put(LMDB_META, meta.to_json().encode())
             used = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
