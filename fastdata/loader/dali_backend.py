@@ -63,10 +63,12 @@ class _Source:
         self._spare: queue.SimpleQueue = queue.SimpleQueue()     # raw arrays DALI has copied
         self._given = None                  # the array the last call returned
 
-    def start(self, batches, seeds) -> None:
-        """``seeds``: each batch's (``Order.batch_seed``), for the sample transform."""
+    def start(self, batches, seeds, timeout: float | None = None, late=None) -> None:
+        """``seeds``: each batch's (``Order.batch_seed``), for the sample transform;
+        ``timeout``, ``late``: a batch's deadline and its error (``ordered``)."""
         self._recycle(None)
-        self.batches = ordered(self.pool, self._read, zip(batches, seeds), self.depth)
+        self.batches = ordered(self.pool, self._read, zip(batches, seeds), self.depth,
+                               timeout, late)
 
     def _recycle(self, given) -> None:
         if self._given is not None:
@@ -184,7 +186,8 @@ class DaliBackend(Backend):
         pipe, source = self._pipes.pop(key, None) or self._build(spec, size)
         hook = spec.batch_hook
         seeds, hook_seeds = itertools.tee(seeds)     # each drawn once, for both
-        source.start(batches, seeds)
+        limit = spec.timeout and spec.timeout * spec.order.batch_size
+        source.start(batches, seeds, limit, lambda job: self._late(spec, job))
         finished = False
         try:
             while True:
@@ -206,6 +209,19 @@ class DaliBackend(Backend):
                 # the only one kept: progressive resizing may change the crop every epoch, and
                 # each pipeline holds its threads and buffers (6 threads more per crop, kept)
                 self._pipes = {key: (pipe, source)}
+
+    def _late(self, spec, job) -> TimeoutError:
+        """The error of a batch past its deadline; the reader pool, whose thread is stuck in
+        it, and the pipelines are let go of (a thread cannot be stopped: it runs on)."""
+        indices, _ = job
+        pool, self._reads = self._reads, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._pipes.clear()
+        return TimeoutError(f"a batch of {len(indices)} samples took more than "
+                            f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
+                            f"image): reading, decoding or sample_transform has not finished "
+                            f"(its first sample: {spec.dataset.sample_names(indices)(0)})")
 
     def _to_torch(self, spec, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy). A GPU batch is

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from fastdata.checks import choice, flag, integer
+from fastdata.checks import choice, flag, integer, positive
 from fastdata.env import resolve_device, usable_cpus
 from fastdata.loader.decode import jpeg_decode_where
 from fastdata.loader.spec import Backend, Spec
@@ -125,6 +125,12 @@ class Loader:
             the reader workers (``docs/augmentation.md``).
         batch_transform: ``fn(images, labels) -> (images, labels)`` on the whole batch on the
             device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
+        timeout: seconds an image may take to be read, decoded and passed through
+            ``sample_transform`` (a batch gets that times its size), like DataLoader's
+            ``timeout``; past it the pass raises a ``TimeoutError`` naming the batch's samples
+            (and, with reader threads, the one the hook has not returned on). None: no
+            limit. A reader thread cannot be stopped and runs on; worker processes are.
+            Without workers (``num_workers=0``) the calling thread reads: no limit.
 
     Raises:
         ValueError: an argument out of its range or choices (the message names the valid
@@ -146,7 +152,7 @@ class Loader:
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None, jpeg_decode: str = "auto",
                  sample_transform: Callable | None = None,
-                 batch_transform: Callable | None = None):
+                 batch_transform: Callable | None = None, timeout: float | None = None):
         choice("backend", backend, BACKENDS)
         self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
         if isinstance(dtype, str):
@@ -159,6 +165,7 @@ class Loader:
         num_workers = min(8, usable_cpus()) if num_workers is None else num_workers
         num_workers = integer("num_workers", num_workers, 0)
         prefetch = integer("prefetch", prefetch, 1)
+        self.timeout = None if timeout is None else positive("timeout", timeout)
         if rank is None or world_size is None:
             r, w = _dist_rank_world()
             rank = r if rank is None else rank
@@ -238,7 +245,8 @@ class Loader:
                     needs_crop_stage=self.needs_crop_stage(),
                     sample_hook=self.sample_hook, batch_hook=self.batch_hook,
                     num_workers=self.num_workers, workers=self.workers, prefetch=self.prefetch,
-                    mp_context=self.mp_context, jpeg_decode=self.jpeg_decode)
+                    mp_context=self.mp_context, jpeg_decode=self.jpeg_decode,
+                    timeout=self.timeout)
 
     def __len__(self) -> int:
         return len(self.order)

@@ -2,6 +2,7 @@
 ``Backend`` base every backend implements."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -15,16 +16,26 @@ from fastdata.order import Order
 from fastdata.shards import ShardSet
 
 
-def ordered(pool, fn, jobs, depth: int):
+def ordered(pool, fn, jobs, depth: int, timeout: float | None = None,
+            late: Callable[[tuple], BaseException] | None = None):
     """``fn(*job)`` for each job on ``pool``, results in job order, at most ``depth`` in flight
-    (the read-ahead of both backends' reader threads)."""
+    (the read-ahead of both backends' reader threads). ``timeout``: seconds to wait for each
+    result once it is the next one; past it, ``late(job)`` is raised."""
     window: deque = deque()
+
+    def take():
+        job, future = window.popleft()
+        try:
+            return future.result(timeout=timeout)
+        except cf.TimeoutError:
+            raise (late(job) if late is not None else TimeoutError(job)) from None
+
     for job in jobs:
-        window.append(pool.submit(fn, *job))
+        window.append((job, pool.submit(fn, *job)))
         if len(window) >= depth:
-            yield window.popleft().result()
+            yield take()
     while window:
-        yield window.popleft().result()
+        yield take()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,6 +62,8 @@ class Spec:
     prefetch: int
     mp_context: str | None
     jpeg_decode: str
+    #: seconds an image may take to be read, decoded and hooked (None: no limit)
+    timeout: float | None = None
 
 
 class Backend:

@@ -66,6 +66,8 @@ class _BatchReader:
         self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
         self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
         self._pools: dict = {}
+        #: batch seed -> the image the sample hook is on, for a batch past its deadline
+        self.progress: dict[int, list[int]] = {}
 
     def _pool(self, key, shape, dtype, result: bool = True):
         if key not in self._pools:
@@ -98,7 +100,7 @@ class _BatchReader:
         return batch * 3 * side * side * t.dtype.itemsize
 
     def __getstate__(self):
-        return {**self.__dict__, "_pools": {}}
+        return {**self.__dict__, "_pools": {}, "progress": {}}
 
     def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
         """``(images, labels, params)``; ``seed``: the batch's augmentation's
@@ -125,8 +127,12 @@ class _BatchReader:
             raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
             self.ds.read_batch(indices, size=s, out=raw.numpy())
             if self.sample_hook is not None:
-                apply_sample_transform(self.sample_hook, raw.numpy(), seed,
-                                       self.ds.sample_names(indices))
+                at = self.progress[seed] = [-1]
+                try:
+                    apply_sample_transform(self.sample_hook, raw.numpy(), seed,
+                                           self.ds.sample_names(indices), at)
+                finally:
+                    del self.progress[seed]
         if not self.on_host:
             return self._for_device(raw, labels, seed)
         if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)
@@ -188,15 +194,34 @@ class TorchBackend(Backend):
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(spec.num_workers, thread_name_prefix="fastdata",
                                                    initializer=one_intraop_thread)
-            yield from ordered(self._pool, reader, jobs, spec.num_workers + spec.prefetch)
+            limit = spec.timeout and spec.timeout * spec.order.batch_size
+            yield from ordered(self._pool, reader, jobs, spec.num_workers + spec.prefetch,
+                               limit, lambda job: self._late(spec, reader, job))
         else:
             yield from self._processes(spec, reader, jobs)
+
+    def _late(self, spec, reader, job) -> TimeoutError:
+        """The error of a batch past its deadline; the pool, whose thread is stuck in it, is
+        let go of (a thread cannot be stopped: it runs on) and the next pass makes another."""
+        indices, seed = job
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        at = reader.progress.get(seed)
+        k = at[0] if at else -1
+        name = spec.dataset.sample_names(indices)
+        where = (f"sample_transform has not returned on {name(k)}" if k >= 0 else
+                 f"reading or decoding it has not finished (its first sample: {name(0)})")
+        return TimeoutError(f"a batch of {len(indices)} samples took more than "
+                            f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
+                            f"image): {where}")
 
     def _processes(self, spec, reader, jobs):
         w = self._workers
         if w is not None and w.busy:    # a pass still under way has them: this one its own
             w = WorkerProcesses(reader, spec, persistent=False)
-        elif w is None or not w.usable((reader, spec.num_workers, spec.prefetch, spec.mp_context)):
+        elif w is None or not w.usable((reader, spec.num_workers, spec.prefetch, spec.mp_context,
+                                         spec.timeout)):
             self._workers = None        # first: the old ones stop before new ones start
             w = self._workers = WorkerProcesses(reader, spec, persistent=True)
         self._all_workers.add(w)

@@ -7,6 +7,7 @@ import ctypes
 import functools
 import multiprocessing
 import os
+from collections import deque
 
 import torch
 from torch.utils.data._utils import signal_handling
@@ -100,7 +101,8 @@ class WorkerProcesses:
         if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
             # the jobs in flight, the batch the consumer holds, one it has just been handed
             self.ring = SharedRing(spec.num_workers * spec.prefetch + 2, nbytes)
-        self.key = (reader, spec.num_workers, spec.prefetch, spec.mp_context)
+        self.key = (reader, spec.num_workers, spec.prefetch, spec.mp_context, spec.timeout)
+        self.spec = spec
         self.busy = self.broken = self.closed = False
         self._iterator = None
         self._lending = _Lending(self.ring)
@@ -108,7 +110,8 @@ class WorkerProcesses:
             _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
             collate_fn=_as_sent, num_workers=spec.num_workers, prefetch_factor=spec.prefetch,
             multiprocessing_context=spec.mp_context, persistent_workers=persistent,
-            pin_memory=spec.device.type == "cuda")     # pins for the current CUDA device
+            pin_memory=spec.device.type == "cuda",     # pins for the current CUDA device
+            timeout=(spec.timeout or 0) * spec.order.batch_size)
 
     def usable(self, key) -> bool:
         """Whether a pass may use these workers: made for ``key``, and none has failed or died
@@ -120,8 +123,9 @@ class WorkerProcesses:
     def run(self, jobs):
         """The pass's ``(images, labels, params)``; one pass at a time (see ``busy``)."""
         self.busy = True
+        sent: deque = deque()       # the jobs lent and not yet back: the oldest is the next
         try:
-            self._lending.jobs = jobs
+            self._lending.jobs = (sent.append(job) or job for job in jobs)
             with parent_garbage_frozen():   # CUDA garbage of earlier work is not theirs
                 batches = self._iterator = iter(self._dl)   # the workers start or resume here
             while True:
@@ -132,6 +136,11 @@ class WorkerProcesses:
                     slot, images, labels, params = next(batches)
                 except StopIteration:
                     return
+                except RuntimeError as e:   # DataLoader's timeout: the batch it waited for
+                    if not str(e).startswith("DataLoader timed out") or not sent:
+                        raise
+                    raise self._late(sent[0][0]) from None
+                sent.popleft()
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
                 yield images, torch.as_tensor(labels), params
@@ -141,6 +150,13 @@ class WorkerProcesses:
             raise
         finally:
             self.busy = False
+
+    def _late(self, indices) -> TimeoutError:
+        name, t = self.spec.dataset.sample_names(indices), self.spec.timeout
+        return TimeoutError(f"a batch of {len(indices)} samples took more than "
+                            f"{t * len(indices):g} s (timeout={t:g} s an image) in a worker "
+                            f"process: reading, decoding or sample_transform has not finished "
+                            f"(its first sample: {name(0)}); the workers are stopped")
 
     def shutdown(self, *, kill: bool = False) -> None:
         """Stop the worker processes now, even while an iterator over them is held; ``kill``:

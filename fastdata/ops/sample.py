@@ -14,9 +14,11 @@ def sample_rngs(seed: int, n: int) -> list[np.random.Generator]:
 
 
 def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int,
-                           name: Callable[[int], str] = str) -> None:
+                           name: Callable[[int], str] = str,
+                           progress: list[int] | None = None) -> None:
     """``images[k] = fn(images[k], rng_k)`` for a ``(B, S, S, 3)`` uint8 batch, in place.
-    ``name(k)`` says which sample image ``k`` is, for errors (e.g. its index and shard).
+    ``name(k)`` says which sample image ``k`` is, for errors (e.g. its index and shard);
+    ``progress[0]`` is set to ``k`` as ``fn`` starts on it (for a watcher in another thread).
 
     Raises:
         ValueError: ``fn`` returned an image of another shape or dtype (the sample named).
@@ -24,6 +26,8 @@ def apply_sample_transform(fn: Callable, images: np.ndarray, seed: int,
             Python 3.11's notes).
     """
     for k, rng in enumerate(sample_rngs(seed, len(images))):
+        if progress is not None:
+            progress[0] = k
         try:
             out = np.asarray(fn(images[k].copy(), rng))
         except Exception as e:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import warnings
 
@@ -334,3 +335,40 @@ def test_a_failing_sample_transform_names_the_sample_and_its_shard(shards, worke
         getattr(e.value, "__notes__", []))), e.value
     with pytest.raises(ValueError, match=rf"shape \(8, 16, 3\) for sample 0 \({shard}\)"):
         list(fastdata.Loader(ds, sample_transform=_wrong_size, **kw))
+
+
+_RELEASE = threading.Event()
+
+
+def _hangs_on_red(image, rng):
+    if image[..., 0].mean() > image[..., 2].mean():
+        _RELEASE.wait(60)           # a hook that does not return (let go at the test's end)
+    return image
+
+
+@pytest.mark.parametrize("backend,workers", [("torch", "thread"), ("torch", "process"),
+                                             ("dali", "thread")])
+def test_a_hook_that_hangs_meets_the_deadline_naming_the_batch(shards, backend, workers):
+    """A sample_transform that never returned hung the loader for good."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    kw = dict(backend=backend, batch_size=4, size=16, device="cpu", train=False,
+              num_workers=2, workers=workers)
+    assert len(list(fastdata.Loader(shards["hdf5"], timeout=5, **kw))) == 6   # in time
+    _RELEASE.clear()
+    loader = fastdata.Loader(shards["hdf5"], sample_transform=_hangs_on_red, timeout=0.05,
+                             **kw)
+    started = time.monotonic()
+    try:
+        with pytest.raises((TimeoutError, RuntimeError),
+                           match=r"took more than 0.2 s \(timeout=0.05 s an image\)") as e:
+            list(loader)
+    finally:
+        _RELEASE.set()
+    assert time.monotonic() - started < 30
+    named = r"sample \d+ \(shard-0000\d\.h5, its sample \d\)"
+    if workers == "thread" and backend == "torch":
+        assert re.search(rf"sample_transform has not returned on {named}", str(e.value))
+    else:
+        assert re.search(rf"its first sample: {named}", str(e.value))
+    loader.close()
