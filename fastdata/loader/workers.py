@@ -78,7 +78,7 @@ class _Lending(torch.utils.data.Sampler):
     def __iter__(self):
         # first run as the DataLoader sends a pass's first job, which it does after waiting
         # for its workers to finish the jobs of a pass left unfinished (persistent workers:
-        # ``_reset``); those jobs' buffers come back (tests/test_loader.py checks both)
+        # ``_reset``); those jobs' buffers come back (tests/loader/test_workers.py checks both)
         if self.ring is not None:
             self.ring.reclaim()
         for job in self.jobs:
