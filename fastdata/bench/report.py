@@ -17,37 +17,45 @@ def table(report: dict) -> str:
              f"{c['device']}" + (f" on {cores} host core{'s' * (cores > 1)}" if cores else "")
              + f", {c['batches']} batches × {c['repeat']} runs"]
     w = max([9] + [len(r["label"]) for r in report["results"]])
+    gpu = any(r.get("peak_gpu_mb") is not None for r in report["results"])
     head = f"{'loader':<{w}} {'loader img/s':>13} {'(min-max)':>15} {'× base':>7}"
     if report["ceiling"]:
         head += f" {'model img/s':>12} {'ceiling':>8} {'% ceiling':>9} {'data wait':>9}"
-    head += f" {'img/s/core':>10}" if cores else ""
-    lines += [head + f" {'peak PSS':>9}", "-" * len(head + " " * 10)]
-    for r in report["results"]:
-        if r["status"] != "ok":
-            lines.append(f"{r['label']:<{w}} {r['status']}"
-                         + (f": {r['reason']}" if "reason" in r else " (Ctrl-C)"))
-            continue
-        s = r["loader"]["img_per_s"]
-        vs = r["loader"].get("vs_baseline")
-        spread = f"{s['min']:.0f}-{s['max']:.0f}"
-        times = f"{vs:.1f}x" if vs else "-"
-        row = f"{r['label']:<{w}} {s['median']:>13.0f} {spread:>15} {times:>7}"
-        if report["ceiling"]:
-            m = r["model"]
-            share = "unreliable" if unreliable(m) else f"{m['fraction_of_ceiling']:.0%}"
-            row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
-                    f"{share:>9} {m['data_wait_frac']:>9.0%}")
-        if cores:           # what each host core gives: the fed rate where a model ran
-            rate = r["model"]["img_per_s"]["median"] if report["ceiling"] else s["median"]
-            row += f" {rate / cores:>10.0f}"
-        pss = r["peak_pss_mb"]
-        lines.append(row + (f" {pss:>6.0f} MB" if pss is not None else f" {'-':>9}"))
+    head += (f" {'img/s/core':>10}" if cores else "") + f" {'peak PSS':>9}" \
+        + (f" {'peak GPU':>9}" if gpu else "")
+    lines += [head, "-" * len(head)]
+    lines += [_row(r, report, w, cores, gpu) for r in report["results"]]
     if report["ceiling"]:
         lines.append(f"ceiling = {report['ceiling']['model']} on one fixed on-device batch, "
                      f"run before and after each backend's loader")
         lines += [note for r in report["results"] if r.get("model")
                   for note in [_ceiling_note(r["label"], r["model"])] if note]
     return "\n".join(lines)
+
+
+def _row(r: dict, report: dict, w: int, cores: int | None, gpu: bool) -> str:
+    """One row of ``table``."""
+    if r["status"] != "ok":
+        return (f"{r['label']:<{w}} {r['status']}"
+                + (f": {r['reason']}" if "reason" in r else " (Ctrl-C)"))
+    s = r["loader"]["img_per_s"]
+    vs = r["loader"].get("vs_baseline")
+    spread = f"{s['min']:.0f}-{s['max']:.0f}"
+    times = f"{vs:.1f}x" if vs else "-"
+    row = f"{r['label']:<{w}} {s['median']:>13.0f} {spread:>15} {times:>7}"
+    if report["ceiling"]:
+        m = r["model"]
+        share = "unreliable" if unreliable(m) else f"{m['fraction_of_ceiling']:.0%}"
+        row += (f" {m['img_per_s']['median']:>12.0f} {m['ceiling']['median']:>8.0f} "
+                f"{share:>9} {m['data_wait_frac']:>9.0%}")
+    if cores:           # what each host core gives: the fed rate where a model ran
+        rate = r["model"]["img_per_s"]["median"] if report["ceiling"] else s["median"]
+        row += f" {rate / cores:>10.0f}"
+    return row + _megabytes(r["peak_pss_mb"]) + (_megabytes(r.get("peak_gpu_mb")) if gpu else "")
+
+
+def _megabytes(mb: float | None) -> str:
+    return f" {mb:>6.0f} MB" if mb is not None else f" {'-':>9}"
 
 
 def _ceiling_note(label: str, m: dict) -> str:

@@ -21,6 +21,7 @@ import functools
 import gc
 import logging
 import os
+import re
 import statistics
 import time
 
@@ -36,6 +37,8 @@ log = logging.getLogger("fastdata.bench")
 
 
 BACKENDS = ("baseline", "torch", "dali")
+#: batches of a row traced with ``--profile``
+PROFILE_BATCHES = 5
 
 
 def rss_tree_mb() -> float | None:
@@ -147,11 +150,14 @@ class Bench:
                  model: str = "none", batch_size: int = 64, size: int | None = None,
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,
-                 seed: int = 0, channels_last: bool | None = None):
+                 seed: int = 0, channels_last: bool | None = None, profile: str | None = None):
         """``out``: a shard set's path, or several (the fastdata backends run on each; they
         must share the stored ``size``, by default the largest they all hold).
         ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
-        the layout the step runs it in; without one, the device's default)."""
+        the layout the step runs it in; without one, the device's default).
+        ``profile``: a folder for a ``torch.profiler`` trace of a few batches of each row
+        (each fed to the step where there is a model), ``<row>.pt.trace.json``: TensorBoard's
+        profiler plugin and Perfetto read it."""
         from fastdata.train.step import default_precision, input_dtype
 
         backends = _valid_backends(backends, batch_size=batch_size, batches=batches, repeat=repeat,
@@ -172,6 +178,9 @@ class Bench:
         self.channels_last = True if channels_last is None and model != "none" \
             else channels_last
         self._latch = SigintLatch(enabled=False)        # run() installs one
+        self.profile = profile
+        if profile is not None:
+            os.makedirs(profile, exist_ok=True)
 
     # ---- loaders ----
     def _loader(self, backend: str, ds):
@@ -294,6 +303,28 @@ class Bench:
         return {"img_per_s": _stats(runs), "data_wait_frac": statistics.median(waits),
                 "rss": rss}
 
+    def _profile(self, folder: str, label: str, it, step) -> str:
+        """``PROFILE_BATCHES`` batches of a row under ``torch.profiler`` (each fed to ``step``
+        where there is one), its trace written into ``folder``; returns its path."""
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            for _ in range(PROFILE_BATCHES):
+                with record_function("fastdata: next batch"):
+                    x, y = self._to_device(*next(it))
+                if step is not None:
+                    with record_function("fastdata: step"):
+                        step(x, y)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", label)
+        path = os.path.join(folder, f"{name}.pt.trace.json")
+        prof.export_chrome_trace(path)
+        return path
+
     # ---- the run ----
     def _rows(self) -> list[tuple]:
         """(backend, shard set or None, label): the baseline once, the others on every set."""
@@ -325,6 +356,8 @@ class Bench:
             bar.update(self._runs_per_row)
             return {**row, "status": "skipped", "reason": str(e)}
         it = None
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         try:
             if with_model:              # loaders start their threads on the first next()
                 step = self._step()
@@ -337,6 +370,9 @@ class Bench:
             if with_model:
                 f = self.fed(step, it, bar)
                 rss += f.pop("rss")
+            if self.profile is not None:
+                rec["profile"] = self._profile(self.profile, row["label"], it,
+                                               step if with_model else None)
         finally:
             if it is not None:
                 it.close()
@@ -348,6 +384,8 @@ class Bench:
             gc.collect()                # into the next backend's memory figures
         rss = [r for r in rss if r is not None]
         rec["peak_pss_mb"] = max(rss) if rss else None
+        rec["peak_gpu_mb"] = (torch.cuda.max_memory_allocated(self.device) / 2**20
+                              if self.device.type == "cuda" else None)
         if with_model:                  # ceiling runs before and after the loader's: drift and
             ceil += self.ceiling(step, bar)             # warm-up weigh on both sides
             fed = f["img_per_s"]

@@ -319,3 +319,56 @@ def test_cpus_confines_the_whole_bench_and_reports_per_core(bench_set, tmp_path)
                           "0-9999"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "cpus 0-9999 are not all usable here; this process may use " \
         "0-" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("model", ["none", "tiny"])
+def test_profile_writes_a_trace_per_row_of_its_batches(bench_set, tmp_path, model):
+    """`--profile DIR`: a torch.profiler trace of a few batches of each row (fed to the step
+    where there is a model), as Chrome trace JSON, which TensorBoard and Perfetto read."""
+    from fastdata.bench.runner import PROFILE_BATCHES
+
+    src, shards = bench_set
+    js, traces = tmp_path / "b.json", tmp_path / "traces"
+    assert main(["-q", "bench", shards, "--source", src, "--model", model, "--backends",
+                 "baseline,torch", "--batch-size", "4", "--warmup", "1", "--batches", "2",
+                 "--repeat", "1", "--num-workers", "1", "--device", "cpu", "--json", str(js),
+                 "--profile", str(traces)]) == 0
+    rep = json.loads(js.read_text())
+    for r in rep["results"]:
+        assert r["peak_gpu_mb"] is None                 # on a CPU
+        with open(r["profile"]) as f:
+            events = json.load(f)["traceEvents"]
+        names = [e.get("name", "") for e in events]
+        assert os.path.dirname(r["profile"]) == str(traces)
+        assert r["profile"].endswith(".pt.trace.json")
+        assert names.count("fastdata: next batch") == PROFILE_BATCHES
+        assert names.count("fastdata: step") == (PROFILE_BATCHES if model != "none" else 0)
+        assert any(n.startswith("aten::") for n in names)   # the ops under them
+    assert sorted(os.listdir(traces)) == ["baseline.pt.trace.json", "torch.pt.trace.json"]
+
+
+def test_the_table_shows_peak_gpu_memory_where_rows_have_it():
+    from fastdata.bench import table
+
+    stats = {"median": 100.0, "min": 90.0, "max": 110.0, "runs": [100.0]}
+    row = {"label": "torch", "status": "ok", "loader": {"img_per_s": stats},
+           "peak_pss_mb": 700.0, "peak_gpu_mb": 1234.4}
+    report = {"config": {"shard_sets": [{"path": "s", "container": "hdf5", "encoding": "raw"}],
+                         "size": 32, "crop": 32, "batch_size": 4, "device": "cuda:0",
+                         "batches": 2, "repeat": 1, "host_cores": 2},
+              "ceiling": None, "results": [row]}
+    head, _, line = table(report).splitlines()[1:4]
+    assert head.endswith("peak PSS  peak GPU")
+    assert line.endswith("700 MB   1234 MB")
+    assert "peak GPU" not in table({**report, "results": [{**row, "peak_gpu_mb": None}]})
+
+
+@pytest.mark.gpu
+def test_bench_reports_each_rows_peak_gpu_memory(bench_set, tmp_path):
+    src, shards = bench_set
+    js = tmp_path / "b.json"
+    assert main(["-q", "bench", shards, "--backends", "torch", "--model", "tiny",
+                 "--batch-size", "4", "--warmup", "1", "--batches", "2", "--repeat", "1",
+                 "--device", "cuda", "--json", str(js)]) == 0
+    (row,) = json.loads(js.read_text())["results"]
+    assert row["peak_gpu_mb"] > 0
