@@ -13,7 +13,7 @@ from fastdata.kernels import cpu
 from fastdata.ops.boxes import packed_params, random_resized_crop_boxes
 from fastdata.ops.crop import CropStage, crop_resize_batched
 
-needs_kernel = pytest.mark.skipif(not cpu.available(), reason="fastdata._native not built")
+needs_kernel = pytest.mark.skipif(not cpu.available(), reason="fastdata.kernels._native not built")
 
 
 def test_the_kernel_is_built_where_a_compiler_is():
