@@ -27,7 +27,7 @@ import torch
 
 from fastdata._optional import require
 from fastdata.loader.buffers import BufferPool
-from fastdata.loader.spec import Backend, ordered
+from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.ops.boxes import center_boxes
 from fastdata.ops.sample import apply_sample_transform
 from fastdata.shards.mapped import page_aligned
@@ -218,10 +218,7 @@ class DaliBackend(Backend):
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
         self._pipes.clear()
-        return TimeoutError(f"a batch of {len(indices)} samples took more than "
-                            f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
-                            f"image): reading, decoding or sample_transform has not finished "
-                            f"(its first sample: {spec.dataset.sample_names(indices)(0)})")
+        return past_deadline(spec, indices)
 
     def _to_torch(self, spec, tl) -> torch.Tensor:
         """A DALI batch → a torch tensor on the loader's device (one copy). A GPU batch is

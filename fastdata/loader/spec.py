@@ -38,6 +38,17 @@ def ordered(pool, fn, jobs, depth: int, timeout: float | None = None,
         yield take()
 
 
+def past_deadline(spec, indices, where: str = "") -> TimeoutError:
+    """The error of the batch ``indices`` past its deadline (``Spec.timeout``): ``where``
+    says what has not finished; by default, naming the batch's first sample."""
+    if not where:
+        where = (f"reading, decoding or sample_transform has not finished (its first "
+                 f"sample: {spec.dataset.sample_names(indices)(0)})")
+    return TimeoutError(f"a batch of {len(indices)} samples took more than "
+                        f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
+                        f"image): {where}")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Spec:
     """What a backend reads of its loader, fixed for one pass (``Loader`` makes one at the

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fastdata.loader.buffers import BufferPool, tensor_in
-from fastdata.loader.spec import Backend, ordered
+from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
 from fastdata.ops.boxes import packed_params
 from fastdata.ops.sample import apply_sample_transform
@@ -210,11 +210,8 @@ class TorchBackend(Backend):
         at = reader.progress.get(seed)
         k = at[0] if at else -1
         name = spec.dataset.sample_names(indices)
-        where = (f"sample_transform has not returned on {name(k)}" if k >= 0 else
-                 f"reading or decoding it has not finished (its first sample: {name(0)})")
-        return TimeoutError(f"a batch of {len(indices)} samples took more than "
-                            f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
-                            f"image): {where}")
+        return past_deadline(spec, indices, f"sample_transform has not returned on {name(k)}"
+                             if k >= 0 else "")
 
     def _processes(self, spec, reader, jobs):
         w = self._workers

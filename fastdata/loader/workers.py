@@ -14,6 +14,7 @@ from torch.utils.data._utils import signal_handling
 
 from fastdata.env import parent_garbage_frozen
 from fastdata.loader.buffers import SharedRing
+from fastdata.loader.spec import past_deadline
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,7 +140,7 @@ class WorkerProcesses:
                 except RuntimeError as e:   # DataLoader's timeout: the batch it waited for
                     if not str(e).startswith("DataLoader timed out") or not sent:
                         raise
-                    raise self._late(sent[0][0]) from None
+                    raise past_deadline(self.spec, sent[0][0]) from None
                 sent.popleft()
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
@@ -150,13 +151,6 @@ class WorkerProcesses:
             raise
         finally:
             self.busy = False
-
-    def _late(self, indices) -> TimeoutError:
-        name, t = self.spec.dataset.sample_names(indices), self.spec.timeout
-        return TimeoutError(f"a batch of {len(indices)} samples took more than "
-                            f"{t * len(indices):g} s (timeout={t:g} s an image) in a worker "
-                            f"process: reading, decoding or sample_transform has not finished "
-                            f"(its first sample: {name(0)}); the workers are stopped")
 
     def shutdown(self, *, kill: bool = False) -> None:
         """Stop the worker processes now, even while an iterator over them is held; ``kill``:
