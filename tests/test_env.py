@@ -1,4 +1,4 @@
-"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+"""The machine as fastdata sees it: the cores and the memory a process may use."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+"""The order's batches per epoch."""
 from __future__ import annotations
 
 from fastdata.order import Order

@@ -186,8 +186,7 @@ class DaliBackend(Backend):
         pipe, source = self._pipes.pop(key, None) or self._build(spec, size)
         hook = spec.batch_hook
         seeds, hook_seeds = itertools.tee(seeds)     # each drawn once, for both
-        limit = spec.timeout and spec.timeout * spec.order.batch_size
-        source.start(batches, seeds, limit, lambda job: self._late(spec, job))
+        source.start(batches, seeds, spec.batch_timeout, lambda job: self._late(spec, job))
         finished = False
         try:
             while True:

@@ -239,6 +239,20 @@ class Loader:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
         return self.augment or self.crop is not None or self.dtype != torch.uint8
 
+    # ---- names of the previous release, kept for one more ----
+    def needs_transform(self) -> bool:
+        """Deprecated: ``needs_crop_stage()``."""
+        warnings.warn("Loader.needs_transform() is deprecated; use needs_crop_stage()",
+                      DeprecationWarning, stacklevel=2)
+        return self.needs_crop_stage()
+
+    @property
+    def transform(self) -> CropStage:
+        """Deprecated: ``crop_stage``."""
+        warnings.warn("Loader.transform is deprecated; use Loader.crop_stage",
+                      DeprecationWarning, stacklevel=2)
+        return self.crop_stage
+
     def _spec(self) -> Spec:
         return Spec(dataset=self.dataset, order=self.order, device=self.device, size=self.size,
                     crop=self.crop, crop_stage=self.crop_stage,

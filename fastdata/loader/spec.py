@@ -45,8 +45,8 @@ def past_deadline(spec, indices, where: str = "") -> TimeoutError:
         where = (f"reading, decoding or sample_transform has not finished (its first "
                  f"sample: {spec.dataset.sample_names(indices)(0)})")
     return TimeoutError(f"a batch of {len(indices)} samples took more than "
-                        f"{spec.timeout * len(indices):g} s (timeout={spec.timeout:g} s an "
-                        f"image): {where}")
+                        f"{spec.batch_timeout:g} s (timeout={spec.timeout:g} s an image): "
+                        f"{where}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -75,6 +75,11 @@ class Spec:
     jpeg_decode: str
     #: seconds an image may take to be read, decoded and hooked (None: no limit)
     timeout: float | None = None
+
+    @property
+    def batch_timeout(self) -> float | None:
+        """The seconds a batch may take (``timeout`` times the batch size), or None."""
+        return None if self.timeout is None else self.timeout * self.order.batch_size
 
 
 class Backend:

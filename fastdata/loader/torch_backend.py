@@ -131,8 +131,8 @@ class _BatchReader:
                 try:
                     apply_sample_transform(self.sample_hook, raw.numpy(), seed,
                                            self.ds.sample_names(indices), at)
-                finally:
-                    del self.progress[seed]
+                finally:       # a pass after a deadline may read the same batch again
+                    self.progress.pop(seed, None)
         if not self.on_host:
             return self._for_device(raw, labels, seed)
         if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)
@@ -194,9 +194,8 @@ class TorchBackend(Backend):
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(spec.num_workers, thread_name_prefix="fastdata",
                                                    initializer=one_intraop_thread)
-            limit = spec.timeout and spec.timeout * spec.order.batch_size
             yield from ordered(self._pool, reader, jobs, spec.num_workers + spec.prefetch,
-                               limit, lambda job: self._late(spec, reader, job))
+                               spec.batch_timeout, lambda job: self._late(spec, reader, job))
         else:
             yield from self._processes(spec, reader, jobs)
 

@@ -112,7 +112,7 @@ class WorkerProcesses:
             collate_fn=_as_sent, num_workers=spec.num_workers, prefetch_factor=spec.prefetch,
             multiprocessing_context=spec.mp_context, persistent_workers=persistent,
             pin_memory=spec.device.type == "cuda",     # pins for the current CUDA device
-            timeout=(spec.timeout or 0) * spec.order.batch_size)
+            timeout=spec.batch_timeout or 0)
 
     def usable(self, key) -> bool:
         """Whether a pass may use these workers: made for ``key``, and none has failed or died

@@ -1,4 +1,4 @@
-"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+"""The torch backend's worker processes: lent buffers, kept workers, errors and stops."""
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,4 @@
-"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+"""The crop stage: torchvision's box sampling, flips, and its kernels against each other."""
 from __future__ import annotations
 
 import numpy as np

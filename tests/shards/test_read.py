@@ -1,4 +1,4 @@
-"""The torch loader on real shards: partition, order, resume, workers, augmentation, errors."""
+"""Reading shards: zero-copy views of both containers, and read-ahead as the order needs."""
 from __future__ import annotations
 
 import contextlib
