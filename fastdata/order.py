@@ -8,19 +8,32 @@
   exactly once across ranks, never padded with duplicates.
 * Batching: consecutive chunks of ``batch_size``; ``drop_last`` (default: train) drops each
   rank's final partial batch. In train mode all ranks therefore get the same number of batches.
-* Resume: ``state_dict()`` records (seed, epoch, batches served); after ``load_state_dict`` the
-  next iteration yields exactly the remaining batches of that epoch.
+* Resume: ``state_dict()`` records the seed, the epoch and how many samples of its order the
+  ranks have consumed together: after ``p`` batches, rank ``r`` has read positions ``r``,
+  ``r + w``, ... of the order, so all ranks together have read its first ``p * batch_size * w``.
+  ``load_state_dict`` on any number of ranks, batch size or backend continues the epoch from
+  there: the rest of the order, partitioned as above among the new ranks (each remaining sample
+  once), then normal epochs. The epoch's order does not depend on the layout; only the tail
+  that train mode drops (fewer than ``w * batch_size`` samples) does.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from collections.abc import Callable
+
 from fastdata.checks import flag, integer
+
+#: ``draw(seed, epoch, shuffle) -> indices``: an epoch's order of a source with its own rule
+#: (a ``Mixture``); the default is a permutation of ``range(n)``
+Draw = Callable[[int, int, bool], np.ndarray]
 
 
 class Order:
     def __init__(self, n: int, *, batch_size: int, train: bool = True, shuffle: bool | None = None,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
+                 draw: Draw | None = None):
+        self.draw = draw
         self.n, self.batch_size = integer("n", n, 0), integer("batch_size", batch_size, 1)
         self.world_size = integer("world_size", world_size, 1)
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
@@ -31,7 +44,8 @@ class Order:
         self.shuffle = flag("shuffle", shuffle, self.train)
         self.drop_last = flag("drop_last", drop_last, self.train)
         self.epoch = 0
-        self.position = 0       # batches already served in this epoch
+        self.offset = 0         # samples of the epoch's order read before this pass (a resume)
+        self.position = 0       # batches this pass has served
         if self.train and self.n and not len(self):     # the same on every rank: no DDP hang
             per_rank = self.n // self.world_size
             if not per_rank:
@@ -45,52 +59,87 @@ class Order:
     def set_epoch(self, epoch: int) -> None:
         epoch = integer("epoch", epoch, 0)     # -1 or "1" failed only at the next iteration
         if epoch != self.epoch:
-            self.position = 0
+            self.rewind()
         self.epoch = epoch
 
+    def rewind(self) -> None:
+        """The next pass reads the current epoch from its start."""
+        self.offset = self.position = 0
+
+    def consumed(self, position: int | None = None) -> int:
+        """Samples of the epoch's order the ranks have read together after ``position`` (default:
+        this pass's) batches of this pass."""
+        position = self.position if position is None else position
+        return self.offset + position * self.batch_size * self.world_size
+
     def batch_seed(self, epoch: int, position: int) -> int:
-        """Seed of one batch's augmentation: independent of which worker runs it."""
-        return int(np.random.SeedSequence([self.seed, epoch, self.rank, position])
+        """Seed of this pass's batch ``position``: independent of which worker runs it, and the
+        same in a run resumed on the same layout."""
+        return int(np.random.SeedSequence([self.seed, epoch, self.rank, self.consumed(position)])
                    .generate_state(1)[0])
 
     def permutation(self) -> np.ndarray:
+        """The epoch's order of the whole set (every rank's share)."""
+        if self.draw is not None:
+            return np.asarray(self.draw(self.seed, self.epoch, self.shuffle), np.int64)
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n).astype(np.int64)
 
     def rank_indices(self) -> np.ndarray:
-        order = self.permutation()
+        order = self.permutation()[self.offset:]
         if self.train:
             order = order[: len(order) - len(order) % self.world_size]
         return order[self.rank::self.world_size]
 
-    def __len__(self) -> int:
-        """Batches per epoch for this rank."""
+    def _batches_from(self, offset: int) -> int:
+        """This rank's batches in an epoch whose first ``offset`` samples are read."""
+        left = max(self.n - offset, 0)
         if self.train:
-            k = self.n // self.world_size
+            k = left // self.world_size
         else:
-            k = len(range(self.rank, self.n, self.world_size))
+            k = len(range(self.rank, left, self.world_size))
         return k // self.batch_size if self.drop_last else -(-k // self.batch_size)
 
-    def batches(self) -> list[np.ndarray]:
-        """This rank's remaining batches of the current epoch (from ``position`` on)."""
-        idx = self.rank_indices()
-        nb = len(self)
-        return [idx[b * self.batch_size:(b + 1) * self.batch_size]
-                for b in range(self.position, nb)]
+    def __len__(self) -> int:
+        """Batches per (whole) epoch for this rank."""
+        return self._batches_from(0)
 
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+    def pass_length(self) -> int:
+        """Batches of this pass: the epoch's, or in a resumed epoch those after its offset."""
+        return self._batches_from(self.offset)
+
+    def batches(self) -> list[np.ndarray]:
+        """This rank's remaining batches of this pass (from ``position`` on)."""
+        idx = self.rank_indices()
+        return [idx[b * self.batch_size:(b + 1) * self.batch_size]
+                for b in range(self.position, self.pass_length())]
+
+    def state_dict(self, position: int | None = None) -> dict:
+        """The epoch and the samples of it read, after ``position`` (default: this pass's)
+        batches of this pass."""
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed(position),
+                "position": self.position if position is None else position,
                 "n": self.n, "batch_size": self.batch_size, "world_size": self.world_size,
                 "rank": self.rank}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue the saved epoch, on any layout (world size, batch size).
+
+        Raises:
+            ValueError: not an order's state, or one of a set of another size.
+        """
         keys = ("seed", "epoch", "position", "n", "batch_size", "world_size")
         if not isinstance(state, dict) or not all(k in state for k in keys):
             raise ValueError(f"not a loader state (a dict with {', '.join(keys)}): "
                              f"{str(state)[:100]}")
-        for k in ("n", "batch_size", "world_size"):
-            if state[k] != getattr(self, k):
-                raise ValueError(f"cannot resume: saved {k}={state[k]} but this loader has "
-                                 f"{k}={getattr(self, k)}")
-        self.seed, self.epoch, self.position = state["seed"], state["epoch"], state["position"]
+        if state["n"] != self.n:
+            raise ValueError(f"cannot resume: saved n={state['n']} samples per epoch but this "
+                             f"loader has n={self.n}")
+        # a state saved before it held the count: its layout's batches
+        done = state.get("consumed", state["position"] * state["batch_size"] *
+                         state["world_size"])
+        integer("seed", state["seed"], 0)
+        integer("epoch", state["epoch"], 0)
+        self.seed, self.epoch = state["seed"], state["epoch"]
+        self.offset, self.position = integer("consumed", done, 0, self.n), 0

@@ -39,14 +39,22 @@ class _Epochs:
     def __iter__(self):
         # a generator: Lightning also calls iter() only to check that it can; the epoch is
         # chosen when the first batch is asked for
-        resume, self.module._resume = self.module._resume, None
+        module = self.module
+        resume, module._resume = module._resume, None
+        # the trainer's count of the epoch's batches goes on from the checkpoint's
+        module._first = _processed(module.trainer) if resume is not None else 0
         if resume is None:
-            self.loader.set_epoch(self.module.trainer.current_epoch)
-        elif resume["order"]["position"] < len(self.loader):
+            self.loader.set_epoch(module.trainer.current_epoch)
+        else:
             self.loader.load_state_dict(resume)
-        else:   # saved after the epoch's last batch: Lightning goes on with the next one
-            self.loader.set_epoch(resume["order"]["epoch"] + 1)
+            if not self.loader.batches_left():  # saved after the epoch's last batch: the next
+                self.loader.set_epoch(resume["order"]["epoch"] + 1)
         yield from self.loader
+
+
+def _processed(trainer) -> int:
+    """The batches of the current epoch the trainer has finished."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
 class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
@@ -96,6 +104,7 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
                                    sample_transform=eval_sample_transform)}
         self._loaders: dict = {}
         self._resume = None
+        self._first = 0
 
     def _loader(self, split: str):
         import fastdata
@@ -130,8 +139,7 @@ class ShardDataModule(L.LightningDataModule):  # type: ignore[name-defined]
             return {}
         state = loader.state_dict()
         # Lightning fetches a batch ahead: the loader's own count is one too many
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        state["order"] = {**state["order"], "position": int(done)}
+        state["order"] = loader.order.state_dict(_processed(self.trainer) - self._first)
         return {"train": state}
 
     def load_state_dict(self, state: dict) -> None:

@@ -263,7 +263,13 @@ class Loader:
                     timeout=self.timeout)
 
     def __len__(self) -> int:
+        """Batches of an epoch on this rank (a resumed epoch's pass may have fewer:
+        ``batches_left()``)."""
         return len(self.order)
+
+    def batches_left(self) -> int:
+        """Batches the current pass has still to give (or the next pass gives)."""
+        return self.order.pass_length() - self.order.position
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose order the next pass reads, as ``DistributedSampler.set_epoch``."""
@@ -276,11 +282,12 @@ class Loader:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at a ``state_dict()``'s position: the next pass reads exactly the rest of
-        that epoch.
+        that epoch, also on another number of ranks, batch size, number or kind of workers or
+        backend (the epoch's remaining samples, each once across the ranks; ``docs/loading.md``,
+        "Resuming").
 
         Raises:
-            ValueError: ``state`` is not a loader's state, or one of another order (seed,
-                set size, batch size, world size or rank).
+            ValueError: ``state`` is not a loader's state, or one of a set of another size.
         """
         if not isinstance(state, dict) or "order" not in state or "size" not in state:
             raise ValueError(f"not a Loader.state_dict() (a dict with order, size, crop): "
@@ -297,7 +304,7 @@ class Loader:
         """
         order = self.order
         if not self._resume:
-            order.position = 0
+            order.rewind()
         self._resume = False
         self._iterations += 1
         me = self._iterations
@@ -308,7 +315,7 @@ class Loader:
                 order.position += 1
             yield images, labels
         if me == self._iterations:
-            order.position = 0      # a finished epoch repeats its order until set_epoch
+            order.rewind()      # a finished epoch repeats its order until set_epoch
 
     def close(self) -> None:
         """Stop the backend's threads and worker processes (a later pass starts them again)."""

@@ -67,15 +67,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, name: str, *, total_steps: 
         return torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=total_steps)
     warm = min(int(warmup_steps), total_steps - 1)
-
-    def factor(s: int) -> float:
-        if s < warm:
-            return (s + 1) / (warm + 1)
-        return 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total_steps - warm)))
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _WarmupCosine(total_steps, warm))
     # in its state_dict, as OneCycleLR's: checked on resume
     sched.total_steps = total_steps  # type: ignore[attr-defined]
     return sched
+
+
+class _WarmupCosine:
+    """LambdaLR's factor of the cosine schedule: an object, so that LambdaLR saves its length
+    with its state and a run resumed on another layout keeps the saved one."""
+
+    def __init__(self, total_steps: int, warmup_steps: int):
+        self.total_steps, self.warmup_steps = total_steps, warmup_steps
+
+    def __call__(self, s: int) -> float:
+        warm = self.warmup_steps
+        if s < warm:
+            return (s + 1) / (warm + 1)
+        return 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, self.total_steps - warm)))
 
 
 @torch.no_grad()
@@ -227,21 +236,22 @@ def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | N
 
 def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every, resume,
          log_every, max_steps, rank, group, progress) -> list[dict]:
-    epoch0 = start = 0      # start: batches of epoch0 already done (a mid-epoch checkpoint)
+    epoch0, mid = 0, False      # mid: epoch0 resumes after some of its samples
     if ckpt and resume and os.path.exists(ckpt):
-        epoch0, start = _load(ckpt, step, loader)
+        epoch0, mid = _load(ckpt, step, loader)
         if epoch0 >= epochs:
             log.info("nothing left to train: %s is at the end of epoch %d of %d (optimizer "
                      "step %d)", ckpt, epoch0 - 1, epochs, step.steps)
         else:
-            log.info("resumed from %s: epoch %d, after %d of its batches (optimizer step %d)",
-                     ckpt, epoch0, start, step.steps)
+            log.info("resumed from %s: epoch %d, after %d of its samples (optimizer step %d)",
+                     ckpt, epoch0, loader.order.offset if mid else 0, step.steps)
     run = _Run(step, loader, ckpt=ckpt, checkpoint_every=checkpoint_every, log_every=log_every,
                max_steps=max_steps, rank=rank, group=group, progress=progress)
+    run.settle = ckpt is not None and resume and os.path.exists(ckpt)
     history = []
     try:
         for epoch in range(epoch0, epochs):
-            rec, stopped = run.train_epoch(epoch, start if epoch == epoch0 else 0)
+            rec, stopped = run.train_epoch(epoch, mid and epoch == epoch0)
             halt = run.interrupted()    # in the epoch's last window: stop without evaluating
             if eval_loader is not None and not stopped and not halt:
                 rec.update(_scores(step, eval_loader))
@@ -266,6 +276,8 @@ class _Run:
         self.checkpoint_every, self.log_every, self.max_steps = checkpoint_every, log_every, \
             max_steps
         self.progress = progress
+        self.last = len(loader)     # batches of the current pass
+        self.settle = False         # resumed: DDP's buckets as the uninterrupted run has them
         self.nclass = len(loader.dataset.classes)
         # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
         # saving there (fastdata/interrupt.py), at the same step on every rank
@@ -287,8 +299,8 @@ class _Run:
                         epoch, self.step.steps)
         raise KeyboardInterrupt
 
-    def train_epoch(self, epoch: int, first: int) -> tuple[dict, bool]:
-        """Epoch ``epoch`` from its batch ``first``; returns its record and whether
+    def train_epoch(self, epoch: int, resumed: bool) -> tuple[dict, bool]:
+        """Epoch ``epoch`` (the rest of it where ``resumed``); returns its record and whether
         ``max_steps`` stopped it."""
         step, loader = self.step, self.loader
         loader.set_epoch(epoch)
@@ -298,12 +310,17 @@ class _Run:
         self.loss_sum = self.n_sum = 0.0
         t0 = self.t_log = time.perf_counter()
         stopped = False
-        per = loader.order.batch_size
-        bar = tqdm(total=len(loader) * per, initial=first * per, unit="img",
+        order = loader.order
+        last = loader.batches_left() if resumed else len(loader)    # batches of this pass
+        done = order.offset // order.world_size if resumed else 0   # a rank's share before
+        bar = tqdm(total=done + last * order.batch_size, initial=done, unit="img",
                    desc=f"epoch {epoch}", disable=not self.progress, dynamic_ncols=True)
-        # k counts from the epoch's start, also in a resumed epoch
-        for k, (images, labels) in enumerate(loader, 1 + first):
-            step(images, labels, close_window=k == len(loader))
+        self.last = last
+        for k, (images, labels) in enumerate(loader, 1):
+            if self.settle:
+                step.settle_buckets(images)
+                self.settle = False
+            step(images, labels, close_window=k == last)
             _count(seen, labels)
             bar.update(images.shape[0])
             if self.log_every and k % self.log_every == 0:
@@ -332,14 +349,14 @@ class _Run:
         bar.set_postfix(loss=f"{m['loss']:.4f}", refresh=False)
         self._add(m)
         now = time.perf_counter()
-        log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, len(self.loader),
+        log.info("epoch %d batch %d/%d loss %.4f  %.0f img/s", epoch, k, self.last,
                  m["loss"], m["samples"] / max(now - self.t_log, 1e-9))
         self.t_log = now
 
     def _window_closed(self, epoch: int, k: int) -> bool:
         """After the window that batch ``k`` closed: checkpoint and stop as asked; returns
         whether ``max_steps`` is reached."""
-        inner = k < len(self.loader)          # the epoch's end saves anyway
+        inner = k < self.last                 # the epoch's end saves anyway
         halt = inner and self.interrupted()
         stopped = self.max_steps is not None and self.step.steps >= self.max_steps
         if halt or stopped or (inner and self.checkpoint_every
@@ -362,8 +379,8 @@ def _state(step: TrainStep, loader, epoch: int) -> dict:
             "optimizer_class": _class(step.optimizer),
             "scheduler": step.scheduler.state_dict() if step.scheduler else None,
             "scheduler_class": _class(step.scheduler),
-            "step": step.state_dict(), "loader": loader.state_dict(), "epoch": epoch,
-            "rng": torch.get_rng_state()}
+            "step": step.state_dict(), "accum_steps": step.accum_steps,
+            "loader": loader.state_dict(), "epoch": epoch, "rng": torch.get_rng_state()}
 
 
 _SCHEDULE_NAMES = {None: "none", "OneCycleLR": "onecycle", "LambdaLR": "cosine"}
@@ -386,7 +403,34 @@ def _listed(values: list) -> str:
     return shown[0] if len(set(shown)) == 1 else ", ".join(shown)
 
 
-def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
+def _keep_global_batch(path: str, saved: dict, step: TrainStep, loader) -> bool:
+    """On another layout (world size or batch size) than the checkpoint's, set the
+    accumulation that keeps its global batch, so that each optimizer step sees the same
+    samples; returns whether the layout changed.
+
+    Raises:
+        ValueError: this layout cannot make the saved global batch (one line, with a fix).
+    """
+    o, here = saved["loader"]["order"], loader.order
+    if (o["world_size"], o["batch_size"]) == (here.world_size, here.batch_size):
+        return False
+    accum = saved.get("accum_steps", step.accum_steps)
+    glob, per = o["world_size"] * o["batch_size"] * accum, here.world_size * here.batch_size
+    if glob % per:
+        raise ValueError(f"{path} was saved by {o['world_size']} rank(s) of batch "
+                         f"{o['batch_size']} with accumulation {accum}, a global batch of "
+                         f"{glob}; {here.world_size} rank(s) of batch {here.batch_size} cannot "
+                         f"make {glob} ({glob} is not a multiple of {per}): choose a batch "
+                         f"size that divides {glob} / {here.world_size}, or start anew")
+    if glob // per != step.accum_steps:
+        log.warning("%s was saved by %d rank(s) of batch %d: accumulation %d instead of %d "
+                    "keeps its global batch of %d", path, o["world_size"], o["batch_size"],
+                    glob // per, step.accum_steps, glob)
+        step.accum_steps = glob // per
+    return True
+
+
+def _check_same_run(path: str, saved: dict, step: TrainStep, relaid: bool = False) -> None:
     """A checkpoint of another model, optimizer, learning rate or weight decay, schedule or
     schedule length, named in one line (instead of torch's page of mismatched keys, Adam's
     KeyError on SGD's state, a new --lr silently replaced by the saved one, LambdaLR's KeyError
@@ -418,7 +462,8 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
         name = lambda c: _SCHEDULE_NAMES.get(c, c)  # noqa: E731
         raise ValueError(f"{path} was saved with the learning-rate schedule {name(saved_as)}, "
                          f"and this run uses {name(ours)} (--schedule); {again}")
-    if step.scheduler is not None and saved["scheduler"] is not None:
+    if step.scheduler is not None and saved["scheduler"] is not None and not relaid:
+        # (on another layout the saved length, in optimizer steps, goes on)
         have = saved["scheduler"].get("total_steps")
         want = getattr(step.scheduler, "total_steps", None)  # type: ignore[assignment]
         if have is not None and have != want:   # None: a cosine saved before lengths were
@@ -429,8 +474,9 @@ def _check_same_run(path: str, saved: dict, step: TrainStep) -> None:
                              f"extended; {again}")
 
 
-def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
-    """Restore ``path``; returns (epoch, batches of it already done)."""
+def _load(path: str, step: TrainStep, loader) -> tuple[int, bool]:
+    """Restore ``path``, also on another layout; returns (epoch, whether it resumes after
+    some of its samples)."""
     try:
         # tensors and plain types only: a pickle that runs code is refused before it runs
         s = torch.load(path, map_location=step.device, weights_only=True)
@@ -439,7 +485,7 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     except Exception as e:      # noqa: BLE001 - torch.load raises anything on a damaged file
         raise ValueError(f"{path} cannot be read as a checkpoint ({type(e).__name__}: {e}); "
                          f"restore it, or delete it to start anew") from e
-    _check_same_run(path, s, step)
+    _check_same_run(path, s, step, _keep_global_batch(path, s, step, loader))
     step.module.load_state_dict(s["model"])
     step.optimizer.load_state_dict(s["optimizer"])
     if step.scheduler is not None and s["scheduler"] is not None:
@@ -448,5 +494,5 @@ def _load(path: str, step: TrainStep, loader) -> tuple[int, int]:
     torch.set_rng_state(s["rng"].cpu())
     if s["epoch"] == s["loader"]["order"]["epoch"]:      # a mid-epoch checkpoint
         loader.load_state_dict(s["loader"])
-        return s["epoch"], s["loader"]["order"]["position"]
-    return s["epoch"], 0
+        return s["epoch"], True
+    return s["epoch"], False

@@ -163,6 +163,33 @@ class TrainStep:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=dtype)
 
+    def settle_buckets(self, images: torch.Tensor) -> None:
+        """Before a resumed DDP run's first step: one synchronised backward of a zero loss, so
+        that DDP rebuilds its gradient buckets in the order the gradients arrive, as the
+        uninterrupted run did after its first step. Without it the resumed run's first
+        all-reduce packs the gradients in DDP's initial order, and over more than two ranks
+        adds them in another order (last-bit differences). Gradients, buffers (BatchNorm's
+        statistics) and the RNG states are left as they were. A no-op without DDP."""
+        if not hasattr(self.model, "no_sync"):
+            return
+        buffers = [b.detach().clone() for b in self.module.buffers()]
+        rng = torch.random.get_rng_state()
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        if self.channels_last and images.dim() == 4:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with self.autocast():
+            out = self.forward(images)
+        parts = out.values() if isinstance(out, dict) else out if isinstance(
+            out, (list, tuple)) else (out,)
+        (sum(t.float().sum() for t in parts if torch.is_tensor(t)) * 0).backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for mine, saved in zip(self.module.buffers(), buffers):
+                mine.copy_(saved)
+        torch.random.set_rng_state(rng)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, *,
                  close_window: bool = False) -> torch.Tensor:
         """One micro-batch: forward, backward, and the step when it closes a window (every

@@ -1,6 +1,7 @@
 """The Loader on real shards: partition, order, resume, augmentation, hooks, errors."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -68,6 +69,36 @@ def test_resume_mid_epoch_yields_exactly_the_rest(shards, train):
     resumed = plain_loader(ds, train=train, seed=3)
     resumed.load_state_dict(state)
     assert seen(resumed, ids) == full[2:]
+
+
+@pytest.mark.parametrize("backend, workers", [("torch", "process"), ("dali", "thread")])
+def test_resume_on_another_layout_reads_the_rest_of_the_epoch_once(shards, backend, workers):
+    """Saved by 3 ranks of 2 with reader threads, resumed by 2 ranks of 3 with process workers
+    or on the DALI backend: the rest of the epoch, once, then whole epochs."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="DALI not installed")
+    ds = fastdata.open(shards["hdf5"])
+    ids = ids_of(ds)
+    old = [plain_loader(ds, seed=3, batch_size=2, rank=r, world_size=3, num_workers=2)
+           for r in range(3)]
+    read = []
+    for loader in old:
+        loader.set_epoch(1)
+        it = iter(loader)
+        for _ in range(2):
+            images, _ = next(it)
+            read += [ids[hashlib.md5(x.tobytes()).hexdigest()]
+                     for x in images.permute(0, 2, 3, 1).contiguous().numpy()]
+    state = old[1].state_dict()
+    new = [plain_loader(ds, seed=3, batch_size=3, rank=r, world_size=2, num_workers=2,
+                        backend=backend, workers=workers) for r in range(2)]
+    for loader in new:
+        loader.load_state_dict(state)
+    assert [loader.batches_left() for loader in new] == [1, 1]      # (23 - 12) // 2 // 3
+    rest = [i for loader in new for b in seen(loader, ids) for i in b]
+    assert len(read) == 12 and len(rest) == 6 and len(set(read + rest)) == 18
+    whole = [i for loader in new for b in seen(loader, ids) for i in b]     # epoch 1 again
+    assert len(whole) == len(set(whole)) == 2 * (N // 2 // 3) * 3
 
 
 @pytest.mark.parametrize("workers", ["thread", "process"])
