@@ -3,10 +3,10 @@
 ``Loader`` and ``TrainStep`` import torch; they load on first use, so converting, inspecting
 and verifying shards (``fastdata convert / info / verify``) never pay torch's import.
 """
-from fastdata.shards import ShardSet, open  # noqa: A004
+from fastdata.shards import Mixture, ShardSet, open  # noqa: A004
 
 __version__ = "0.1.0"
-__all__ = ["open", "ShardSet", "Loader", "TrainStep", "__version__"]
+__all__ = ["open", "ShardSet", "Mixture", "Loader", "TrainStep", "__version__"]
 
 
 def __getattr__(name: str):

@@ -18,9 +18,9 @@
 """
 from __future__ import annotations
 
-import numpy as np
-
 from collections.abc import Callable
+
+import numpy as np
 
 from fastdata.checks import flag, integer
 

@@ -23,7 +23,7 @@ from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from fastdata.order import Order
-from fastdata.shards import ShardSet
+from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
 
 BACKENDS = {"torch": "fastdata.loader.torch_backend:TorchBackend",
@@ -82,6 +82,16 @@ def _hooks(dataset: ShardSet, crop_stage: CropStage, sample_transform, batch_tra
     return to_unit, BatchHook(batch_transform, norm)
 
 
+def _dataset(path, weights) -> ShardSet | Mixture:
+    """What ``Loader(path, weights=...)`` reads."""
+    if isinstance(path, (list, tuple)):
+        return Mixture(path, weights=weights)
+    if weights is not None:
+        raise ValueError("weights= mixes a list of sets: pass path=[set_a, set_b, ...] (or "
+                         "a fastdata.Mixture)")
+    return path if isinstance(path, (ShardSet, Mixture)) else ShardSet(path)
+
+
 class Loader:
     """Iterate a shard set as ``(images, labels)`` batches on a device.
 
@@ -92,7 +102,8 @@ class Loader:
     order for the same arguments. ``len(loader)``: batches per epoch for this rank.
 
     Args:
-        path: the shard set's folder, or an open ``ShardSet``.
+        path: the shard set's folder, an open ``ShardSet``, a ``Mixture``, or a list of sets
+            to mix (with ``weights``; ``docs/loading.md``, "Mixing sets").
         backend: ``"torch"`` (reader threads or processes, augmentation on the device) or
             ``"dali"`` (an NVIDIA DALI pipeline fed by the same order).
         batch_size: samples per batch on this rank.
@@ -125,6 +136,11 @@ class Loader:
             the reader workers (``docs/augmentation.md``).
         batch_transform: ``fn(images, labels) -> (images, labels)`` on the whole batch on the
             device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
+        weights: each set's share of an epoch where ``path`` is a list of sets (default: by
+            their sizes); a ``Mixture`` takes the other options.
+        with_source: batches are ``(images, labels, sources)``, ``sources`` int64 ``(B,)``
+            on the device: which set of a mixture (its place in the list) each sample is
+            from (0 for a single set).
         timeout: seconds an image may take to be read, decoded and passed through
             ``sample_transform`` (a batch gets that times its size), like DataLoader's
             ``timeout``; past it the pass raises a ``TimeoutError`` naming the batch's samples
@@ -139,7 +155,8 @@ class Loader:
         ShardFormatError: ``path`` is not a readable shard set.
     """
 
-    def __init__(self, path: str | os.PathLike | ShardSet, *, backend: str = "torch",
+    def __init__(self, path: str | os.PathLike | ShardSet | Mixture | Sequence,
+                 *, backend: str = "torch",
                  batch_size: int, train: bool = True, size: int | None = None,
                  crop: int | None = None, augment: bool | None = None,
                  device: str | torch.device | None = None,
@@ -152,9 +169,12 @@ class Loader:
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None, jpeg_decode: str = "auto",
                  sample_transform: Callable | None = None,
-                 batch_transform: Callable | None = None, timeout: float | None = None):
+                 batch_transform: Callable | None = None,
+                 weights: Sequence[float] | None = None, with_source: bool = False,
+                 timeout: float | None = None):
         choice("backend", backend, BACKENDS)
-        self.dataset = path if isinstance(path, ShardSet) else ShardSet(path)
+        self.dataset = _dataset(path, weights)
+        self.with_source = flag("with_source", with_source)
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():
@@ -170,9 +190,11 @@ class Loader:
             r, w = _dist_rank_world()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
-        self.order = Order(len(self.dataset), batch_size=batch_size, train=train,
-                           shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
-                           drop_last=drop_last)
+        mixed = isinstance(self.dataset, Mixture)
+        self.order = Order(self.dataset.epoch_size if mixed else len(self.dataset),
+                           batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
+                           rank=rank, world_size=world_size, drop_last=drop_last,
+                           draw=self.dataset.draw if mixed else None)
         self._resume, self._iterations = False, 0      # see __iter__
         self._upscale_warned = False
         # a set shared by loaders takes the latest one's order for the shards it opens next
@@ -310,12 +332,19 @@ class Loader:
         me = self._iterations
         batches, epoch, start = order.batches(), order.epoch, order.position
         seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
-        for images, labels in self._backend.iterate(self._spec(), batches, seeds):
+        for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
+                                                                   seeds)):
             if me == self._iterations:
                 order.position += 1
-            yield images, labels
+            yield (images, labels, self._sources(batches[k])) if self.with_source else \
+                (images, labels)
         if me == self._iterations:
             order.rewind()      # a finished epoch repeats its order until set_epoch
+
+    def _sources(self, indices) -> torch.Tensor:
+        src = self.dataset.source_of(indices) if isinstance(self.dataset, Mixture) else \
+            torch.zeros(len(indices), dtype=torch.int64)
+        return torch.as_tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
 
     def close(self) -> None:
         """Stop the backend's threads and worker processes (a later pass starts them again)."""

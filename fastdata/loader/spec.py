@@ -13,7 +13,7 @@ import torch
 from fastdata.ops.batch import BatchHook
 from fastdata.ops.crop import CropStage
 from fastdata.order import Order
-from fastdata.shards import ShardSet
+from fastdata.shards import Mixture, ShardSet
 
 
 def ordered(pool, fn, jobs, depth: int, timeout: float | None = None,
@@ -55,7 +55,7 @@ class Spec:
     start of each): the backends hold no loader, and a pass in flight keeps the settings it
     started with when the loader's size or crop changes."""
 
-    dataset: ShardSet
+    dataset: ShardSet | Mixture
     order: Order
     device: torch.device
     size: int

@@ -173,26 +173,33 @@ class ShardSet:
 
     def _read_batch(self, indices, size, out) -> np.ndarray:
         s = self.size if size is None else self.stored_size(size)
-        shard, local = self.locate(indices)
+        n = len(np.asarray(indices).reshape(-1))
         if out is None:
-            out = page_aligned((len(local), s, s, 3))
-        elif out.shape != (len(local), s, s, 3) or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8 {(len(local), s, s, 3)}, got "
-                             f"{out.dtype} {out.shape}")
-        for sh, rows in _by_shard(shard):
+            out = page_aligned((n, s, s, 3))
+        elif out.shape != (n, s, s, 3) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
+        self._read_into(indices, s, out, np.arange(n))
+        return out
+
+    def _read_into(self, indices, s: int, out: np.ndarray, at: np.ndarray) -> None:
+        """Sample ``indices[k]`` at size ``s`` into ``out[at[k]]``."""
+        shard, local = self.locate(indices)
+        for sh, where in _by_shard(shard):
+            rows = at[where]
+            local_rows = local[where]
             reader = self.shards[sh]
             reader.check_intact()
             if self.encoding == "raw":
-                reader.read_raw(s, local[rows], out, rows)
-            else:                               # an unopenable shard says so
-                for r, buf in zip(rows.tolist(), reader.payloads(s, local[rows])):
-                    try:
-                        decode_jpeg(buf, out[r])
-                    except Exception as e:      # noqa: BLE001 - damaged data, named below
-                        raise OSError(f"{reader.path}: sample {int(local[r])} (of that shard) "
-                                      f"at size {s} is not a readable JPEG ({e}); check the "
-                                      f"set with `fastdata verify {self.root}`") from e
-        return out
+                reader.read_raw(s, local_rows, out, rows)
+                continue
+            payloads = reader.payloads(s, local_rows)      # an unopenable shard says so
+            for r, i, buf in zip(rows.tolist(), local_rows.tolist(), payloads):
+                try:
+                    decode_jpeg(buf, out[r])
+                except Exception as e:      # noqa: BLE001 - damaged data, named below
+                    raise OSError(f"{reader.path}: sample {i} (of that shard) at size {s} is "
+                                  f"not a readable JPEG ({e}); check the set with "
+                                  f"`fastdata verify {self.root}`") from e
 
     def raw_views(self, indices, size: int | None = None,
                   hold: contextlib.ExitStack | None = None) -> list[np.ndarray] | None:

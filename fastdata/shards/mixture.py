@@ -1,0 +1,271 @@
+"""``Mixture``: several shard sets read as one, each epoch drawing from each set its share.
+
+* Samples: the sets' samples one after another (set ``k``'s sample ``i`` is index
+  ``starts[k] + i``); ``read_batch``, ``labels`` and the other ``ShardSet`` reads take those
+  indices, so every backend reads a mixture as it reads a set.
+* An epoch (``epoch_size`` samples, by default all the sets' together) holds
+  ``round(epoch_size * weight)`` samples of each set (largest remainders: the counts add up).
+  Without replacement a set's samples come from an endless series of permutations of it, taken
+  in turn over the epochs: a set drawn below its size shows every sample before any repeats,
+  one drawn above it repeats each at most once more than any other. With replacement, each
+  draw is uniform over the set. Training shuffles the epoch's samples together; evaluation
+  (no shuffle) reads set after set, each from its start (cycled where its count is larger).
+* Everything is drawn from ``(seed, epoch)``: the same on every rank, backend and layout, so
+  the ``Order``'s partition and resume rules hold unchanged.
+* Classes: ``"offset"`` puts set ``k``'s classes after those of the sets before it (class
+  ``c`` of set ``k`` is ``offsets[k] + c``; ``classes`` lists them all, set after set);
+  ``"union"`` joins them by name (the sorted names of all sets: a class two sets share is one
+  class). Multi-label and regression sets mix only with sets of the same kind and columns.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from fastdata.checks import choice, flag, integer
+from fastdata.format import check_size
+from fastdata.shards.mapped import guard_faults, page_aligned
+from fastdata.shards.set import ShardSet
+
+CLASS_RULES = ("offset", "union")
+
+
+def _counts(weights: np.ndarray, total: int) -> np.ndarray:
+    """``total`` split by ``weights`` (which add up to 1), largest remainders first."""
+    exact = weights * total
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    return counts
+
+
+class Mixture:
+    """Shard sets read as one, each epoch drawing each set's share (module docstring).
+
+    Args:
+        sets: the shard sets (paths or ``ShardSet``), at least one; of one encoding.
+        weights: each set's share of an epoch (positive; normalised). Default: each set's
+            share of all the samples (the sets concatenated).
+        epoch_size: samples in an epoch (default: all the sets' together).
+        replacement: draw each set's samples with replacement (default: without, as far as
+            the set's size allows).
+        classes: ``"offset"`` or ``"union"`` (how the sets' class indices map to one space).
+
+    Raises:
+        ValueError: no set, a bad weight (named), sets of different encodings, sizes or
+            label kinds, or a class rule not in ``CLASS_RULES``.
+    """
+
+    def __init__(self, sets: Sequence[str | os.PathLike | ShardSet], *,
+                 weights: Sequence[float] | None = None, epoch_size: int | None = None,
+                 replacement: bool = False, classes: str = "offset"):
+        if isinstance(sets, (str, os.PathLike, ShardSet)) or not len(sets):
+            raise ValueError("a Mixture needs a list of one or more shard sets")
+        self.sets = [s if isinstance(s, ShardSet) else ShardSet(s) for s in sets]
+        self.class_rule = choice("classes", classes, CLASS_RULES)
+        self.replacement = flag("replacement", replacement)
+        self.sizes_of = np.array([len(s) for s in self.sets], np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes_of)[:-1]]).astype(np.int64)
+        self._total = int(self.sizes_of.sum())
+        self.epoch_size = integer("epoch_size", self._total if epoch_size is None
+                                  else epoch_size, 1)
+        self.weights = self._weights(weights)
+        self.counts = _counts(self.weights, self.epoch_size)
+        empty = [s.root for s, c, n in zip(self.sets, self.counts, self.sizes_of) if c and not n]
+        if empty:
+            raise ValueError(f"{empty[0]} holds no sample but is given a weight")
+        self._check_alike()
+        self.classes, self.offsets, self._maps = self._class_space()
+        self.size = max(self.sizes)
+        self._labels: np.ndarray | None = None
+
+    # ---- what the sets must share ----
+    def _weights(self, weights) -> np.ndarray:
+        if weights is None:
+            return self.sizes_of / max(self._total, 1)
+        w = np.asarray(weights, np.float64).reshape(-1)
+        if len(w) != len(self.sets):
+            raise ValueError(f"weights={list(weights)} gives {len(w)} weight(s) for "
+                             f"{len(self.sets)} sets")
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError(f"weights={list(weights)} is not valid; use finite weights >= 0, "
+                             f"not all 0")
+        return w / w.sum()
+
+    def _check_alike(self) -> None:
+        first = self.sets[0]
+        for other in self.sets[1:]:
+            for what in ("encoding", "label_kind"):
+                if getattr(other, what) != getattr(first, what):
+                    raise ValueError(f"cannot mix {first.root} ({what} "
+                                     f"{getattr(first, what)}) with {other.root} "
+                                     f"({getattr(other, what)})")
+            if first.label_kind != "class" and other.classes != first.classes:
+                raise ValueError(f"cannot mix {first.label_kind} targets of other columns: "
+                                 f"{first.root} has {first.classes}, {other.root} "
+                                 f"{other.classes}")
+        common = set.intersection(*(set(s.sizes) for s in self.sets))
+        if not common:
+            raise ValueError(f"the sets store no size in common: "
+                             f"{'; '.join(f'{s.root}: {list(s.sizes)}' for s in self.sets)}")
+        self.sizes: tuple[int, ...] = tuple(sorted(common))
+        self.encoding, self.label_kind = first.encoding, first.label_kind
+        self.container = "mixture"
+
+    def _class_space(self) -> tuple[list[str], np.ndarray, list[np.ndarray] | None]:
+        """The classes, each set's offset into them, and (``"union"``) each set's map."""
+        if self.label_kind != "class":
+            return list(self.sets[0].classes), np.zeros(len(self.sets), np.int64), None
+        if self.class_rule == "offset":
+            sizes = [len(s.classes) for s in self.sets]
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            return [c for s in self.sets for c in s.classes], offsets, None
+        names = sorted({c for s in self.sets for c in s.classes})
+        where = {c: k for k, c in enumerate(names)}
+        maps = [np.array([where[c] for c in s.classes], np.int64) for s in self.sets]
+        return names, np.zeros(len(self.sets), np.int64), maps
+
+    # ---- the order ----
+    def draw(self, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        """The indices of epoch ``epoch``: each set's count, drawn as the docstring says."""
+        parts = [self._picks(seed, epoch, k, shuffle) + self.starts[k]
+                 for k in range(len(self.sets))]
+        order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if shuffle:
+            order = order[np.random.default_rng([seed, epoch, 1]).permutation(len(order))]
+        return order
+
+    def _picks(self, seed: int, epoch: int, k: int, shuffle: bool) -> np.ndarray:
+        """Set ``k``'s samples (its own indices) in epoch ``epoch``."""
+        n, c = int(self.sizes_of[k]), int(self.counts[k])
+        if self.replacement and shuffle:
+            return np.random.default_rng([seed, epoch, 2, k]).integers(0, n, c, dtype=np.int64)
+        # its place in the set's endless series of permutations; evaluation: from the start
+        first = epoch * c if shuffle else 0
+        rounds = range(first // n, (first + c - 1) // n + 1) if c else range(0)
+        series = np.concatenate([
+            np.random.default_rng([seed, 3, k, r]).permutation(n) if shuffle else np.arange(n)
+            for r in rounds]) if c else np.zeros(0, np.int64)
+        start = first - (first // n) * n
+        return series[start:start + c].astype(np.int64)
+
+    # ---- the ShardSet reads, by member ----
+    @property
+    def root(self) -> str:
+        return " + ".join(s.root for s in self.sets)
+
+    @property
+    def shards(self) -> list:
+        return [sh for s in self.sets for sh in s.shards]
+
+    def __len__(self) -> int:
+        """The samples of all the sets (the index space; an epoch has ``epoch_size``)."""
+        return self._total
+
+    def __repr__(self) -> str:
+        shares = ", ".join(f"{s.root}: {c}" for s, c in zip(self.sets, self.counts))
+        return (f"Mixture({len(self.sets)} sets, {self.epoch_size} samples an epoch "
+                f"({shares}), replacement={self.replacement}, classes={self.class_rule!r})")
+
+    def stored_size(self, size) -> int:
+        """``size`` as an int, or a ValueError naming the sizes every set stores."""
+        s = check_size(size)
+        if s not in self.sizes:
+            raise ValueError(f"size {size!r} is not stored in every set of the mixture; "
+                             f"sizes they all store: {', '.join(map(str, self.sizes))}")
+        return s
+
+    def source_of(self, indices) -> np.ndarray:
+        """Which set (its place in ``sets``) each of ``indices`` is from."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        return np.searchsorted(self.starts, idx, side="right") - 1
+
+    def _split(self, indices):
+        """``(set, positions in indices, local indices)`` for each set among ``indices``."""
+        idx = np.asarray(indices).reshape(-1)
+        if idx.size and (not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0
+                         or idx.max() >= self._total):
+            bad = idx[0] if not np.issubdtype(idx.dtype, np.integer) else \
+                idx[(idx < 0) | (idx >= self._total)][0]
+            raise IndexError(f"sample index {bad!r} out of range for {self._total} samples")
+        idx = idx.astype(np.int64)
+        src = self.source_of(idx)
+        for k in np.unique(src):
+            where = np.flatnonzero(src == k)
+            yield self.sets[int(k)], where, idx[where] - self.starts[k]
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each sample's label in the mixture's class space."""
+        if self._labels is None:
+            parts = []
+            for k, s in enumerate(self.sets):
+                y = s.labels
+                if self.label_kind == "class":
+                    y = self._maps[k][y] if self._maps is not None else y + self.offsets[k]
+                parts.append(y)
+            self._labels = np.concatenate(parts)
+        return self._labels
+
+    def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
+                   ) -> np.ndarray:
+        """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
+        s = self.size if size is None else self.stored_size(size)
+        n = len(np.asarray(indices).reshape(-1))
+        if out is None:
+            out = page_aligned((n, s, s, 3))
+        elif out.shape != (n, s, s, 3) or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
+        faults = guard_faults()
+        for member, where, local in self._split(indices):
+            member._read_into(local, s, out, where)
+        if guard_faults() != faults:
+            self.check_intact(indices)
+        return out
+
+    def check_intact(self, indices) -> None:
+        """``ShardSet.check_intact`` of the sets among ``indices``."""
+        for member, _, local in self._split(indices):
+            member.check_intact(local)
+
+    def _gather(self, indices, fetch: Callable) -> list | None:
+        out: list = [None] * len(np.asarray(indices).reshape(-1))
+        for member, where, local in self._split(indices):
+            got = fetch(member, local)
+            if got is None:
+                return None
+            for w, v in zip(where.tolist(), got):
+                out[w] = v
+        return out
+
+    def raw_views(self, indices, size: int | None = None,
+                  hold: contextlib.ExitStack | None = None) -> list[np.ndarray] | None:
+        """``ShardSet.raw_views`` over the sets (None where one of them cannot give them)."""
+        s = self.size if size is None else self.stored_size(size)
+        return self._gather(indices, lambda m, local: m.raw_views(local, s, hold))
+
+    def read_encoded(self, indices, size: int | None = None) -> list:
+        """The stored payloads of ``indices``, in that order."""
+        s = self.size if size is None else self.stored_size(size)
+        return self._gather(indices, lambda m, local: m.read_encoded(local, s)) or []
+
+    def sample_names(self, indices) -> Callable[[int], str]:
+        """``name(k)``: which set and sample ``indices[k]`` is, for messages."""
+        def name(k: int) -> str:
+            i = int(np.asarray(indices).reshape(-1)[k])
+            (member, _, local), = self._split([i])
+            return f"{member.sample_names(local)(0)} of {member.root}"
+        return name
+
+    def __getitem__(self, i: int):
+        image = self.read_batch([i])[0]
+        label = self.labels[i]
+        return image, int(label) if label.ndim == 0 else label
+
+    def close(self) -> None:
+        """Close every set's shards."""
+        for s in self.sets:
+            s.close()
