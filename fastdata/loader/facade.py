@@ -50,7 +50,7 @@ def _picklable(name: str, fn) -> None:
                          f"workers='thread'") from None
 
 
-def _hooks(dataset: ShardSet, crop_stage: CropStage, sample_transform, batch_transform,
+def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform, batch_transform,
            workers: str, train: bool) -> tuple[CropStage, BatchHook | None]:
     """Check the users' transforms. With a batch transform, the built-in stage stops at float32
     values in [0, 1] and the normalisation follows the transform: returns the crop stage to
@@ -190,11 +190,10 @@ class Loader:
             r, w = _dist_rank_world()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
-        mixed = isinstance(self.dataset, Mixture)
-        self.order = Order(self.dataset.epoch_size if mixed else len(self.dataset),
-                           batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
-                           rank=rank, world_size=world_size, drop_last=drop_last,
-                           draw=self.dataset.draw if mixed else None)
+        ds = self.dataset
+        n, draw = (ds.epoch_size, ds.draw) if isinstance(ds, Mixture) else (len(ds), None)
+        self.order = Order(n, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
+                           rank=rank, world_size=world_size, drop_last=drop_last, draw=draw)
         self._resume, self._iterations = False, 0      # see __iter__
         self._upscale_warned = False
         # a set shared by loaders takes the latest one's order for the shards it opens next

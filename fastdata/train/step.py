@@ -181,7 +181,8 @@ class TrainStep:
             out = self.forward(images)
         parts = out.values() if isinstance(out, dict) else out if isinstance(
             out, (list, tuple)) else (out,)
-        (sum(t.float().sum() for t in parts if torch.is_tensor(t)) * 0).backward()
+        zero = torch.zeros((), device=self.device)
+        (sum((t.float().sum() for t in parts if torch.is_tensor(t)), zero) * 0).backward()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             for mine, saved in zip(self.module.buffers(), buffers):
