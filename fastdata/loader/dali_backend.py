@@ -76,7 +76,7 @@ class _Source:
         self._given = given
 
     def _read(self, idx: np.ndarray, seed: int):
-        labels = self.ds.labels[idx]
+        labels = self.ds.labels_of(idx)
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
                 labels, None

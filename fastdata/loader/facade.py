@@ -13,6 +13,7 @@ import pickle
 import warnings
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from fastdata.checks import choice, flag, integer, positive
@@ -82,14 +83,15 @@ def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform,
     return to_unit, BatchHook(batch_transform, norm)
 
 
-def _dataset(path, weights) -> ShardSet | Mixture:
+def _dataset(path, weights, cache: dict) -> ShardSet | Mixture:
     """What ``Loader(path, weights=...)`` reads."""
     if isinstance(path, (list, tuple)):
-        return Mixture(path, weights=weights)
+        return Mixture([p if isinstance(p, ShardSet) else ShardSet(p, **cache) for p in path],
+                       weights=weights)
     if weights is not None:
         raise ValueError("weights= mixes a list of sets: pass path=[set_a, set_b, ...] (or "
                          "a fastdata.Mixture)")
-    return path if isinstance(path, (ShardSet, Mixture)) else ShardSet(path)
+    return path if isinstance(path, (ShardSet, Mixture)) else ShardSet(path, **cache)
 
 
 class Loader:
@@ -102,8 +104,10 @@ class Loader:
     order for the same arguments. ``len(loader)``: batches per epoch for this rank.
 
     Args:
-        path: the shard set's folder, an open ``ShardSet``, a ``Mixture``, or a list of sets
-            to mix (with ``weights``; ``docs/loading.md``, "Mixing sets").
+        path: the shard set's folder or URL (``s3://``, ``gs://``, ``az://``,
+            ``http(s)://``, ``file://``: ``docs/loading.md``, "Shard sets in an object
+            store"), an open ``ShardSet``, a ``Mixture``, or a list of sets to mix (with
+            ``weights``; "Mixing sets").
         backend: ``"torch"`` (reader threads or processes, augmentation on the device) or
             ``"dali"`` (an NVIDIA DALI pipeline fed by the same order).
         batch_size: samples per batch on this rank.
@@ -138,6 +142,9 @@ class Loader:
             device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
         weights: each set's share of an epoch where ``path`` is a list of sets (default: by
             their sizes); a ``Mixture`` takes the other options.
+        cache_dir: where a remote set's shards are kept on this node (default:
+            ``$FASTDATA_CACHE``, else ``~/.cache/fastdata``), one copy for all its processes.
+        cache_limit: the most bytes of shards the cache keeps (None: no limit).
         with_source: batches are ``(images, labels, sources)``, ``sources`` int64 ``(B,)``
             on the device: which set of a mixture (its place in the list) each sample is
             from (0 for a single set).
@@ -170,10 +177,12 @@ class Loader:
                  mp_context: str | None = None, jpeg_decode: str = "auto",
                  sample_transform: Callable | None = None,
                  batch_transform: Callable | None = None,
-                 weights: Sequence[float] | None = None, with_source: bool = False,
-                 timeout: float | None = None):
+                 weights: Sequence[float] | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
+                 with_source: bool = False, timeout: float | None = None):
         choice("backend", backend, BACKENDS)
-        self.dataset = _dataset(path, weights)
+        self.dataset = _dataset(path, weights, {"cache_dir": cache_dir,
+                                                "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
@@ -331,12 +340,18 @@ class Loader:
         me = self._iterations
         batches, epoch, start = order.batches(), order.epoch, order.position
         seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
-        for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
-                                                                   seeds)):
-            if me == self._iterations:
-                order.position += 1
-            yield (images, labels, self._sources(batches[k])) if self.with_source else \
-                (images, labels)
+        # a remote set: its shards fetched in the order the pass reads them
+        stop = self.dataset.prefetch(np.concatenate(batches)) if batches else None
+        try:
+            for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
+                                                                       seeds)):
+                if me == self._iterations:
+                    order.position += 1
+                yield (images, labels, self._sources(batches[k])) if self.with_source else \
+                    (images, labels)
+        finally:
+            if stop is not None:
+                stop()
         if me == self._iterations:
             order.rewind()      # a finished epoch repeats its order until set_epoch
 
@@ -350,6 +365,7 @@ class Loader:
         self._backend.close()
 
     def __repr__(self) -> str:
-        return (f"Loader({self.dataset.root!r}, backend={self.backend_name!r}, "
+        where = getattr(self.dataset, "url", None) or self.dataset.root
+        return (f"Loader({where!r}, backend={self.backend_name!r}, "
                 f"batch_size={self.order.batch_size}, train={self.train}, size={self._size}, "
                 f"crop={self.crop}, device={str(self.device)!r}, {len(self)} batches/epoch)")

@@ -114,7 +114,7 @@ class _BatchReader:
 
     def _read(self, indices, seed, hold, ring):
         b, s = len(indices), self.size
-        labels = torch.from_numpy(self.ds.labels[indices])
+        labels = torch.from_numpy(self.ds.labels_of(indices))
         if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
             return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_crop_stage

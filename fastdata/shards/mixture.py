@@ -210,6 +210,28 @@ class Mixture:
             self._labels = np.concatenate(parts)
         return self._labels
 
+    def labels_of(self, indices) -> np.ndarray:
+        """``labels[indices]`` (each set's ``labels_of``: a remote one fetches no other shard)."""
+        if self._labels is not None or self.label_kind != "class" or all(
+                s.url is None for s in self.sets):
+            return self.labels[indices]
+        out = np.empty(len(np.asarray(indices).reshape(-1)), np.int64)
+        for member, where, local in self._split(indices):
+            k = self.sets.index(member)
+            y = member.labels_of(local)
+            out[where] = self._maps[k][y] if self._maps is not None else y + self.offsets[k]
+        return out
+
+    def prefetch(self, indices, in_flight: int = 4) -> Callable[[], None] | None:
+        """Each remote set's ``prefetch`` of its share of ``indices``."""
+        stops = [m.prefetch(local, in_flight) for m, _, local in self._split(indices)]
+
+        def stop() -> None:
+            for s in stops:
+                if s is not None:
+                    s()
+        return stop
+
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:
         """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""

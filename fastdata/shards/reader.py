@@ -10,7 +10,7 @@ import contextlib
 import errno
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from fastdata.format import (
     ShardFormatError,
     ShardMeta,
 )
+from fastdata.shards.cache import hold
 from fastdata.shards.mapped import open_files_limit, open_regular, unguard
 
 # Opening is serialised: reader threads (torch or DALI backend) may open the same shard at once,
@@ -57,6 +58,8 @@ class ShardReader:
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None):
         """``count``: the samples the manifest gives the shard (None: its own metadata's)."""
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
+        #: a remote set's shard: makes it local (the node's cache) and returns its path
+        self.fetch: Callable[[], str] | None = None
         self._h: dict | None = None
         self._pid = -1
 
@@ -64,6 +67,8 @@ class ShardReader:
     def h(self) -> dict:
         h = self._h
         if h is None or self._pid != os.getpid():
+            if self.fetch is not None:      # outside the lock: a download holds no other reader
+                self.path = self.fetch()
             with OPEN_LOCK:
                 if self._h is None or self._pid != os.getpid():
                     self._h, self._pid = self._open_checked(), os.getpid()
@@ -79,6 +84,8 @@ class ShardReader:
                 f"shard {self.path} is missing (the manifest lists it): restore it, or run "
                 f"`fastdata convert SRC OUT --resume`, which redoes it") from None
         try:
+            if self.fetch is not None:
+                hold(fd)        # the cache evicts no shard a reader holds open
             return self._open(fd)
         except OSError as e:    # h5py's messages do not always name the file
             hint = ""

@@ -19,6 +19,7 @@ from fastdata.format import (
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
+from fastdata.shards.remote import Fetch, Remote, fetch_manifest, is_url
 
 
 class ShardSet:
@@ -27,9 +28,24 @@ class ShardSet:
     ``fastdata.open`` (its arguments and errors). Picklable: a worker process reopens the shards
     it reads."""
 
-    def __init__(self, root: str | os.PathLike, *, size: int | None = None):
+    def __init__(self, root: str | os.PathLike, *, size: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None):
+        #: the store's URL of a remote set (without credentials), else None
+        self.url: str | None = None
+        remote = cache = None
+        if is_url(root):
+            from fastdata.shards.cache import ShardCache
+
+            remote, cache = Remote(os.fspath(root)), ShardCache(cache_dir, cache_limit)
+            self.url = remote.shown
+            root = fetch_manifest(remote, cache)
         self.root = os.path.abspath(os.fspath(root))
-        self.manifest = m = read_manifest(self.root)
+        try:
+            self.manifest = m = read_manifest(self.root)
+        except ShardFormatError as e:
+            if self.url is None:
+                raise
+            raise ShardFormatError(str(e).replace(self.root, self.url)) from None
         self.container, self.encoding = m["container"], m["encoding"]
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
@@ -39,6 +55,11 @@ class ShardSet:
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+        if remote is not None:          # read from the node's cache, fetched on first open
+            for reader, entry in zip(self.shards, m["shards"]):
+                reader.fetch = Fetch(remote, cache, entry, self.container, self.sizes,
+                                     self.encoding)
+                reader.path = reader.fetch.path
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
         self._check_files()
@@ -61,6 +82,8 @@ class ShardSet:
         CRCs at least): a damaged or hostile manifest is refused here, not read from another
         set or allocated in TiB. A missing or damaged file is left to the read that needs it
         (``verify`` lists them all)."""
+        if self.url is not None:        # the cache's files, checked as they are fetched
+            return
         real_root = os.path.realpath(self.root)
         least = 8 + 4 * len(self.sizes)         # a label and a CRC per size, per sample
         manifest = os.path.join(self.root, "manifest.json")
@@ -94,7 +117,8 @@ class ShardSet:
         return self._n
 
     def __repr__(self) -> str:
-        return (f"ShardSet({self.root!r}, {self._n} samples, {len(self.classes)} classes, "
+        where = self.url or self.root
+        return (f"ShardSet({where!r}, {self._n} samples, {len(self.classes)} classes, "
                 f"{self.container}/{self.encoding}, sizes={list(self.sizes)})")
 
     @property
@@ -103,16 +127,48 @@ class ShardSet:
         rows or regression targets (``label_kind``)."""
         if self._labels is None and self.label_kind != "class":
             self._labels = read_targets(self.root, self.manifest["targets"])
-        if self._labels is None:
-            parts = [s.labels() for s in self.shards]
-            for shard, part in zip(self.shards, parts):     # else a loss fails far from here
-                if len(part) != shard.count or (part.size and not (
-                        0 <= part.min() and part.max() < len(self.classes))):
-                    raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} "
-                                  f"labels in 0..{len(self.classes) - 1}); check the set with "
-                                  f"`fastdata verify {self.root}`")
+        if self._labels is None:        # each checked: else a loss fails far from here
+            parts = [self._shard_labels(sh) for sh in range(len(self.shards))]
             self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._labels
+
+    def labels_of(self, indices) -> np.ndarray:
+        """``labels[indices]``, reading only the shards of ``indices`` where the labels are
+        not all read yet (a remote set fetches no other shard for them)."""
+        if self._labels is not None or self.label_kind != "class" or self.url is None:
+            return self.labels[indices]
+        shard, local = self.locate(indices)
+        out = np.empty(len(local), np.int64)
+        for sh, rows in _by_shard(shard):
+            part = self._shard_labels(sh)
+            out[rows] = part[local[rows]]
+        return out
+
+    def _shard_labels(self, sh: int) -> np.ndarray:
+        """Shard ``sh``'s labels, checked against its count and the classes."""
+        shard = self.shards[sh]
+        part = shard.labels()
+        if len(part) != shard.count or (part.size and not (
+                0 <= part.min() and part.max() < len(self.classes))):
+            raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} labels in "
+                          f"0..{len(self.classes) - 1}); check the set with `fastdata verify "
+                          f"{self.url or self.root}`")
+        return part
+
+    def prefetch(self, indices, in_flight: int = 4) -> Callable[[], None] | None:
+        """Start fetching a remote set's shards in the background, in the order ``indices``
+        first read them, ``in_flight`` at a time; returns what cancels the ones not started
+        (None for a local set). A failed fetch is left to the read that needs the shard."""
+        if self.url is None:
+            return None
+        import concurrent.futures as cf
+
+        shard, _ = self.locate(indices)
+        _, first = np.unique(shard, return_index=True)
+        pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")
+        for sh in shard[np.sort(first)].tolist():
+            pool.submit(self.shards[sh].fetch)
+        return lambda: pool.shutdown(wait=False, cancel_futures=True)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count
@@ -243,13 +299,21 @@ def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         yield int(sh), np.flatnonzero(shard == sh)
 
 
-def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # noqa: A001
-    """Open the shard set at ``root`` (a directory with ``manifest.json``).
+def open(root: str | os.PathLike, *, size: int | None = None,  # noqa: A001
+         cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None
+         ) -> ShardSet:
+    """Open the shard set at ``root`` (a directory with ``manifest.json``, or its URL in an
+    object store).
 
     Args:
-        root: the set's folder.
+        root: the set's folder, or a URL: ``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+            ``file://`` (``pip install 'fastdata-shards[remote]'``; ``docs/loading.md``,
+            "Shard sets in an object store").
         size: the stored size ``ds[i]`` and ``read_batch`` read by default (default: the
             largest).
+        cache_dir: where a remote set's shards are kept on this node (default:
+            ``$FASTDATA_CACHE``, else ``~/.cache/fastdata``); shared by the node's processes.
+        cache_limit: the most bytes of shards kept there (None: no limit).
 
     Returns:
         The ``ShardSet``; shards open lazily, in the process that reads them.
@@ -257,6 +321,8 @@ def open(root: str | os.PathLike, *, size: int | None = None) -> ShardSet:  # no
     Raises:
         ShardFormatError: no manifest (or an unfinished conversion), a manifest of another
             format or version, or a field or shard file that does not check out (named).
-        ValueError: ``size`` is not one the set stores.
+        ValueError: ``size`` is not one the set stores, or a bad ``cache_limit``.
+        OSError: a remote set's manifest cannot be fetched (the URL and what failed).
+        ImportError: a URL without obstore installed (the extra to install).
     """
-    return ShardSet(root, size=size)
+    return ShardSet(root, size=size, cache_dir=cache_dir, cache_limit=cache_limit)

@@ -23,10 +23,12 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None) -> list[Problem]:
+def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None, *,
+                 decode: bool = True) -> list[Problem]:
     """Check one shard against its manifest ``entry`` (count, start, sha256, bytes) and, given
     ``classes``, its labels' range; read once in file order, with readahead (out of the page
-    cache, a raw LMDB set reads an order of magnitude faster with it)."""
+    cache, a raw LMDB set reads an order of magnitude faster with it). ``decode``: also decode
+    every JPEG (else the CRCs only)."""
     name, start = os.path.basename(reader.path), entry["start"]
     reader.access = "sequential"
     try:
@@ -43,7 +45,7 @@ def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None) -
                 if actual[-1][i] != crcs[i]:
                     problems.append(Problem(name, start + i, f"size {s}: CRC mismatch "
                                                              f"(damaged image data)"))
-                elif reader.encoding == "jpeg":
+                elif decode and reader.encoding == "jpeg":
                     try:
                         decode_jpeg(p, pixels)
                     except Exception as e:  # noqa: BLE001
@@ -94,6 +96,12 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
     bar = tqdm(total=len(ds), desc="verify", unit="img", disable=not progress,
                dynamic_ncols=True)
     for entry, reader in ds.iter_shards():
+        if reader.fetch is not None:        # a remote set's shard: fetched (and checked) first
+            try:
+                reader.path = reader.fetch()
+            except OSError as e:
+                problems.append(Problem(entry["file"], None, str(e)))
+                continue
         if not os.path.isfile(reader.path):
             problems.append(Problem(entry["file"], None, "missing shard file"))
         else:

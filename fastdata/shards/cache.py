@@ -1,0 +1,268 @@
+"""The node-local cache of remote shards: one copy of each shard per node, whichever process
+asks first fetching it for all, never above its limit, never evicting a shard a reader has open.
+
+Layout under the cache folder (``cache_dir``; default ``$FASTDATA_CACHE``, else
+``~/.cache/fastdata``):
+
+* ``objects/<key>``: the shards, named by their content (``key``: the manifest's whole-file
+  SHA-256 where it has one, else a digest of the shard's content checksum, size and
+  container), so two sets or jobs never confuse theirs and share identical ones;
+* ``stamps/<key>``: what the shard file was when it checked out (size, inode, modification
+  time); a file that no longer matches its stamp (altered on disk) is fetched again. The
+  stamp's own time is the shard's last use (touched at each), for least-recently-used order;
+* ``locks/<key>``: one lock per shard, held by the process fetching it; ``lock``: held while
+  room is made, so two processes never both fill the last bytes;
+* ``tmp/``: downloads in progress, each at its full size from the start (the limit counts
+  them), renamed into ``objects/`` only once checked: nothing half-written is ever read.
+
+Readers hold a shared ``flock`` on each cached shard they have open; eviction (least recently
+used first) skips a shard it cannot lock exclusively. The cache deletes only files under
+``objects/``, ``stamps/`` and ``tmp/`` with its own names.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import Callable
+
+log = logging.getLogger("fastdata")
+_KEY = re.compile(r"[0-9a-z-]{8,80}")
+_TMP = re.compile(r"[0-9a-z-]{8,80}\.[0-9]+\.[0-9a-f]{8}")
+
+
+def default_cache_dir() -> str:
+    """``$FASTDATA_CACHE``, else ``~/.cache/fastdata`` (read when a remote set opens)."""
+    return os.environ.get("FASTDATA_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "fastdata")
+
+
+def shard_key(entry: dict, container: str) -> str:
+    """The cache name of a shard: its whole-file SHA-256 where the manifest has it, else a
+    digest of what the manifest says of its content."""
+    if isinstance(entry.get("file_sha256"), str):
+        return "f-" + entry["file_sha256"]
+    text = f"{entry['sha256']}:{entry['bytes']}:{container}"
+    return "c-" + hashlib.sha256(text.encode()).hexdigest()
+
+
+#: the lock files this process has open: a forked child closes its copies, else it would
+#: hold the parent's locks (an ``flock`` lives as long as any copy of its descriptor)
+_HELD: set[int] = set()
+
+
+def _close_held() -> None:
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_held)
+
+
+@contextlib.contextmanager
+def _locked(path: str, how: int = fcntl.LOCK_EX):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), 0o644)
+    _HELD.add(fd)
+    try:
+        fcntl.flock(fd, how)
+        yield fd
+    finally:
+        _HELD.discard(fd)
+        os.close(fd)
+
+
+class ShardCache:
+    """Remote shards fetched once per node into ``root``, at most ``limit`` bytes of them.
+
+    Args:
+        root: the cache folder (created; default ``default_cache_dir()``).
+        limit: the most bytes of shards kept (None: no limit).
+
+    Raises:
+        ValueError: a negative ``limit``.
+        OSError: the folder cannot be made or is a link.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, limit: int | None = None):
+        self.root = os.path.abspath(os.fspath(root) if root is not None else
+                                    default_cache_dir())
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise ValueError(f"cache_limit={limit!r} is not valid; use a number of bytes >= 0 "
+                             f"or None (no limit)")
+        self.limit = limit
+        for sub in ("objects", "stamps", "locks", "tmp"):
+            path = os.path.join(self.root, sub)
+            os.makedirs(path, exist_ok=True)
+            if os.path.islink(path) or not os.path.isdir(path):
+                raise OSError(f"cache folder {path} is not a folder of its own: refused")
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.root!r}, limit={self.limit})"
+
+    def path(self, key: str) -> str:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"not a cache key: {key!r}")
+        return os.path.join(self.root, "objects", key)
+
+    def get(self, key: str, size: int, fetch: Callable[[int], None],
+            check: Callable[[str], str | None], what: str) -> str:
+        """The cached file of ``key`` (``size`` bytes), fetched first if absent: ``fetch(fd)``
+        writes it, ``check(path)`` says what is wrong with it (None: sound). A download that
+        does not check out is fetched once more, then refused.
+
+        Raises:
+            OSError: the fetch failed, or the shard came twice damaged (named by ``what``), or
+                ``size`` does not fit the limit beside the shards readers hold open.
+        """
+        final = self.path(key)
+        if self._present(key, size):
+            return final
+        with _locked(os.path.join(self.root, "locks", key)):
+            if self._present(key, size):        # another process fetched it meanwhile
+                return final
+            if os.path.lexists(final):
+                log.warning("%s: the cached copy %s was altered on disk: fetched again", what,
+                            final)
+                self._remove(key)
+            wrong = None
+            for attempt in (1, 2):
+                tmp = self._reserve(key, size)
+                try:
+                    wrong = self._fill(tmp, fetch, check)
+                    if wrong is None:
+                        os.replace(tmp, final)
+                        self._stamp(key)
+                        return final
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(tmp)
+                log.warning("%s: %s (attempt %d of 2)", what, wrong, attempt)
+            raise OSError(f"{what}: {wrong}, twice: refused (the store holds a damaged copy, or "
+                          f"something alters the download)")
+
+    @staticmethod
+    def _facts(st: os.stat_result) -> str:
+        return f"{st.st_size} {st.st_ino} {st.st_mtime_ns}"
+
+    def _stamp(self, key: str) -> None:
+        facts = self._facts(os.stat(self.path(key)))
+        tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
+        with open(tmp, "x") as f:
+            f.write(facts)
+        os.replace(tmp, os.path.join(self.root, "stamps", key))
+
+    def _present(self, key: str, size: int) -> bool:
+        """The shard is cached as it checked out: its stamp touched (the latest use)."""
+        stamp = os.path.join(self.root, "stamps", key)
+        try:
+            st = os.stat(self.path(key))
+            with open(stamp) as f:
+                ok = st.st_size == size and f.read(100) == self._facts(st)
+        except FileNotFoundError:
+            return False
+        if ok:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(stamp)
+        return ok
+
+    def _remove(self, key: str) -> None:
+        for path in (self.path(key), os.path.join(self.root, "stamps", key)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+    def _fill(self, tmp: str, fetch, check) -> str | None:
+        fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            fetch(fd)
+            os.fsync(fd)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+                raise OSError(f"cache folder {self.root}: {e.strerror}: cannot hold the "
+                              f"shard (free space, or give another cache_dir)") from None
+            raise
+        finally:
+            os.close(fd)
+        return check(tmp)
+
+    def _reserve(self, key: str, size: int) -> str:
+        """A temporary file of ``size`` bytes, made once the cache has room for it."""
+        with _locked(os.path.join(self.root, "lock")):
+            self._make_room(size)
+            tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            try:
+                os.ftruncate(fd, size)      # counted by the next _make_room at its full size
+            finally:
+                os.close(fd)
+            return tmp
+
+    def used(self) -> int:
+        """Bytes of cached and in-flight shards."""
+        return sum(size for _, _, size in self._entries("objects")) + \
+            sum(size for _, _, size in self._entries("tmp"))
+
+    def _entries(self, sub: str) -> list[tuple[float, str, int]]:
+        """``(last use, name, bytes)`` of the cache's own files in ``sub`` (a shard's last
+        use: its stamp's time)."""
+        name_ok = _KEY.fullmatch if sub == "objects" else _TMP.fullmatch
+        out = []
+        with os.scandir(os.path.join(self.root, sub)) as it:
+            for e in it:
+                if name_ok(e.name) and e.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        size = e.stat(follow_symlinks=False).st_size
+                        used = 0.0
+                        if sub == "objects":
+                            with contextlib.suppress(FileNotFoundError):
+                                used = os.stat(os.path.join(self.root, "stamps",
+                                                            e.name)).st_mtime
+                        out.append((used, e.name, size))
+        return out
+
+    def _make_room(self, size: int) -> None:
+        """Evict least recently used shards no reader holds until ``size`` more bytes fit."""
+        if self.limit is None:
+            return
+        if size > self.limit:
+            raise OSError(f"a shard of {size} bytes does not fit cache_limit={self.limit}")
+        used = self.used()
+        for _, key, nbytes in sorted(self._entries("objects")):
+            if used + size <= self.limit:
+                return
+            if self._evict(key):
+                used -= nbytes
+        if used + size > self.limit:
+            raise OSError(f"cache_limit={self.limit} bytes cannot hold a shard of {size} more: "
+                          f"{used} bytes of shards are open in readers or being fetched "
+                          f"(raise cache_limit, or read with fewer shards open)")
+
+    def _evict(self, key: str) -> bool:
+        """Delete the shard ``key`` unless a reader holds it (its shared lock)."""
+        try:
+            fd = os.open(self.path(key), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        else:
+            self._remove(key)
+            return True
+        finally:
+            os.close(fd)
+
+
+def hold(fd: int) -> None:
+    """Mark the cached shard open as ``fd`` in use: eviction skips it while ``fd`` is open."""
+    fcntl.flock(fd, fcntl.LOCK_SH)

@@ -1,0 +1,299 @@
+"""Shard sets in an object store: ``s3://``, ``gs://``, ``az://``, ``http(s)://`` and
+``file://`` URLs, read through obstore (``pip install 'fastdata-shards[remote]'``).
+
+The client is obstore (Rust's ``object_store``): one library for every scheme, its own
+retries with exponential backoff and bounded timeouts, streaming downloads that release the
+GIL, and the stores' standard configuration: ``AWS_*`` (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_REGION``...), ``GOOGLE_*`` and ``AZURE_*`` environment variables.
+A URL is shown without its credentials (user, password, query string) in every message.
+
+obstore's runtime does not survive ``fork``: in a process forked from one that used it (a
+DataLoader-style worker), downloads run in a fresh helper process (``python -m
+fastdata.shards.remote``, the URL on its stdin, the bytes on its stdout) instead of hanging.
+Worker processes mostly find their shards cached already: the loader's own process fetches
+them ahead, in the order the pass reads them.
+"""
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from collections.abc import Callable
+from datetime import timedelta
+
+from fastdata._optional import require
+
+SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "file")
+#: seconds one request may take before it is retried; seconds to connect
+TIMEOUT, CONNECT_TIMEOUT = 60, 10
+#: attempts after the first, and the seconds the retries of one request may take in all
+RETRIES, RETRY_SECONDS = 4, 120
+
+
+def is_url(path) -> bool:
+    """Whether ``path`` is a URL of a store fastdata reads (not a local path)."""
+    if not isinstance(path, str):
+        return False
+    m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://", path)
+    return m is not None and m.group(1).lower() in SCHEMES
+
+
+def redact(url: str) -> str:
+    """``url`` without credentials: no user or password, no query string or fragment (a
+    signed URL carries its signature there)."""
+    p = urllib.parse.urlsplit(url)
+    host = p.hostname or ""
+    if p.port:
+        host += f":{p.port}"
+    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+
+
+def _allow_http(url: str) -> bool:
+    """Plain HTTP where the URL or the S3 endpoint configured for it says so (a local or
+    on-premise server)."""
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "http":
+        return True
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+        "AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
+    return scheme in ("s3", "s3a") and endpoint.startswith("http://")
+
+
+_STARTED: list[int] = []     # the pid whose obstore runtime is live (set at first use)
+
+
+def _obstore():
+    obs = require("obstore", "reading shard sets from an object store")
+    if not _STARTED:
+        _STARTED.append(os.getpid())
+    return obs
+
+
+def _forked() -> bool:
+    """Whether this process was forked from one whose obstore runtime had started."""
+    return bool(_STARTED) and _STARTED[0] != os.getpid()
+
+
+class Remote:
+    """A set's folder in a store: ``read(name)`` and ``download(name, file)`` of the objects
+    in it. Picklable (a worker process builds its own client)."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.shown = redact(self.url)
+        self._store = None
+
+    def __getstate__(self):
+        return {**self.__dict__, "_store": None}
+
+    @property
+    def store(self):
+        if self._store is None:
+            obs = _obstore()
+            self._store = obs.store.from_url(
+                self.url,
+                client_options={"timeout": timedelta(seconds=TIMEOUT),
+                                "connect_timeout": timedelta(seconds=CONNECT_TIMEOUT),
+                                "allow_http": _allow_http(self.url)},
+                retry_config={"max_retries": RETRIES,
+                              "retry_timeout": timedelta(seconds=RETRY_SECONDS),
+                              "backoff": {"init_backoff": timedelta(milliseconds=200),
+                                          "max_backoff": timedelta(seconds=10), "base": 2}})
+        return self._store
+
+    def _call(self, name: str, what: str, fn: Callable):
+        """``fn()``, its failures one ``OSError`` naming the object and what failed."""
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
+        except ImportError:
+            raise
+        except Exception as e:      # noqa: BLE001 - obstore's errors, and the network's
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise OSError(f"{self.shown}/{name}: {what} failed: {type(e).__name__}: "
+                          f"{_without_secrets(first, self.url)[:300]}") from None
+
+    def read(self, name: str, limit: int) -> bytes:
+        """The object ``name`` whole (at most ``limit`` bytes: a larger one is refused)."""
+        if _forked():
+            import tempfile
+
+            with tempfile.TemporaryFile() as f:
+                n = self._helper(name, f.fileno(), limit)
+                f.seek(0)
+                return f.read(n)
+        import obstore
+
+        def get():
+            got = obstore.get(self.store, name)
+            if got.meta["size"] > limit:
+                raise ValueError(f"{got.meta['size']} bytes, more than the {limit} allowed")
+            return bytes(got.bytes())
+        return self._call(name, "reading", get)
+
+    def download(self, name: str, fd: int, update: Callable[[memoryview], None] | None = None
+                 ) -> int:
+        """Stream ``name`` into the open file ``fd``; ``update`` sees each chunk (a checksum).
+        Returns the bytes written."""
+        if _forked():
+            start = os.lseek(fd, 0, os.SEEK_CUR)
+            n = self._helper(name, fd, None)
+            if update is not None:          # the checksum, over what the helper wrote
+                for at in range(0, n, 8 << 20):
+                    update(memoryview(os.pread(fd, min(8 << 20, n - at), start + at)))
+            return n
+        import obstore
+
+        def get() -> int:
+            n = 0
+            for chunk in obstore.get(self.store, name).stream(min_chunk_size=8 << 20):
+                view = memoryview(chunk)
+                if update is not None:
+                    update(view)
+                while view:
+                    view = view[os.write(fd, view):]
+                n += len(chunk)
+            return n
+        return self._call(name, "download", get)
+
+
+    def _helper(self, name: str, fd: int, limit: int | None) -> int:
+        """``name`` fetched by a fresh helper process into ``fd``; returns the bytes written."""
+        import json
+        import sys
+        import tempfile
+
+        job = json.dumps({"url": self.url, "name": name, "limit": limit, "timeout": TIMEOUT,
+                          "connect_timeout": CONNECT_TIMEOUT, "retries": RETRIES,
+                          "retry_seconds": RETRY_SECONDS}).encode()
+        start = os.lseek(fd, 0, os.SEEK_CUR)
+        # posix_spawn and files, no pipes: a process forked meanwhile (a loader's worker)
+        # would keep a pipe's end open (subprocess's own too), and its reader would wait for an
+        # end of file that never comes
+        with tempfile.TemporaryFile() as given, tempfile.TemporaryFile() as err:
+            given.write(job)
+            given.seek(0)
+            pid = os.posix_spawn(sys.executable, [sys.executable, "-m", "fastdata.shards.remote"],
+                                 os.environ, file_actions=[
+                                     (os.POSIX_SPAWN_DUP2, given.fileno(), 0),
+                                     (os.POSIX_SPAWN_DUP2, fd, 1),
+                                     (os.POSIX_SPAWN_DUP2, err.fileno(), 2)])
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            err.seek(0)
+            text = err.read().decode(errors="replace").strip().splitlines()
+        if code:
+            why = text[-1] if text else f"the helper process exited with {code}"
+            if why.startswith("FileNotFoundError: "):
+                raise FileNotFoundError(why.split(": ", 1)[1])
+            raise OSError(why.split(": ", 1)[1] if why.startswith("OSError: ") else why)
+        return os.lseek(fd, 0, os.SEEK_CUR) - start
+
+
+def _helper_main() -> int:
+    """``python -m fastdata.shards.remote``: the object a JSON job on stdin names, to stdout;
+    a failure as its last line on stderr."""
+    import json
+    import sys
+
+    job = json.loads(sys.stdin.read())
+    global TIMEOUT, CONNECT_TIMEOUT, RETRIES, RETRY_SECONDS
+    TIMEOUT, CONNECT_TIMEOUT = job["timeout"], job["connect_timeout"]
+    RETRIES, RETRY_SECONDS = job["retries"], job["retry_seconds"]
+    remote = Remote(job["url"])
+    try:
+        if job["limit"] is not None:
+            sys.stdout.buffer.write(remote.read(job["name"], job["limit"]))
+            sys.stdout.buffer.flush()
+        else:
+            remote.download(job["name"], sys.stdout.fileno())
+    except OSError as e:
+        print(f"{'FileNotFoundError' if isinstance(e, FileNotFoundError) else 'OSError'}: {e}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _without_secrets(text: str, url: str) -> str:
+    """``text`` with the URL's user, password and query string taken out."""
+    p = urllib.parse.urlsplit(url)
+    for secret in (p.password, p.username, p.query):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def fetch_manifest(remote: Remote, cache) -> str:
+    """The set's manifest (and targets) copied from the store into a folder of the cache
+    (``sets/<digest of the URL>``); returns that folder, which ``ShardSet`` reads."""
+    import hashlib
+
+    from fastdata.format import MANIFEST, MAX_MANIFEST_BYTES, TARGETS
+
+    view = os.path.join(cache.root, "sets", hashlib.sha256(remote.shown.encode()).hexdigest()[:32])
+    os.makedirs(view, exist_ok=True)
+    data = remote.read(MANIFEST, MAX_MANIFEST_BYTES)
+    _write(view, MANIFEST, data)
+    if b'"targets"' in data:            # a multi-label or regression set's targets file
+        import json
+        try:
+            n, k = json.loads(data)["targets"]["shape"]
+            limit = 4096 + 4 * int(n) * int(k)      # as read_targets reads it
+        except (ValueError, TypeError, KeyError):
+            return view                     # ShardSet names what is wrong with the manifest
+        _write(view, TARGETS, remote.read(TARGETS, limit))
+    return view
+
+
+def _write(folder: str, name: str, data: bytes) -> None:
+    import secrets
+
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
+    with open(tmp, "xb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(folder, name))
+
+
+class Fetch:
+    """A remote shard made local: ``fetch()`` returns its cached file, downloaded and checked
+    first where the cache does not hold it (``ShardReader.fetch``). Picklable."""
+
+    def __init__(self, remote: Remote, cache, entry: dict, container: str, sizes, encoding: str):
+        from fastdata.shards.cache import shard_key
+
+        self.remote, self.cache, self.entry = remote, cache, entry
+        self.container, self.sizes, self.encoding = container, tuple(sizes), encoding
+        self.key = shard_key(entry, container)
+        self.path = cache.path(self.key)
+
+    def __call__(self) -> str:
+        return self.cache.get(self.key, self.entry["bytes"], self._download, self._check,
+                              f"{self.remote.shown}/{self.entry['file']}")
+
+    def _download(self, fd: int) -> None:
+        import hashlib
+
+        self._hash = hashlib.sha256() if "file_sha256" in self.entry else None
+        self._got = self.remote.download(self.entry["file"], fd,
+                                         None if self._hash is None else self._hash.update)
+
+    def _check(self, path: str) -> str | None:
+        """What is wrong with the download at ``path`` (None: it matches the manifest)."""
+        want = self.entry["bytes"]
+        if self._got != want:
+            return f"{self._got} bytes arrived, the manifest says {want}"
+        if self._hash is not None:
+            if self._hash.hexdigest() != self.entry["file_sha256"]:
+                return "its SHA-256 is not the manifest's"
+            return None
+        from fastdata.shards.reader import READERS
+        from fastdata.shards.verify import verify_shard
+
+        reader = READERS[self.container](path, sizes=self.sizes, encoding=self.encoding,
+                                         count=self.entry["count"])
+        problems = verify_shard(reader, {**self.entry}, decode=False)
+        return str(problems[0]).split(": ", 1)[-1] if problems else None
+
+
+if __name__ == "__main__":
+    raise SystemExit(_helper_main())

@@ -1,0 +1,321 @@
+"""Shard sets in an object store: a real S3 server (moto's, started here) and a real HTTP server
+with faults on demand, read with the real client (obstore) through the node-local cache."""
+from __future__ import annotations
+
+import hashlib
+import http.server
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import fastdata
+from fastdata.converters.convert import convert
+from fastdata.shards import remote
+from fastdata.shards.cache import ShardCache, shard_key
+from tests.helpers import plain_folder, plain_loader
+
+pytest.importorskip("obstore", reason="obstore not installed (pip install "
+                                      "'fastdata-shards[remote]')")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def local_set(tmp_path_factory) -> str:
+    """24 samples in 5 raw HDF5 shards at 16 px."""
+    tmp = tmp_path_factory.mktemp("remote")
+    out = str(tmp / "set")
+    convert(plain_folder(tmp / "src", per_class=8), out, sizes=[16], shard_size=5, workers=1,
+            progress=False)
+    return out
+
+
+def _shards(path) -> list[str]:
+    return sorted(f for f in os.listdir(path) if f.startswith("shard-"))
+
+
+# ---------------------------------------------------------------- a real S3 server
+@pytest.fixture(scope="module")
+def s3(local_set):
+    """moto's S3 server on a free port, the set uploaded under s3://fastdata-test/sets/a."""
+    import boto3
+
+    port = _free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test-key",
+           "AWS_SECRET_ACCESS_KEY": "test-secret-never-shown", "AWS_REGION": "us-east-1"}
+    with pytest.MonkeyPatch.context() as mp_:
+        for k, v in env.items():
+            mp_.setenv(k, v)
+        client = boto3.client("s3")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.create_bucket(Bucket="fastdata-test")
+                break
+            except Exception:   # noqa: BLE001 - not up yet
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.2)
+        for f in os.listdir(local_set):
+            client.upload_file(os.path.join(local_set, f), "fastdata-test", f"sets/a/{f}")
+        try:
+            yield "s3://fastdata-test/sets/a"
+        finally:
+            server.kill()
+            server.wait()
+
+
+def test_a_set_in_s3_reads_as_the_local_set_does(s3, local_set, tmp_path):
+    ds = fastdata.open(s3, cache_dir=tmp_path)
+    assert repr(ds).startswith("ShardSet('s3://fastdata-test/sets/a', 24 samples")
+    remote_batches, local_batches = (
+        [(x.clone(), y.clone()) for x, y in plain_loader(p, seed=3, num_workers=2)]
+        for p in (ds, local_set))
+    assert len(remote_batches) == 6
+    for (a, b), (c, d) in zip(remote_batches, local_batches):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    assert len(os.listdir(tmp_path / "objects")) == len(_shards(local_set))
+
+
+def test_the_command_line_takes_a_url(s3, tmp_path, monkeypatch, capsys):
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path))
+    assert main(["info", s3]) == 0
+    assert "24" in capsys.readouterr().out
+    assert main(["verify", s3]) == 0
+
+
+def test_a_missing_set_and_credentials_in_messages(s3, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"s3://fastdata-test/nothing/manifest.json: "
+                                                r"not found"):
+        fastdata.open("s3://fastdata-test/nothing", cache_dir=tmp_path)
+    with pytest.raises(OSError) as e:
+        fastdata.open("https://user:hunter2@127.0.0.1:1/set?X-Amz-Signature=s3cr3t",
+                      cache_dir=tmp_path)
+    text = str(e.value)
+    assert "https://127.0.0.1:1/set/manifest.json" in text
+    assert "hunter2" not in text and "s3cr3t" not in text and "user" not in text
+
+
+# ---------------------------------------------------------------- a real HTTP server, faults
+class _Served(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.root, self.gets, self.faults = root, {}, {}
+        self.lock = threading.Lock()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self._answer(body=False)
+
+    def do_GET(self):
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        srv = self.server
+        name = self.path.rsplit("/", 1)[-1]
+        with srv.lock:
+            if body:
+                srv.gets[name] = srv.gets.get(name, 0) + 1
+            faults = srv.faults.get(name, [])
+            fault = faults.pop(0) if faults and body else None
+        path = os.path.join(srv.root, name)
+        if fault in (403, 404, 500) or not os.path.isfile(path):
+            code = fault or 404
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = open(path, "rb").read()
+        if fault == "corrupt":                  # as long, other bytes here and there
+            damaged = bytearray(data)
+            damaged[len(data) // 3::101] = bytes(b ^ 0xFF for b in damaged[len(data) // 3::101])
+            data = bytes(damaged)
+        if fault == "slow":
+            time.sleep(3)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not body:
+            return
+        if fault == "truncate":
+            self.wfile.write(data[:len(data) // 3])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def http_set(local_set):
+    server = _Served(local_set)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}/set"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """Short timeouts and retries: a failure is named in seconds."""
+    monkeypatch.setattr(remote, "TIMEOUT", 1)
+    monkeypatch.setattr(remote, "CONNECT_TIMEOUT", 1)
+    monkeypatch.setattr(remote, "RETRY_SECONDS", 4)
+
+
+def _read_all(url, cache_dir, **kw) -> list[int]:
+    loader = plain_loader(url, train=False, num_workers=0, cache_dir=cache_dir, **kw)
+    return [y for _, labels in loader for y in labels.tolist()]
+
+
+def _read_in_process(url, cache_dir, conn) -> None:
+    loader = plain_loader(url, num_workers=2, workers="process", cache_dir=cache_dir,
+                          seed=os.getpid())
+    conn.send(sum(x.shape[0] for x, _ in loader))
+
+
+def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set, tmp_path):
+    """Two loaders of two worker processes each, one cache: each shard fetched once."""
+    server, url = http_set
+    ctx = mp.get_context("fork")
+    pipes = [ctx.Pipe() for _ in range(2)]
+    procs = [ctx.Process(target=_read_in_process, args=(url, str(tmp_path), there))
+             for _, there in pipes]
+    for p in procs:
+        p.start()
+    assert [here.recv() for here, _ in pipes] == [24, 24]
+    for p in procs:
+        p.join(60)
+    assert {k: v for k, v in server.gets.items() if k.startswith("shard-")} == \
+        {f: 1 for f in _shards(local_set)}
+
+
+def test_the_cache_stays_under_its_limit_and_keeps_shards_in_use(http_set, local_set,
+                                                                 tmp_path):
+    server, url = http_set
+    sizes = [os.path.getsize(os.path.join(local_set, f)) for f in _shards(local_set)]
+    limit = 2 * max(sizes)
+    ds = fastdata.open(url, cache_dir=tmp_path, cache_limit=limit)
+    cache = ShardCache(tmp_path, limit)
+    peak = 0
+    for start in range(0, 24, 4):
+        ds.read_batch(range(start, start + 4), size=16)
+        ds.close()                  # a shard read and closed may be evicted
+        peak = max(peak, cache.used())
+    assert 0 < peak <= limit
+    held = fastdata.open(url, cache_dir=tmp_path, cache_limit=limit)
+    held.read_batch([0], size=16)                   # shard 0 open in this reader
+    for start in range(5, 24, 5):                   # every other shard, through the limit
+        ds.read_batch(range(start, min(start + 5, 24)), size=16)
+        ds.close()
+    assert os.path.exists(held.shards[0].path)      # never evicted while held
+    assert cache.used() <= limit
+    with pytest.raises(OSError, match=f"does not fit cache_limit={max(sizes) - 1}"):
+        fastdata.open(url, cache_dir=tmp_path / "small", cache_limit=max(sizes) - 1) \
+            .read_batch(range(24), size=16)
+
+
+def test_server_errors_are_retried_and_a_missing_shard_is_named(http_set, local_set,
+                                                                tmp_path, quick):
+    server, url = http_set
+    first = _shards(local_set)[0]
+    server.faults[first] = [500, 500]
+    assert sorted(_read_all(url, tmp_path / "a")) == sorted(
+        fastdata.open(local_set).labels.tolist())
+    assert server.gets[first] == 3
+    server.faults[first] = [404] * 5
+    with pytest.raises(FileNotFoundError, match=f"{url}/{first}: not found"):
+        _read_all(url, tmp_path / "b")
+
+
+@pytest.mark.parametrize("fault", [500, 403, "truncate", "slow"])
+def test_a_shard_that_keeps_failing_is_one_line_naming_it(http_set, local_set, tmp_path,
+                                                          quick, fault):
+    server, url = http_set
+    first = _shards(local_set)[0]
+    server.faults[first] = [fault] * 50
+    t = time.monotonic()
+    with pytest.raises(OSError) as e:
+        _read_all(url, tmp_path)
+    assert time.monotonic() - t < 30                          # bounded: no hang
+    assert f"{url}/{first}" in str(e.value) and "\n" not in str(e.value)
+    key = shard_key(fastdata.open(local_set).manifest["shards"][0], "hdf5")
+    assert key not in os.listdir(tmp_path / "objects")        # nothing wrong kept
+    assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith(key)]
+
+
+def test_damaged_bytes_are_fetched_again_then_refused(http_set, local_set, tmp_path):
+    server, url = http_set
+    first = _shards(local_set)[0]
+    server.faults[first] = ["corrupt"]                         # once: fetched again
+    want = fastdata.open(local_set).read_batch(range(24), size=16)
+    assert np.array_equal(fastdata.open(url, cache_dir=tmp_path / "a")
+                          .read_batch(range(24), size=16), want)
+    assert server.gets[first] == 2
+    server.faults[first] = ["corrupt"] * 2                     # twice: refused
+    with pytest.raises(OSError, match=f"{url}/{first}: .*twice: refused"):
+        fastdata.open(url, cache_dir=tmp_path / "b").read_batch(range(24), size=16)
+    assert not os.listdir(tmp_path / "b" / "objects")
+
+
+def test_a_cached_shard_altered_on_disk_is_fetched_again(http_set, local_set, tmp_path):
+    server, url = http_set
+    first = _shards(local_set)[0]
+    want = fastdata.open(local_set).read_batch(range(24), size=16)
+    fastdata.open(url, cache_dir=tmp_path).read_batch(range(24), size=16)
+    (cached,) = [p for p in (tmp_path / "objects").iterdir()
+                 if hashlib.sha256(p.read_bytes()).digest() ==
+                 hashlib.sha256(open(os.path.join(local_set, first), "rb").read()).digest()]
+    data = bytearray(cached.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    got = fastdata.open(url, cache_dir=tmp_path).read_batch(range(24), size=16)
+    assert np.array_equal(got, want) and server.gets[first] == 2
+
+
+def test_a_server_that_is_down_is_named_in_seconds(tmp_path, quick):
+    url = f"http://127.0.0.1:{_free_port()}/set"
+    t = time.monotonic()
+    with pytest.raises(OSError, match=f"{url}/manifest.json: reading failed"):
+        fastdata.open(url, cache_dir=tmp_path)
+    assert time.monotonic() - t < 30
+
+
+def test_a_file_url_and_a_folder_that_is_not_the_caches_own(local_set, tmp_path):
+    ds = fastdata.open("file://" + local_set, cache_dir=tmp_path / "c")
+    assert np.array_equal(ds.read_batch(range(24), size=16),
+                          fastdata.open(local_set).read_batch(range(24), size=16))
+    shutil.rmtree(tmp_path / "c" / "objects")
+    os.symlink(tmp_path, tmp_path / "c" / "objects")
+    with pytest.raises(OSError, match="is not a folder of its own: refused"):
+        fastdata.open("file://" + local_set, cache_dir=tmp_path / "c")
+    with pytest.raises(ValueError, match="cache_limit=-1 is not valid"):
+        fastdata.open("file://" + local_set, cache_dir=tmp_path / "d", cache_limit=-1)
