@@ -286,8 +286,8 @@ class Fetch:
             if self._hash.hexdigest() != self.entry["file_sha256"]:
                 return "its SHA-256 is not the manifest's"
             return None
+        from fastdata.shards.check import verify_shard
         from fastdata.shards.reader import READERS
-        from fastdata.shards.verify import verify_shard
 
         reader = READERS[self.container](path, sizes=self.sizes, encoding=self.encoding,
                                          count=self.entry["count"])
