@@ -1,6 +1,6 @@
 """A shard set read from a local S3 server (moto's) against the same set on the local disk,
-loader only: time to the first batch and img/s of a cold-cache epoch and of a warm one (the
-remote figures of docs/performance.md).
+loader only: time to the first batch and img/s of a cold-cache epoch and of a warm one, and the
+link's own bytes/s (the remote figures of docs/performance.md).
 
     OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/remote_cpu.py /tmp/photos --rounds 3
 
@@ -12,6 +12,7 @@ limit between the loader and the server (both on this host).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -43,6 +44,30 @@ print(*out)
 """
 
 
+def _link(local: str, url: str, rounds: int) -> float:
+    """Bytes/s of the server: every shard downloaded, 4 at a time, as the loader's prefetch
+    does (median of ``rounds``)."""
+    import concurrent.futures as cf
+
+    from fastdata.shards.remote import Remote
+
+    names = [f for f in os.listdir(local) if f.startswith("shard-")]
+    total = sum(os.path.getsize(os.path.join(local, f)) for f in names)
+    remote, rates = Remote(url), []
+    for _ in range(rounds):
+        def one(name):
+            fd = os.open(os.devnull, os.O_WRONLY)
+            try:
+                remote.download(name, fd)
+            finally:
+                os.close(fd)
+        t = time.perf_counter()
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, names))
+        rates.append(total / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
@@ -69,6 +94,13 @@ def main() -> None:
             client.create_bucket(Bucket="bench")
             for f in os.listdir(local):
                 client.upload_file(os.path.join(local, f), "bench", f"set/{f}")
+            link = _link(local, "s3://bench/set", a.rounds)
+            nbytes = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local)
+                         if f.startswith("shard-"))
+            with open(os.path.join(local, "manifest.json")) as f:
+                per_image = nbytes / json.load(f)["num_samples"]
+            print(f"the link: {link / 1e6:.0f} MB/s (the shards downloaded 4 at a time, "
+                  f"median of {a.rounds}); {nbytes / 1e6:.0f} MB of shards", flush=True)
             got: dict[str, list[list[float]]] = {"local": [], "s3": []}
             for r in range(a.rounds):
                 for name, path in (("local", local), ("s3", "s3://bench/set")):
@@ -87,6 +119,10 @@ def main() -> None:
         print(f"{k}: median epoch 1 {e1:.0f} img/s, first batch {f1:.2f} s, epoch 2 {e2:.0f}")
     print(f"s3 / local: epoch 1 {med['s3'][0] / med['local'][0]:.3f}, epoch 2 "
           f"{med['s3'][2] / med['local'][2]:.3f}")
+    allowed = min(med["local"][0], link / per_image)
+    print(f"epoch 1 / min(local epoch 1, the link's bytes/s over an image's "
+          f"{per_image / 1e3:.0f} kB = {link / per_image:.0f} img/s): "
+          f"{med['s3'][0] / allowed:.3f}")
 
 
 if __name__ == "__main__":

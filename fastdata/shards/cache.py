@@ -181,9 +181,8 @@ class ShardCache:
 
     def _fill(self, tmp: str, fetch, check) -> str | None:
         fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            fetch(fd)
-            os.fsync(fd)
+        try:        # no fsync: a cache is not a record, and a process killed mid-way leaves
+            fetch(fd)   # only its temporary file, never renamed
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
                 raise OSError(f"cache folder {self.root}: {e.strerror}: cannot hold the "
