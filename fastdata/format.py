@@ -279,6 +279,10 @@ def _check_shards(m: dict, f) -> int:
           "an integer >= 0")
         f(f"{where}.sha256", s.get("sha256"), isinstance(s.get("sha256"), str),
           "a hex digest")
+        whole = s.get("file_sha256")            # optional: the whole file's, for a cache
+        f(f"{where}.file_sha256", whole, whole is None or (
+            isinstance(whole, str) and re.fullmatch(r"[0-9a-f]{64}", whole) is not None),
+          "absent, or the file's SHA-256 in hex")
     return end
 
 

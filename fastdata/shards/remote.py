@@ -132,13 +132,14 @@ class Remote:
             return bytes(got.bytes())
         return self._call(name, "reading", get)
 
-    def download(self, name: str, fd: int, update: Callable[[memoryview], None] | None = None
-                 ) -> int:
+    def download(self, name: str, fd: int, update: Callable[[memoryview], None] | None = None,
+                 limit: int | None = None) -> int:
         """Stream ``name`` into the open file ``fd``; ``update`` sees each chunk (a checksum).
-        Returns the bytes written."""
+        Returns the bytes written; more than ``limit`` is an error (a server that sends more
+        than the manifest says fills no disk)."""
         if _forked():
             start = os.lseek(fd, 0, os.SEEK_CUR)
-            n = self._helper(name, fd, None)
+            n = self._helper(name, fd, None, limit)
             if update is not None:          # the checksum, over what the helper wrote
                 for at in range(0, n, 8 << 20):
                     update(memoryview(os.pread(fd, min(8 << 20, n - at), start + at)))
@@ -148,6 +149,8 @@ class Remote:
         def get() -> int:
             n = 0
             for chunk in obstore.get(self.store, name).stream(min_chunk_size=8 << 20):
+                if limit is not None and n + len(chunk) > limit:
+                    raise ValueError(f"more than the {limit} bytes expected")
                 view = memoryview(chunk)
                 if update is not None:
                     update(view)
@@ -157,14 +160,15 @@ class Remote:
             return n
         return self._call(name, "download", get)
 
-
-    def _helper(self, name: str, fd: int, limit: int | None) -> int:
-        """``name`` fetched by a fresh helper process into ``fd``; returns the bytes written."""
+    def _helper(self, name: str, fd: int, whole: int | None, limit: int | None = None) -> int:
+        """``name`` fetched by a fresh helper process into ``fd`` (``whole``: ``read``'s limit,
+        else ``download``'s ``limit``); returns the bytes written."""
         import json
         import sys
         import tempfile
 
-        job = json.dumps({"url": self.url, "name": name, "limit": limit, "timeout": TIMEOUT,
+        job = json.dumps({"url": self.url, "name": name, "whole": whole, "limit": limit,
+                          "timeout": TIMEOUT,
                           "connect_timeout": CONNECT_TIMEOUT, "retries": RETRIES,
                           "retry_seconds": RETRY_SECONDS}).encode()
         start = os.lseek(fd, 0, os.SEEK_CUR)
@@ -202,11 +206,11 @@ def _helper_main() -> int:
     RETRIES, RETRY_SECONDS = job["retries"], job["retry_seconds"]
     remote = Remote(job["url"])
     try:
-        if job["limit"] is not None:
-            sys.stdout.buffer.write(remote.read(job["name"], job["limit"]))
+        if job["whole"] is not None:
+            sys.stdout.buffer.write(remote.read(job["name"], job["whole"]))
             sys.stdout.buffer.flush()
         else:
-            remote.download(job["name"], sys.stdout.fileno())
+            remote.download(job["name"], sys.stdout.fileno(), limit=job["limit"])
     except OSError as e:
         print(f"{'FileNotFoundError' if isinstance(e, FileNotFoundError) else 'OSError'}: {e}",
               file=sys.stderr)
@@ -275,7 +279,8 @@ class Fetch:
 
         self._hash = hashlib.sha256() if "file_sha256" in self.entry else None
         self._got = self.remote.download(self.entry["file"], fd,
-                                         None if self._hash is None else self._hash.update)
+                                         None if self._hash is None else self._hash.update,
+                                         limit=self.entry["bytes"])
 
     def _check(self, path: str) -> str | None:
         """What is wrong with the download at ``path`` (None: it matches the manifest)."""

@@ -157,6 +157,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             data = bytes(damaged)
         if fault == "slow":
             time.sleep(3)
+        if fault == "oversize":                 # more than the manifest says the shard is
+            data += bytes(1 << 20)
         self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -256,7 +258,7 @@ def test_server_errors_are_retried_and_a_missing_shard_is_named(http_set, local_
         _read_all(url, tmp_path / "b")
 
 
-@pytest.mark.parametrize("fault", [500, 403, "truncate", "slow"])
+@pytest.mark.parametrize("fault", [500, 403, "truncate", "slow", "oversize"])
 def test_a_shard_that_keeps_failing_is_one_line_naming_it(http_set, local_set, tmp_path,
                                                           quick, fault):
     server, url = http_set
