@@ -196,7 +196,10 @@ def fit(step: TrainStep, loader: Loader, *, epochs: int, eval_loader: Loader | N
         One record per epoch run here (loss, images_per_s, val_acc, ...).
 
     Raises:
-        ValueError: a bad argument, or a checkpoint of another run or not fastdata's.
+        ValueError: a bad argument, a checkpoint of another run or not fastdata's, or one
+            of another world size or batch size whose global batch this layout cannot make
+            (where it can, the accumulation is set to keep it: ``docs/loading.md``, "Resuming
+            on another layout").
         FolderBusyError: another run holds ``checkpoint_dir``.
         KeyboardInterrupt: Ctrl-C or SIGTERM, after saving where the window closed.
     """
