@@ -7,7 +7,8 @@ link's own bytes/s (the remote figures of docs/performance.md).
 The photos converted to raw HDF5 at 256 px; RandomResizedCrop(224) + flip + normalise to
 float32, batch 64, 2 reader threads; each run in a fresh interpreter, local and remote
 interleaved round by round, each remote round with an empty cache. No bandwidth or latency
-limit between the loader and the server (both on this host).
+limit between the loader and the server (both on this host). ``--window W`` adds the bucket
+read with ``shuffle_window=W``.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ import sys, time
 t0 = time.perf_counter()
 import torch, fastdata
 torch.set_num_threads(1)
-path, cache = sys.argv[1], sys.argv[2]
+path, cache, window = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None
 loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2,
-                         cache_dir=cache if path.startswith("s3://") else None)
+                         cache_dir=cache if path.startswith("s3://") else None,
+                         shuffle_window=window)
 t = time.perf_counter()
 out = []
 for epoch in range(2):
@@ -72,6 +74,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--window", type=int, default=2,
+                   help="also read the bucket with shuffle_window=W (0: not)")
     a = p.parse_args()
     import boto3
 
@@ -101,12 +105,16 @@ def main() -> None:
                 per_image = nbytes / json.load(f)["num_samples"]
             print(f"the link: {link / 1e6:.0f} MB/s (the shards downloaded 4 at a time, "
                   f"median of {a.rounds}); {nbytes / 1e6:.0f} MB of shards", flush=True)
-            got: dict[str, list[list[float]]] = {"local": [], "s3": []}
+            runs = [("local", local, 0), ("s3", "s3://bench/set", 0)]
+            if a.window:
+                runs.append((f"s3, shuffle_window={a.window}", "s3://bench/set", a.window))
+            got: dict[str, list[list[float]]] = {name: [] for name, _, _ in runs}
             for r in range(a.rounds):
-                for name, path in (("local", local), ("s3", "s3://bench/set")):
+                for name, path, window in runs:
                     cache = os.path.join(tmp, "cache")
                     shutil.rmtree(cache, ignore_errors=True)
-                    out = subprocess.run([sys.executable, "-c", RUN, path, cache], check=True,
+                    out = subprocess.run([sys.executable, "-c", RUN, path, cache, str(window)],
+                                         check=True,
                                          capture_output=True, text=True).stdout.split()
                     got[name].append([float(x) for x in out])
                     e1, f1, e2, _ = got[name][-1]

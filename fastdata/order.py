@@ -29,6 +29,34 @@ from fastdata.checks import flag, integer
 Draw = Callable[[int, int, bool], np.ndarray]
 
 
+def shard_windows(counts, window: int) -> Draw:
+    """The draw of a shuffle over windows of shards: each epoch the shards are permuted, taken
+    ``window`` at a time, and the samples of each window shuffled among themselves. A pass then
+    reads its shards a window at a time (a remote set's cache holds a window, not the set).
+    Unshuffled: the set in order.
+
+    Args:
+        counts: each shard's samples, in shard order.
+        window: shards shuffled together (>= 1).
+    """
+    counts = np.asarray(counts, np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    n = int(counts.sum())
+
+    def draw(seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        if not shuffle:
+            return np.arange(n, dtype=np.int64)
+        rng = np.random.default_rng([seed, epoch, 4])
+        shards = rng.permutation(len(counts))
+        parts = []
+        for w in range(0, len(shards), window):
+            chosen = shards[w:w + window]
+            idx = np.concatenate([np.arange(starts[s], starts[s] + counts[s]) for s in chosen])
+            parts.append(idx[rng.permutation(len(idx))])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return draw
+
+
 class Order:
     def __init__(self, n: int, *, batch_size: int, train: bool = True, shuffle: bool | None = None,
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,

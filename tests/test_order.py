@@ -1,6 +1,7 @@
 """The order's batches per epoch."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fastdata.order import Order
@@ -84,3 +85,37 @@ def test_a_state_of_another_set_or_out_of_range_is_named(bad, match):
     o = Order(40, batch_size=4)
     with pytest.raises(ValueError, match=match):
         o.load_state_dict({**o.state_dict(), **bad})
+
+
+def test_a_shuffle_over_windows_of_shards_reads_a_window_at_a_time():
+    from fastdata.order import shard_windows
+
+    counts = [5, 5, 5, 5, 4, 3]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    draw = shard_windows(counts, 2)
+    order = draw(3, 0, True)
+    assert sorted(order.tolist()) == list(range(27))
+    shard_of = np.searchsorted(starts, order, side="right") - 1
+    seen, at = [], 0
+    while at < len(order):                      # each window: 2 whole shards, then the next
+        window = set(shard_of[at:at + 1].tolist())
+        end = at
+        while end < len(order) and (len(window) < 2 or shard_of[end] in window):
+            window.add(int(shard_of[end]))
+            end += 1
+        assert sum(counts[s] for s in window) == end - at
+        seen += sorted(window)
+        at = end
+    assert sorted(seen) == list(range(6))
+    assert not np.array_equal(order, draw(3, 1, True)) and np.array_equal(order, draw(3, 0, True))
+    assert draw(3, 0, False).tolist() == list(range(27))
+    # the Order's partition and resume rules hold unchanged
+    old = [Order(27, batch_size=2, rank=r, world_size=3, seed=3, draw=draw) for r in range(3)]
+    for o in old:
+        o.position = 2
+    new = [Order(27, batch_size=3, rank=r, world_size=2, seed=3, draw=draw) for r in range(2)]
+    for o in new:
+        o.load_state_dict(old[0].state_dict())
+    head = sorted(order[:12].tolist())
+    rest = [i for o in new for b in o.batches() for i in b.tolist()]
+    assert sorted(rest) == sorted(order[12:12 + len(rest)].tolist()) and not set(rest) & set(head)

@@ -23,7 +23,7 @@ from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastdata.order import Order
+from fastdata.order import Order, shard_windows
 from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
 
@@ -124,6 +124,10 @@ class Loader:
         scale: RandomResizedCrop's range of the crop's area.
         ratio: RandomResizedCrop's range of the crop's aspect ratio.
         shuffle: shuffle each epoch (default: ``train``).
+        shuffle_window: shuffle within windows of this many shards, taken in a random order
+            each epoch, instead of over the whole set: a pass reads its shards a window at a
+            time (a remote set's first batch needs one window; ``docs/loading.md``, "Shard
+            sets in an object store"). None: over the whole set.
         seed: the order's and the augmentation's seed; with the epoch, rank and batch it
             decides every random draw.
         drop_last: drop each epoch's partial batch (default: ``train``).
@@ -171,7 +175,8 @@ class Loader:
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
                  scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                 shuffle: bool | None = None, seed: int = 0, drop_last: bool | None = None,
+                 shuffle: bool | None = None, shuffle_window: int | None = None,
+                 seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None, jpeg_decode: str = "auto",
@@ -201,6 +206,12 @@ class Loader:
             world_size = w if world_size is None else world_size
         ds = self.dataset
         n, draw = (ds.epoch_size, ds.draw) if isinstance(ds, Mixture) else (len(ds), None)
+        window = integer("shuffle_window", shuffle_window, 1, optional=True)
+        if window is not None:
+            if isinstance(ds, Mixture):
+                raise ValueError("shuffle_window reads one set's shards a window at a time; a "
+                                 "Mixture draws its own order: leave shuffle_window=None")
+            draw = shard_windows([s["count"] for s in ds.manifest["shards"]], window)
         self.order = Order(n, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
                            rank=rank, world_size=world_size, drop_last=drop_last, draw=draw)
         self._resume, self._iterations = False, 0      # see __iter__

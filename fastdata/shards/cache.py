@@ -11,7 +11,8 @@ Layout under the cache folder (``cache_dir``; default ``$FASTDATA_CACHE``, else
   time); a file that no longer matches its stamp (altered on disk) is fetched again. The
   stamp's own time is the shard's last use (touched at each), for least-recently-used order;
 * ``locks/<key>``: one lock per shard, held by the process fetching it; ``lock``: held while
-  room is made, so two processes never both fill the last bytes;
+  room is made, so two processes never both fill the last bytes (POSIX locks, which a forked
+  child does not inherit);
 * ``tmp/``: downloads in progress, each at its full size from the start (the limit counts
   them), renamed into ``objects/`` only once checked: nothing half-written is ever read.
 
@@ -29,6 +30,7 @@ import logging
 import os
 import re
 import secrets
+import threading
 from collections.abc import Callable
 
 log = logging.getLogger("fastdata")
@@ -51,32 +53,35 @@ def shard_key(entry: dict, container: str) -> str:
     return "c-" + hashlib.sha256(text.encode()).hexdigest()
 
 
-#: the lock files this process has open: a forked child closes its copies, else it would
-#: hold the parent's locks (an ``flock`` lives as long as any copy of its descriptor)
-_HELD: set[int] = set()
+# a lock is a POSIX record lock (``lockf``): one a forked child never inherits (an ``flock``
+# would live on in a child's copy of its descriptor, forked while a download ran); POSIX locks
+# are per process, so the threads of one take a ``threading.Lock`` per file first, replaced
+# in a forked child (one held by another thread at the fork would never be released there)
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_GUARD = threading.Lock()
 
 
-def _close_held() -> None:
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
+def _fresh_locks() -> None:
+    global _THREAD_LOCKS, _GUARD
+    _THREAD_LOCKS, _GUARD = {}, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_close_held)
+os.register_at_fork(after_in_child=_fresh_locks)
 
 
 @contextlib.contextmanager
-def _locked(path: str, how: int = fcntl.LOCK_EX):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_CLOEXEC", 0), 0o644)
-    _HELD.add(fd)
-    try:
-        fcntl.flock(fd, how)
-        yield fd
-    finally:
-        _HELD.discard(fd)
-        os.close(fd)
+def _locked(path: str):
+    """``path`` locked against every other thread and process of the node."""
+    with _GUARD:
+        mine = _THREAD_LOCKS.setdefault(path, threading.Lock())
+    with mine:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)
 
 
 class ShardCache:

@@ -204,6 +204,14 @@ def _read_in_process(url, cache_dir, conn) -> None:
     conn.send(sum(x.shape[0] for x, _ in loader))
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
 def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set, tmp_path):
     """Two loaders of two worker processes each, one cache: each shard fetched once."""
     server, url = http_set
@@ -213,9 +221,16 @@ def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set,
              for _, there in pipes]
     for p in procs:
         p.start()
-    assert [here.recv() for here, _ in pipes] == [24, 24]
-    for p in procs:
-        p.join(60)
+    try:                        # a hang fails here, and its processes are not left behind
+        assert [here.poll(120) and here.recv() for here, _ in pipes] == [24, 24]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                for child in _children(p.pid):
+                    os.kill(child, 9)
+                p.kill()
+                p.join()
     assert {k: v for k, v in server.gets.items() if k.startswith("shard-")} == \
         {f: 1 for f in _shards(local_set)}
 
@@ -321,3 +336,16 @@ def test_a_file_url_and_a_folder_that_is_not_the_caches_own(local_set, tmp_path)
         fastdata.open("file://" + local_set, cache_dir=tmp_path / "c")
     with pytest.raises(ValueError, match="cache_limit=-1 is not valid"):
         fastdata.open("file://" + local_set, cache_dir=tmp_path / "d", cache_limit=-1)
+
+
+def test_a_shuffle_over_windows_opens_one_window_for_the_first_batch(http_set, tmp_path):
+    _, url = http_set
+    ds = fastdata.open(url, cache_dir=tmp_path)
+    loader = plain_loader(ds, num_workers=0, shuffle_window=1)
+    images, labels = next(iter(loader))
+    assert sum(r._h is not None for r in ds.shards) == 1      # one shard, not the set
+    whole = plain_loader(ds, num_workers=0, shuffle_window=2)
+    assert sorted(y for _, b in whole for y in b.tolist()) == sorted(
+        np.asarray(ds.labels)[np.concatenate([b for b in whole.order.batches()])].tolist())
+    with pytest.raises(ValueError, match="shuffle_window=0 is not valid"):
+        plain_loader(ds, shuffle_window=0)
