@@ -325,7 +325,7 @@ class Loader:
         """Resume at a ``state_dict()``'s position: the next pass reads exactly the rest of
         that epoch, also on another number of ranks, batch size, number or kind of workers or
         backend (the epoch's remaining samples, each once across the ranks; ``docs/loading.md``,
-        "Resuming").
+        "Resuming on another layout").
 
         Raises:
             ValueError: ``state`` is not a loader's state, or one of a set of another size.
