@@ -23,7 +23,7 @@ from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastdata.order import Order, shard_windows
+from fastdata.order import Draw, Order, shard_windows
 from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
 
@@ -205,7 +205,8 @@ class Loader:
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
         ds = self.dataset
-        n, draw = (ds.epoch_size, ds.draw) if isinstance(ds, Mixture) else (len(ds), None)
+        draw: Draw | None = ds.draw if isinstance(ds, Mixture) else None
+        n = ds.epoch_size if isinstance(ds, Mixture) else len(ds)
         window = integer("shuffle_window", shuffle_window, 1, optional=True)
         if window is not None:
             if isinstance(ds, Mixture):
