@@ -200,6 +200,7 @@ class ShardCache:
     def _reserve(self, key: str, size: int) -> str:
         """A temporary file of ``size`` bytes, made once the cache has room for it."""
         with _locked(os.path.join(self.root, "lock")):
+            self._sweep()
             self._make_room(size)
             tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -209,6 +210,18 @@ class ShardCache:
             finally:
                 os.close(fd)
             return tmp
+
+    def _sweep(self) -> None:
+        """Remove the temporary files of processes that are gone (killed mid-download)."""
+        for _, name, _ in self._entries("tmp"):
+            pid = int(name.split(".")[1])
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.root, "tmp", name))
+            except PermissionError:     # alive, another user's
+                pass
 
     def used(self) -> int:
         """Bytes of cached and in-flight shards."""

@@ -349,3 +349,14 @@ def test_a_shuffle_over_windows_opens_one_window_for_the_first_batch(http_set, t
         np.asarray(ds.labels)[np.concatenate([b for b in whole.order.batches()])].tolist())
     with pytest.raises(ValueError, match="shuffle_window=0 is not valid"):
         plain_loader(ds, shuffle_window=0)
+
+
+def test_a_download_left_by_a_killed_process_is_swept(http_set, local_set, tmp_path):
+    _, url = http_set
+    ShardCache(tmp_path)                                    # its folders
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / "tmp" / f"c-{'0' * 64}.{dead.pid}.0123abcd"
+    left.write_bytes(bytes(1 << 20))
+    fastdata.open(url, cache_dir=tmp_path).read_batch([0], size=16)
+    assert not left.exists()
