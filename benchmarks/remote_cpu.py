@@ -7,7 +7,7 @@ link's own bytes/s (the remote figures of docs/performance.md).
 The photos converted to raw HDF5 at 256 px; RandomResizedCrop(224) + flip + normalise to
 float32, batch 64, 2 reader threads; each run in a fresh interpreter, local and remote
 interleaved round by round, each remote round with an empty cache. No bandwidth or latency
-limit between the loader and the server (both on this host). ``--window W`` adds the bucket
+limit between the loader and the server (both on the same host). ``--window W`` adds the bucket
 read with ``shuffle_window=W``.
 """
 from __future__ import annotations
