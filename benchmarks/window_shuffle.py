@@ -6,10 +6,10 @@ figures of docs/performance.md).
     OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/window_shuffle.py --seeds 2
 
 Randomness: over 20 epochs, the distinct shards a batch of 32 draws from (full shuffle: nearly
-all 12) and the distinct classes it holds (of 6): the converter writes class after class, so a
-window of few shards holds few classes. Training: resnet8 at 32 px, AdamW 3e-3, OneCycle,
-RandomResizedCrop (scale 0.35-1) + flip, batch 32, 15 epochs, fp32 on the CPU; held-out
-accuracy after the last epoch, per seed.
+all 12) and the distinct classes it holds (of 6), with the set converted in folder order
+(class after class: a window of few shards holds few classes) and with ``shuffle=True``.
+Training: resnet8 at 32 px, AdamW 3e-3, OneCycle, RandomResizedCrop (scale 0.35-1) + flip,
+batch 32, 15 epochs, fp32 on the CPU; held-out accuracy after the last epoch, per seed.
 """
 from __future__ import annotations
 
@@ -68,17 +68,21 @@ def main() -> None:
         j = lambda *x: os.path.join(tmp, *x)  # noqa: E731
         make_sample_folder(j("train"), per_class=80, seed=0)
         make_sample_folder(j("val"), per_class=20, seed=1)
-        convert(j("train"), j("train-set"), sizes=[32], shard_size=40, progress=False)
         convert(j("val"), j("val-set"), sizes=[32], progress=False)
-        for w in (None, 1, 2, 4, 6):
-            shards, classes = _randomness(j("train-set"), w)
-            print(f"{'full shuffle' if w is None else f'shuffle_window={w}'}: {shards:.1f} "
-                  f"shards and {classes:.1f} classes a batch of 32", flush=True)
-        for seed in range(a.seeds):
-            for w in (None, *a.window):
-                acc = _train(j("train-set"), j("val-set"), w, seed)
-                print(f"seed {seed}, {'full shuffle' if w is None else f'shuffle_window={w}'}: "
-                      f"held-out accuracy {acc:.3f}", flush=True)
+        for mixed in (False, True):
+            shards = "shards mixed (convert --shuffle)" if mixed else "shards class by class"
+            train = j(f"train-{mixed}")
+            convert(j("train"), train, sizes=[32], shard_size=40, progress=False, shuffle=mixed)
+            for w in (None, 1, 2, 4, 6):
+                n, classes = _randomness(train, w)
+                print(f"{shards}, {'full shuffle' if w is None else f'shuffle_window={w}'}: "
+                      f"{n:.1f} shards and {classes:.1f} classes a batch of 32", flush=True)
+            for seed in range(a.seeds):
+                for w in (None, *a.window):
+                    acc = _train(train, j("val-set"), w, seed)
+                    print(f"{shards}, seed {seed}, "
+                          f"{'full shuffle' if w is None else f'shuffle_window={w}'}: "
+                          f"held-out accuracy {acc:.3f}", flush=True)
 
 
 if __name__ == "__main__":

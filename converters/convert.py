@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fastdata.checks import choice, integer, printable
+from fastdata.checks import choice, flag, integer, printable
 from fastdata.converters.decode import DecodeOptions
 from fastdata.converters.labels import scan_labeled
 from fastdata.converters.pool import Decoder, in_flight
@@ -136,7 +136,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,
-            engine: str = "local", address: str | None = None) -> dict:
+            engine: str = "local", address: str | None = None, shuffle: bool = False) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``.
 
     Args:
@@ -160,6 +160,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             Ray cluster: ``fastdata.converters.ray_engine``); the same shards either way.
         address: the Ray cluster's address (default: ``RAY_ADDRESS``, or a local cluster that
             ``ray.init`` starts).
+        shuffle: write the files in an order drawn from a fixed seed instead of the folder's
+            (class after class), so that every shard mixes the classes: what a loader's
+            ``shuffle_window`` needs. The same order every time (``resume`` included).
 
     Returns:
         The manifest written to ``out/manifest.json``.
@@ -189,9 +192,11 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         if not scan.files:
             raise ConversionError(_nothing_found(scan))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
+    if flag("shuffle", shuffle):
+        scan = scan.shuffled()
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
-               labels=labels)
+               labels=labels, shuffle=shuffle)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -230,6 +235,7 @@ class _Job:
     shard_size: int
     opts: DecodeOptions
     labels: str | None = None       # the labels file, if labels do not come from folders
+    shuffle: bool = False           # the files in a seeded order, not the folder's
     fp: str = ""
 
     def __post_init__(self):
@@ -241,7 +247,8 @@ class _Job:
         o = self.opts
         return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
-                "shard_size": self.shard_size, "labels": self.labels}
+                "shard_size": self.shard_size, "labels": self.labels,
+                "shuffle": self.shuffle}
 
 
 def _finished(job: _Job) -> dict | None:
@@ -374,7 +381,7 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         "num_samples": shards[-1]["start"] + shards[-1]["count"], "shards": shards,
         "skipped": scan.skipped + skipped, "ignored": scan.ignored, "empty_classes": empty,
         "source": job.src, "config": job.fp, "shard_size": job.shard_size,
-        "labels_file": job.labels,
+        "labels_file": job.labels, "shuffle": job.shuffle,
     }
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]

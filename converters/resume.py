@@ -183,6 +183,8 @@ def saved_options(out: str) -> tuple[dict, str] | None:
         found = {k: done.get(k) for k in keys}
         if done.get("labels_file") is not None:     # labels from a file, not from folders
             found["labels"] = done["labels_file"]
+        if done.get("shuffle"):
+            found["shuffle"] = True
         return found, os.path.join(out, MANIFEST)
     for container in CONTAINERS:
         path = os.path.join(out, shard_file(container, 0))

@@ -12,6 +12,7 @@ types are used: no ``stat`` per file (but for links), which a network file syste
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Sequence
@@ -95,6 +96,22 @@ class Scan:
     label_kind: str = "class"               # see fastdata.format.LABEL_KINDS
     #: (files, K) float32 targets of a multi-label or regression labels file, else None
     targets: np.ndarray | None = None
+
+    def shuffled(self, seed: int = 0) -> Scan:
+        """This scan with its files in an order drawn from ``seed`` (shards that mix the
+        classes)."""
+        return _shuffled(self, seed)
+
+
+def _shuffled(scan: Scan, seed: int = 0) -> Scan:
+    """``scan`` with its files (and targets) in an order drawn from ``seed``."""
+    perm = np.random.default_rng([seed, 5]).permutation(len(scan.files))
+    files = Files()
+    for k in perm.tolist():
+        path, label = scan.files[k]
+        files.extend([path], label)
+    targets = None if scan.targets is None else scan.targets[perm]
+    return dataclasses.replace(scan, files=files.freeze(), targets=targets)
 
 
 def walk_images(folder: str, rel: str, ignored: dict[str, int], *,

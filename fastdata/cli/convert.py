@@ -13,7 +13,7 @@ HELP = "pack an image folder (root/<class>/...) into shards"
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
-                    "fit": "crop", "shard_size": None, "labels": None}
+                    "fit": "crop", "shard_size": None, "labels": None, "shuffle": None}
 
 
 def _convert_options(a) -> dict:
@@ -26,13 +26,15 @@ def _convert_options(a) -> dict:
         found = saved_options(a.out)
         if found is not None:
             saved, where = found
+            shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
             log.info("resuming with the options recorded in %s: %s", where, " ".join(
-                f"--{k.replace('_', '-')} {','.join(map(str, v)) if isinstance(v, list) else v}"
+                f"--{k.replace('_', '-')}" + ("" if v is True else f" {shown(v)}")
                 for k, v in (("format", saved.get("container")), ("size", saved.get("sizes")),
                              ("encoding", saved.get("encoding")),
                              ("quality", saved.get("quality")), ("fit", saved.get("fit")),
                              ("shard_size", saved.get("shard_size")),
-                             ("labels", saved.get("labels"))) if v is not None))
+                             ("labels", saved.get("labels")),
+                             ("shuffle", saved.get("shuffle"))) if v not in (None, False)))
             return {k: v for k, v in saved.items() if v is not None}
     o = {**CONVERT_DEFAULTS, **given}
     if "quality" in given and o["encoding"] != "jpeg":
@@ -40,7 +42,7 @@ def _convert_options(a) -> dict:
                          f"conversion stores {o['encoding']} pixels): leave it out")
     return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
-            "shard_size": o["shard_size"], "labels": o["labels"]}
+            "shard_size": o["shard_size"], "labels": o["labels"], "shuffle": bool(o["shuffle"])}
 
 
 def run(a) -> int:
@@ -83,6 +85,9 @@ def add_args(c: argparse.ArgumentParser) -> None:
                         "on a Ray cluster (needs fastdata-shards[ray]; the same shards)")
     c.add_argument("--address", default=None, help="the Ray cluster's address for --engine "
                    "ray (default: RAY_ADDRESS, or a local cluster started for the run)")
+    c.add_argument("--shuffle", action="store_true", default=None,
+                   help="write the images in a seeded order, not class after class, so that "
+                        "every shard mixes the classes (for Loader(shuffle_window=...))")
     c.add_argument("--shard-size", type=int, default=None,
                    help="source files per shard: a shard holds the readable ones of its "
                         "range (default: ~256 MiB of raw data per shard)")

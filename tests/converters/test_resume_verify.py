@@ -402,3 +402,29 @@ def test_verify_shows_its_progress_in_samples(folder, tmp_path):
     r = subprocess.run([sys.executable, "-m", "fastdata.cli", "verify", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "21/21" in r.stderr and "img" in r.stderr, r.stderr
+
+
+def test_a_shuffled_conversion_mixes_the_classes_and_resumes_in_the_same_order(folder, tmp_path,
+                                                                             caplog):
+    """``--shuffle``: every shard mixes the classes, the order is the same each time, a resume
+    without options takes it up, and the set holds the same samples with the same labels."""
+    import hashlib
+
+    out, plain = tmp_path / "o", tmp_path / "p"
+    assert cli(["-q", "convert", folder, str(out), "--size", "8", "--shard-size", "5",
+                "--shuffle"]) == 0
+    assert cli(["-q", "convert", folder, str(plain), "--size", "8", "--shard-size", "5"]) == 0
+    full = json.loads((out / "manifest.json").read_text())
+    assert full["shuffle"] is True
+    ds, ref = fastdata.open(out), fastdata.open(plain)
+    assert all(len(set(ds.labels[s["start"]:s["start"] + s["count"]].tolist())) > 1
+               for s in full["shards"] if s["count"] >= 3)        # (the folder: class by class)
+    key = lambda d: sorted((hashlib.md5(x.tobytes()).hexdigest(), int(y)) for x, y in  # noqa: E731
+                           zip(d.read_batch(range(len(d))), d.labels))
+    assert key(ds) == key(ref) and ds.labels.tolist() != ref.labels.tolist()
+    caplog.set_level(logging.INFO, "fastdata")
+    for name in ("manifest.json", "shard-00003.h5", "shard-00004.h5"):
+        os.remove(out / name)
+    assert cli(["convert", folder, str(out), "--resume"]) == 0
+    assert "--shard-size 5 --shuffle" in caplog.text
+    assert json.loads((out / "manifest.json").read_text()) == full
