@@ -1,6 +1,7 @@
 """Which samples each rank reads, in which batches: the one implementation every backend uses.
 
-* Epoch order: a permutation drawn from ``(seed, epoch)`` (identity when ``shuffle=False``);
+* Epoch order: a permutation drawn from ``(seed, epoch)`` (identity when ``shuffle=False``), or
+  a ``draw`` of its own from the same (a ``Mixture``'s, a shuffle over windows of shards);
   ``set_epoch(e)`` as ``DistributedSampler`` (the order repeats until it is called).
 * Partition: rank ``r`` of ``w`` takes every ``w``-th sample of the epoch order from position
   ``r``. Train mode first truncates the order to a multiple of ``w`` so every rank holds the
@@ -24,8 +25,8 @@ import numpy as np
 
 from fastdata.checks import flag, integer
 
-#: ``draw(seed, epoch, shuffle) -> indices``: an epoch's order of a source with its own rule
-#: (a ``Mixture``); the default is a permutation of ``range(n)``
+#: ``draw(seed, epoch, shuffle) -> indices``: an epoch's order by a rule of its own (a
+#: ``Mixture``'s, ``shard_windows``); the default is a permutation of ``range(n)``
 Draw = Callable[[int, int, bool], np.ndarray]
 
 
