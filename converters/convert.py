@@ -149,7 +149,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         fit: how a non-square image becomes a square: ``"crop"``, ``"pad"`` or ``"stretch"``.
         workers: decode processes of the local engine (default: the usable cores).
         shard_size: source files per shard (default: ~256 MiB of raw pixels a shard). A shard
-            holds the readable ones of one such range of the sorted file list.
+            holds the readable ones of one such range of the file list (sorted, or in the
+            order ``shuffle`` draws).
         on_error: ``"skip"`` an unreadable input (reported in the manifest) or ``"raise"``.
         overwrite: replace a set at ``out`` (only files fastdata wrote there).
         resume: finish an interrupted conversion, keeping every shard that verifies.

@@ -98,20 +98,15 @@ class Scan:
     targets: np.ndarray | None = None
 
     def shuffled(self, seed: int = 0) -> Scan:
-        """This scan with its files in an order drawn from ``seed`` (shards that mix the
-        classes)."""
-        return _shuffled(self, seed)
-
-
-def _shuffled(scan: Scan, seed: int = 0) -> Scan:
-    """``scan`` with its files (and targets) in an order drawn from ``seed``."""
-    perm = np.random.default_rng([seed, 5]).permutation(len(scan.files))
-    files = Files()
-    for k in perm.tolist():
-        path, label = scan.files[k]
-        files.extend([path], label)
-    targets = None if scan.targets is None else scan.targets[perm]
-    return dataclasses.replace(scan, files=files.freeze(), targets=targets)
+        """This scan with its files (and targets) in an order drawn from ``seed`` (shards
+        that mix the classes)."""
+        perm = np.random.default_rng([seed, 5]).permutation(len(self.files))
+        files = Files()
+        for k in perm.tolist():
+            path, label = self.files[k]
+            files.extend([path], label)
+        targets = None if self.targets is None else self.targets[perm]
+        return dataclasses.replace(self, files=files.freeze(), targets=targets)
 
 
 def walk_images(folder: str, rel: str, ignored: dict[str, int], *,

@@ -268,3 +268,19 @@ def test_a_labels_set_is_repaired_by_the_commands_verify_prints(flat, tmp_path, 
                                           for k, p in enumerate(names)])
     os.remove(os.path.join(out, fastdata.open(out).manifest["shards"][1]["file"]))
     assert cli(["-q", *command[1:]]) != 0       # another labels file: not the same set
+
+
+def test_a_shuffled_multi_label_set_keeps_each_image_with_its_targets(flat, tmp_path):
+    src, names = flat
+    labels = write_csv(tmp_path / "m.csv", ["path", "cat", "dog", "car"],
+                       [[p, *targets(k)] for k, p in enumerate(names)])
+    for d in ("plain", "mixed"):
+        convert(src, str(tmp_path / d), sizes=[16], labels=labels, progress=False,
+                shuffle=d == "mixed")
+    plain, mixed = fastdata.open(tmp_path / "plain"), fastdata.open(tmp_path / "mixed")
+
+    def by_image(ds):
+        raw = ds.read_batch(range(len(ds)))
+        return sorted((raw[i].tobytes(), tuple(ds.labels[i].tolist())) for i in range(len(ds)))
+    assert by_image(mixed) == by_image(plain)
+    assert mixed.labels.tolist() != plain.labels.tolist()       # another order
