@@ -26,9 +26,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fastdata.checks import choice, flag, integer
-from fastdata.format import check_size
-from fastdata.shards.mapped import guard_faults, page_aligned
-from fastdata.shards.set import ShardSet
+from fastdata.shards.mapped import guard_faults
+from fastdata.shards.set import ShardSet, batch_buffer, stored_size
 
 CLASS_RULES = ("offset", "union")
 
@@ -172,11 +171,8 @@ class Mixture:
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes every set stores."""
-        s = check_size(size)
-        if s not in self.sizes:
-            raise ValueError(f"size {size!r} is not stored in every set of the mixture; "
-                             f"sizes they all store: {', '.join(map(str, self.sizes))}")
-        return s
+        return stored_size(size, self.sizes,
+                           "in every set of the mixture; sizes they all store")
 
     def source_of(self, indices) -> np.ndarray:
         """Which set (its place in ``sets``) each of ``indices`` is from."""
@@ -184,18 +180,24 @@ class Mixture:
         return np.searchsorted(self.starts, idx, side="right") - 1
 
     def _split(self, indices):
-        """``(set, positions in indices, local indices)`` for each set among ``indices``."""
+        """``(k, positions in indices, local indices)`` for each set ``sets[k]`` among
+        ``indices``."""
         idx = np.asarray(indices).reshape(-1)
-        if idx.size and (not np.issubdtype(idx.dtype, np.integer) or idx.min() < 0
-                         or idx.max() >= self._total):
-            bad = idx[0] if not np.issubdtype(idx.dtype, np.integer) else \
-                idx[(idx < 0) | (idx >= self._total)][0]
-            raise IndexError(f"sample index {bad!r} out of range for {self._total} samples")
+        if idx.size and not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"sample indices must be integers, got {idx.dtype}")
         idx = idx.astype(np.int64)
+        outside = (idx < 0) | (idx >= self._total)
+        if outside.any():
+            raise IndexError(f"sample index {idx[outside][0]} out of range for {self._total} "
+                             f"samples")
         src = self.source_of(idx)
-        for k in np.unique(src):
+        for k in np.unique(src).tolist():
             where = np.flatnonzero(src == k)
-            yield self.sets[int(k)], where, idx[where] - self.starts[k]
+            yield k, where, idx[where] - self.starts[k]
+
+    def _in_space(self, k: int, y: np.ndarray) -> np.ndarray:
+        """Set ``k``'s class labels ``y`` in the mixture's class space."""
+        return self._maps[k][y] if self._maps is not None else y + self.offsets[k]
 
     @property
     def labels(self) -> np.ndarray:
@@ -203,10 +205,8 @@ class Mixture:
         if self._labels is None:
             parts = []
             for k, s in enumerate(self.sets):
-                y = s.labels
-                if self.label_kind == "class":
-                    y = self._maps[k][y] if self._maps is not None else y + self.offsets[k]
-                parts.append(y)
+                parts.append(self._in_space(k, s.labels) if self.label_kind == "class"
+                             else s.labels)
             self._labels = np.concatenate(parts)
         return self._labels
 
@@ -216,15 +216,13 @@ class Mixture:
                 s.url is None for s in self.sets):
             return self.labels[indices]
         out = np.empty(len(np.asarray(indices).reshape(-1)), np.int64)
-        for member, where, local in self._split(indices):
-            k = self.sets.index(member)
-            y = member.labels_of(local)
-            out[where] = self._maps[k][y] if self._maps is not None else y + self.offsets[k]
+        for k, where, local in self._split(indices):
+            out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
     def prefetch(self, indices, in_flight: int = 4) -> Callable[[], None] | None:
         """Each remote set's ``prefetch`` of its share of ``indices``."""
-        stops = [m.prefetch(local, in_flight) for m, _, local in self._split(indices)]
+        stops = [self.sets[k].prefetch(local, in_flight) for k, _, local in self._split(indices)]
 
         def stop() -> None:
             for s in stops:
@@ -236,27 +234,23 @@ class Mixture:
                    ) -> np.ndarray:
         """Samples ``indices`` (in that order) as one ``(B, S, S, 3)`` uint8 array."""
         s = self.size if size is None else self.stored_size(size)
-        n = len(np.asarray(indices).reshape(-1))
-        if out is None:
-            out = page_aligned((n, s, s, 3))
-        elif out.shape != (n, s, s, 3) or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
+        out = batch_buffer(len(np.asarray(indices).reshape(-1)), s, out)
         faults = guard_faults()
-        for member, where, local in self._split(indices):
-            member._read_into(local, s, out, where)
+        for k, where, local in self._split(indices):
+            self.sets[k]._read_into(local, s, out, where)
         if guard_faults() != faults:
             self.check_intact(indices)
         return out
 
     def check_intact(self, indices) -> None:
         """``ShardSet.check_intact`` of the sets among ``indices``."""
-        for member, _, local in self._split(indices):
-            member.check_intact(local)
+        for k, _, local in self._split(indices):
+            self.sets[k].check_intact(local)
 
     def _gather(self, indices, fetch: Callable) -> list | None:
         out: list = [None] * len(np.asarray(indices).reshape(-1))
-        for member, where, local in self._split(indices):
-            got = fetch(member, local)
+        for k, where, local in self._split(indices):
+            got = fetch(self.sets[k], local)
             if got is None:
                 return None
             for w, v in zip(where.tolist(), got):
@@ -278,8 +272,8 @@ class Mixture:
         """``name(k)``: which set and sample ``indices[k]`` is, for messages."""
         def name(k: int) -> str:
             i = int(np.asarray(indices).reshape(-1)[k])
-            (member, _, local), = self._split([i])
-            return f"{member.sample_names(local)(0)} of {member.root}"
+            (k, _, local), = self._split([i])
+            return f"{self.sets[k].sample_names(local)(0)} of {self.sets[k].root}"
         return name
 
     def __getitem__(self, i: int):

@@ -107,11 +107,7 @@ class ShardSet:
 
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""
-        s = check_size(size)
-        if s not in self.sizes:
-            raise ValueError(f"size {size!r} is not stored in {self.root}; stored sizes: "
-                             f"{', '.join(map(str, self.sizes))}")
-        return s
+        return stored_size(size, self.sizes, f"in {self.url or self.root}; stored sizes")
 
     def __len__(self) -> int:
         return self._n
@@ -229,12 +225,8 @@ class ShardSet:
 
     def _read_batch(self, indices, size, out) -> np.ndarray:
         s = self.size if size is None else self.stored_size(size)
-        n = len(np.asarray(indices).reshape(-1))
-        if out is None:
-            out = page_aligned((n, s, s, 3))
-        elif out.shape != (n, s, s, 3) or out.dtype != np.uint8:
-            raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
-        self._read_into(indices, s, out, np.arange(n))
+        out = batch_buffer(len(np.asarray(indices).reshape(-1)), s, out)
+        self._read_into(indices, s, out, np.arange(len(out)))
         return out
 
     def _read_into(self, indices, s: int, out: np.ndarray, at: np.ndarray) -> None:
@@ -291,6 +283,23 @@ class ShardSet:
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         """``(manifest entry, reader)`` of each shard, in order."""
         return zip(self.manifest["shards"], self.shards)
+
+
+def stored_size(size, sizes, where: str) -> int:
+    """``size`` as an int, or a ValueError naming ``sizes`` (``where``: "in X; stored sizes")."""
+    s = check_size(size)
+    if s not in sizes:
+        raise ValueError(f"size {size!r} is not stored {where}: {', '.join(map(str, sizes))}")
+    return s
+
+
+def batch_buffer(n: int, s: int, out: np.ndarray | None) -> np.ndarray:
+    """``out`` checked to be a uint8 ``(n, s, s, 3)`` batch, or a fresh page-aligned one."""
+    if out is None:
+        return page_aligned((n, s, s, 3))
+    if out.shape != (n, s, s, 3) or out.dtype != np.uint8:
+        raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
+    return out
 
 
 def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:

@@ -249,8 +249,8 @@ def _fit(step: TrainStep, loader, *, epochs, eval_loader, ckpt, checkpoint_every
             log.info("resumed from %s: epoch %d, after %d of its samples (optimizer step %d)",
                      ckpt, epoch0, loader.order.offset if mid else 0, step.steps)
     run = _Run(step, loader, ckpt=ckpt, checkpoint_every=checkpoint_every, log_every=log_every,
-               max_steps=max_steps, rank=rank, group=group, progress=progress)
-    run.settle = ckpt is not None and resume and os.path.exists(ckpt)
+               max_steps=max_steps, rank=rank, group=group, progress=progress,
+               resumed=bool(ckpt and resume and os.path.exists(ckpt)))
     history = []
     try:
         for epoch in range(epoch0, epochs):
@@ -274,13 +274,13 @@ class _Run:
     """One rank's training epochs: progress, loss logs, checkpoints and the agreed stop."""
 
     def __init__(self, step: TrainStep, loader, *, ckpt, checkpoint_every, log_every, max_steps,
-                 rank, group, progress):
+                 rank, group, progress, resumed=False):
         self.step, self.loader, self.ckpt, self.rank, self.group = step, loader, ckpt, rank, group
         self.checkpoint_every, self.log_every, self.max_steps = checkpoint_every, log_every, \
             max_steps
         self.progress = progress
         self.last = len(loader)     # batches of the current pass
-        self.settle = False         # resumed: DDP's buckets as the uninterrupted run has them
+        self.settle = resumed       # DDP's buckets made as the uninterrupted run has them
         self.nclass = len(loader.dataset.classes)
         # with checkpoints, Ctrl-C or SIGTERM stops where an accumulation window closes, after
         # saving there (fastdata/interrupt.py), at the same step on every rank
