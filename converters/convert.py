@@ -24,10 +24,13 @@ from fastdata.converters.labels import scan_labeled
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
     changed_shards,
+    drop_unfinished,
     fingerprint,
     finished_manifest,
+    kept_entries,
     prepare_out,
     reusable_shards,
+    uploaded,
     what_differs,
 )
 from fastdata.converters.scan import Scan, scan_folder
@@ -55,6 +58,7 @@ from fastdata.outdir import (
     leftover_temps,
     remove_own,
 )
+from fastdata.shards.remote import is_url
 
 log = logging.getLogger("fastdata.convert")
 
@@ -178,6 +182,11 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         engine=engine, address=address, container=container, sizes=sizes, encoding=encoding,
         quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
         overwrite=overwrite, resume=resume)
+    bucket = None
+    if is_url(out):
+        from fastdata.converters.bucket import Bucket, staging_folder
+
+        bucket, out = Bucket(out), staging_folder(out)
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
@@ -197,7 +206,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         scan = scan.shuffled()
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
-               labels=labels, shuffle=shuffle)
+               labels=labels, shuffle=shuffle, bucket=bucket)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -205,11 +214,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     lock = FolderLock(out, "fastdata convert")
     try:
         lock.acquire()
-        prepare_out(out, src, overwrite=overwrite, resume=resume)
-        done = _finished(job) if resume else None
+        done, kept = _start(job, overwrite=overwrite, resume=resume)
         if done is not None:
             return done
-        kept = reusable_shards(out, container, sizes, encoding, job.fp) if resume else []
         if kept:
             log.info("resuming: reusing %d complete shards (%d samples)", len(kept),
                      kept[-1].start + kept[-1].count)
@@ -224,6 +231,25 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         raise
     finally:
         lock.release()
+        if bucket is not None:      # the staging folder, emptied as the shards went up
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
+
+
+def _start(job: _Job, *, overwrite: bool, resume: bool) -> tuple[dict | None, list[ShardMeta]]:
+    """The output checked for this run: the manifest of a finished set of this very job (or
+    None), and the complete shards a resumed run keeps."""
+    if job.bucket is None:
+        prepare_out(job.out, job.src, overwrite=overwrite, resume=resume)
+        done = _finished(job) if resume else None
+        return done, (reusable_shards(job.out, job.container, job.opts.sizes, job.opts.encoding,
+                                      job.fp) if resume and done is None else [])
+    job.bucket.prepare(overwrite=overwrite, resume=resume)
+    drop_unfinished(job.out, job.container, 0)      # what a killed run left in the staging
+    done = job.bucket.finished(job.fp, lambda m: what_differs(
+        m, job.container, job.opts, job.scan)) if resume else None
+    return done, (job.bucket.kept(job.fp, job.options(), job.container)
+                  if done is None else [])
 
 
 @dataclass
@@ -237,6 +263,7 @@ class _Job:
     opts: DecodeOptions
     labels: str | None = None       # the labels file, if labels do not come from folders
     shuffle: bool = False           # the files in a seeded order, not the folder's
+    bucket: Any = None              # a store's folder the shards go up to (converters.bucket)
     fp: str = ""
 
     def __post_init__(self):
@@ -292,9 +319,7 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
     """Decode the files after the ``kept`` shards and write them into shards; returns the
     manifest's ``shards`` and ``skipped`` entries."""
     files, out, container = job.scan.files, job.out, job.container
-    shards = [{"file": shard_file(container, m.index), "start": m.start, "count": m.count,
-               "sha256": m.sha256, "bytes": os.path.getsize(os.path.join(out, shard_file(
-                   container, m.index)))} for m in kept]
+    shards = kept_entries(job, kept)
     skipped = [s for m in kept for s in m.skipped]
     first = kept[-1].sources[1] if kept else 0
     n_done = kept[-1].start + kept[-1].count if kept else 0
@@ -308,8 +333,9 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                          sha256=shard.checksum(), config=job.fp, sources=(shard_first, end),
                          skipped=shard_skipped)
         nbytes = shard.finish(meta, job.options())
-        shards.append({"file": os.path.basename(shard.path), "start": meta.start,
-                       "count": meta.count, "sha256": meta.sha256, "bytes": nbytes})
+        shards.append(uploaded(job, {"file": os.path.basename(shard.path), "start": meta.start,
+                                     "count": meta.count, "sha256": meta.sha256,
+                                     "bytes": nbytes}, meta))
         skipped.extend(shard_skipped)
         n_done += len(shard)
         shard, shard_skipped, shard_first = None, [], end
@@ -401,6 +427,10 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     n_done, skipped, empty = manifest["num_samples"], manifest["skipped"], \
         manifest["empty_classes"]
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
+    if job.bucket is not None:
+        job.bucket.finish(out, manifest)
+        remove_own(out, [MANIFEST, TARGETS])
+        out = job.bucket.shown
     ignored = sum(scan.ignored.values())
     log.info("converted %d image%s into %d %s shard%s in %s (%d skipped as unreadable, %d "
              "other files ignored)", n_done, "" if n_done == 1 else "s", len(shards), container,

@@ -10,6 +10,10 @@ the manifest, last.
 The shards hold what the local converter's hold (the same ``manifest["shards"]`` checksums), so
 ``--resume`` works across engines: the complete shards are kept, the ranges after them redone.
 
+Into a store (OUT a URL): each task writes its shard into the staging folder on its node, and
+a second task on that node writes its place in, uploads it and removes it
+(``converters.bucket``).
+
 A task that fails is retried by Ray where its worker died (``max_retries``); one that raised
 (``on_error="raise"``) fails the conversion with the task's error. Every node needs fastdata
 installed (``pip install 'fastdata-shards[ray]'``) and the source and OUT at the same paths.
@@ -22,6 +26,7 @@ import socket
 
 from fastdata._optional import require
 from fastdata.converters.decode import prepare_batch
+from fastdata.converters.resume import kept_entries
 from fastdata.converters.units import ConversionError, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.format import ShardMeta, shard_file
@@ -52,6 +57,7 @@ def convert_range(src: str, out: str, container: str, opts, options: dict, fp: s
 
     writer, skipped = None, []
     end = first + len(files)
+    os.makedirs(out, exist_ok=True)     # a staging folder, on a node that had none yet
     try:
         for pos, (path, label) in enumerate(files, first):
             (_, payloads, crcs, error), = prepare_batch([(pos, os.path.join(src, path))], opts)
@@ -72,24 +78,37 @@ def convert_range(src: str, out: str, container: str, opts, options: dict, fp: s
                           config=fp, sources=(first, end), skipped=skipped)
         writer.finish(draft, options, place=False)
         return {"tmp": writer.tmp, "count": len(writer), "sha256": draft.sha256,
-                "skipped": skipped}
+                "skipped": skipped, "node": _node()}
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
 
 
+def _node() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def place_and_upload(container: str, tmp: str, path: str, meta: ShardMeta,
+                     remote) -> tuple[int, str]:
+    """A Ray task on the node that wrote the shard ``tmp``: ``meta`` written into it, renamed to
+    ``path``, uploaded and removed there; returns its size and whole-file SHA-256."""
+    from fastdata.converters.bucket import upload_shard
+
+    WRITERS[container].place(tmp, path, meta)
+    return upload_shard(remote, path)
+
+
 class _Placer:
     """Takes the tasks' results in range order: gives each shard its number, first sample and
-    the skips of empty ranges before it, and renames it into place."""
+    the skips of empty ranges before it, and renames it into place (for a store: on the node
+    that wrote it, which uploads it)."""
 
-    def __init__(self, job, kept: list[ShardMeta]):
-        self.job, self.shards, self.skipped = job, [], [s for m in kept for s in m.skipped]
-        for m in kept:
-            name = shard_file(job.container, m.index)
-            self.shards.append({"file": name, "start": m.start, "count": m.count,
-                                "sha256": m.sha256,
-                                "bytes": os.path.getsize(os.path.join(job.out, name))})
+    def __init__(self, job, kept: list[ShardMeta], ray=None):
+        self.job, self.ray, self.skipped = job, ray, [s for m in kept for s in m.skipped]
+        self.shards = kept_entries(job, kept)
         self.n_done = kept[-1].start + kept[-1].count if kept else 0
         # empty ranges' skips, for the next shard
         self.carry_first: int | None = None
@@ -106,12 +125,26 @@ class _Placer:
                          sha256=result["sha256"], config=job.fp, sources=(start, end),
                          skipped=self.carry + result["skipped"])
         name = shard_file(job.container, index)
-        nbytes = WRITERS[job.container].place(result["tmp"], os.path.join(job.out, name), meta)
-        self.shards.append({"file": name, "start": meta.start, "count": meta.count,
-                            "sha256": meta.sha256, "bytes": nbytes})
+        entry = {"file": name, "start": meta.start, "count": meta.count, "sha256": meta.sha256}
+        path = os.path.join(job.out, name)
+        if job.bucket is None:
+            entry["bytes"] = WRITERS[job.container].place(result["tmp"], path, meta)
+        else:
+            self._upload(result, path, meta, entry)
+        self.shards.append(entry)
         self.skipped.extend(meta.skipped)
         self.n_done += meta.count
         self.carry_first, self.carry = None, []
+
+    def _upload(self, result: dict, path: str, meta: ShardMeta, entry: dict) -> None:
+        ray, job = self.ray, self.job
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(max_retries=0)(place_and_upload).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(result["node"], soft=False))
+        entry["bytes"], entry["file_sha256"] = ray.get(task.remote(
+            job.container, result["tmp"], path, meta, job.bucket.remote))
+        job.bucket.record(entry, meta)
 
     def finish(self) -> tuple[list[dict], list[dict]]:
         return self.shards, self.skipped + self.carry
@@ -171,7 +204,7 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
 
     for k in range(window):
         submit(k)
-    placer = _Placer(job, kept)
+    placer = _Placer(job, kept, ray)
     bar = tqdm(total=len(files), initial=first, unit="img", desc="convert (ray)",
                disable=not progress, dynamic_ncols=True)
     try:

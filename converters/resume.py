@@ -8,6 +8,7 @@ import logging
 import os
 
 from fastdata.converters.decode import DecodeOptions
+from fastdata.converters.units import manifest_options
 from fastdata.converters.writers import WRITERS
 from fastdata.format import (
     CONTAINERS,
@@ -26,6 +27,7 @@ from fastdata.outdir import (
     remove_own,
 )
 from fastdata.shards import READERS
+from fastdata.shards.remote import is_url
 from fastdata.shards.verify import verify_shard
 
 log = logging.getLogger("fastdata")
@@ -105,6 +107,28 @@ def reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> 
     return kept
 
 
+def kept_entries(job, kept: list[ShardMeta]) -> list[dict]:
+    """The manifest entries of the ``kept`` shards of a resumed run."""
+    if job.bucket is not None:
+        return job.bucket.entries()
+    return [{"file": shard_file(job.container, m.index), "start": m.start, "count": m.count,
+             "sha256": m.sha256, "bytes": os.path.getsize(os.path.join(
+                 job.out, shard_file(job.container, m.index)))} for m in kept]
+
+
+def uploaded(job, entry: dict, meta: ShardMeta) -> dict:
+    """A shard just placed in ``job.out``, for a conversion into a store: uploaded, recorded in
+    the journal and removed here; its ``entry`` with the whole file's SHA-256."""
+    if job.bucket is None:
+        return entry
+    from fastdata.converters.bucket import upload_shard
+
+    entry["bytes"], entry["file_sha256"] = upload_shard(
+        job.bucket.remote, os.path.join(job.out, entry["file"]))
+    job.bucket.record(entry, meta)
+    return entry
+
+
 def drop_unfinished(out: str, container: str, kept: int) -> None:
     """Remove what an interrupted run left half-written, and the shards after the ``kept``
     ones (regular files of fastdata's names only)."""
@@ -177,15 +201,13 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     manifest, or for one that did not finish its first shard); None where neither says.
     Nothing found there is trusted beyond being passed back to ``convert()``, which checks it.
     """
+    if is_url(out):
+        from fastdata.converters.bucket import Bucket
+
+        return Bucket(out).saved_options()
     done = finished_manifest(out) if is_regular(os.path.join(out, MANIFEST)) else None
-    if done is not None and "shard_size" in done:
-        keys = ("container", "sizes", "encoding", "quality", "fit", "shard_size")
-        found = {k: done.get(k) for k in keys}
-        if done.get("labels_file") is not None:     # labels from a file, not from folders
-            found["labels"] = done["labels_file"]
-        if done.get("shuffle"):
-            found["shuffle"] = True
-        return found, os.path.join(out, MANIFEST)
+    if done is not None and manifest_options(done) is not None:
+        return manifest_options(done), os.path.join(out, MANIFEST)
     for container in CONTAINERS:
         path = os.path.join(out, shard_file(container, 0))
         if not is_regular(path):

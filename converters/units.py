@@ -1,5 +1,6 @@
 """The unit of work of a conversion, the same for every engine: a shard holds the readable
-files of one range of the sorted source list; and the error of inputs that cannot be read."""
+files of one range of the sorted source list; the error of inputs that cannot be read; the
+options a finished set records."""
 from __future__ import annotations
 
 
@@ -12,3 +13,17 @@ def range_end(pos: int, shard_size: int, files: int) -> int:
     readable files of one range, ``[k * shard_size, (k + 1) * shard_size)``, so that any
     engine cuts the same shards (a range with none readable adds its skips to the next)."""
     return min((pos // shard_size + 1) * shard_size, files)
+
+
+def manifest_options(done: dict) -> dict | None:
+    """The options a finished set's manifest records, as ``convert()`` takes them (None in a
+    manifest too old to record them all)."""
+    if "shard_size" not in done:
+        return None
+    keys = ("container", "sizes", "encoding", "quality", "fit", "shard_size")
+    found = {k: done.get(k) for k in keys}
+    if done.get("labels_file") is not None:     # labels from a file, not from folders
+        found["labels"] = done["labels_file"]
+    if done.get("shuffle"):
+        found["shuffle"] = True
+    return found

@@ -8,7 +8,10 @@ import hashlib
 import io
 import mmap
 import os
+import socket
+import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -280,3 +283,63 @@ def plain_loader(path, **kw):
 
 #: the repository's root (what a subprocess puts on ``sys.path`` to import ``tests``)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_server(bucket: str):
+    """moto's S3 server on a free port with ``bucket`` made, the ``AWS_*`` settings pointing
+    at it set in this process (and so in its children); yields a boto3 client of it."""
+    import boto3
+    import botocore.exceptions
+
+    port = free_port()
+    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
+                               "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test-key",
+           "AWS_SECRET_ACCESS_KEY": "test-secret-never-shown", "AWS_REGION": "us-east-1"}
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            client = boto3.client("s3")
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    client.create_bucket(Bucket=bucket)
+                    break
+                except botocore.exceptions.EndpointConnectionError:     # not up yet
+                    assert time.monotonic() < deadline and server.poll() is None
+                    time.sleep(0.2)
+            yield client
+    finally:
+        server.kill()
+        server.wait()
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the processes whose parent is ``pid``."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return found
+
+
+def running(pid: int) -> bool:
+    """Neither gone nor a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

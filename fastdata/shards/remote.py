@@ -28,6 +28,8 @@ SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "
 TIMEOUT, CONNECT_TIMEOUT = 60, 10
 #: attempts after the first, and the seconds the retries of one request may take in all
 RETRIES, RETRY_SECONDS = 4, 120
+#: bytes per part of an upload (a larger object goes up in parts, 4 at a time)
+PART = 16 << 20
 
 
 def is_url(path) -> bool:
@@ -159,6 +161,54 @@ class Remote:
                 n += len(chunk)
             return n
         return self._call(name, "download", get)
+
+    def objects(self) -> dict[str, int]:
+        """The objects directly in the set's folder: name -> size in bytes."""
+        import obstore
+
+        def listing():
+            got = obstore.list_with_delimiter(self.store)
+            return {o["path"].rsplit("/", 1)[-1]: int(o["size"]) for o in got["objects"]}
+        return self._call("", "listing", listing)
+
+    def put(self, name: str, data: bytes) -> None:
+        """Store ``data`` as the object ``name`` (whole, or not at all)."""
+        import obstore
+
+        self._call(name, "upload", lambda: obstore.put(self.store, name, data,
+                                                       use_multipart=False))
+
+    def put_file(self, name: str, path: str) -> str:
+        """Upload the local file ``path`` as ``name``, in parts of ``PART`` bytes where it is
+        larger; returns its SHA-256 (hex), taken as it is read."""
+        import hashlib
+
+        import obstore
+
+        def chunks(h):
+            with open(path, "rb") as f:
+                while chunk := f.read(PART):
+                    h.update(chunk)
+                    yield chunk
+
+        def upload() -> str:
+            h = hashlib.sha256()
+            if os.path.getsize(path) <= PART:
+                obstore.put(self.store, name, b"".join(chunks(h)), use_multipart=False)
+            else:       # each part is retried by the client; the upload appears whole
+                obstore.put(self.store, name, chunks(h), chunk_size=PART, max_concurrency=4)
+            return h.hexdigest()
+        return self._call(name, "upload", upload)
+
+    def delete(self, names: list[str]) -> None:
+        """Remove the objects ``names`` (those already gone are no error)."""
+        import obstore
+
+        for name in names:
+            try:
+                self._call(name, "removing", lambda n=name: obstore.delete(self.store, n))
+            except FileNotFoundError:
+                pass
 
     def _helper(self, name: str, fd: int, whole: int | None, limit: int | None = None) -> int:
         """``name`` fetched by a fresh helper process into ``fd`` (``whole``: ``read``'s limit,

@@ -2,6 +2,7 @@
 runs it, and the same shards as the local converter."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -17,7 +18,7 @@ import pytest
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
-from tests.helpers import plain_folder
+from tests.helpers import plain_folder, s3_server
 
 pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata-shards[ray]')")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -53,9 +54,18 @@ def start_cluster(port: int, cpus: int) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def s3():
+    """An S3 server (moto's), whose settings the cluster's workers have too."""
+    pytest.importorskip("obstore", reason="obstore not installed")
+    with s3_server("fastdata-ray") as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
     """The address of a local Ray cluster of 2 CPUs, stopped afterwards."""
     port = _free_port()
+    ENV.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     proc = start_cluster(port, 2)
     try:
         yield f"127.0.0.1:{port}"
@@ -109,6 +119,22 @@ def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_p
     for s in local["shards"]:       # byte for byte: a whole-file checksum is an address
         assert (tmp_path / "ray" / s["file"]).read_bytes() == \
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
+
+
+def test_ray_tasks_upload_the_shards_the_local_converter_writes(cluster, s3, source, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setitem(ENV, "FASTDATA_CACHE", str(tmp_path / "cache"))
+    local = convert(source, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, workers=1,
+                    progress=False)
+    r = _ray_convert(source, "s3://fastdata-ray/set", cluster)
+    assert r.returncode == 0, r.stderr
+    up = json.loads(s3.get_object(Bucket="fastdata-ray", Key="set/manifest.json")["Body"].read())
+    for e, f in zip(up["shards"], local["shards"]):
+        data = (tmp_path / "local" / f["file"]).read_bytes()
+        assert e == {**f, "file_sha256": hashlib.sha256(data).hexdigest()}
+        assert s3.get_object(Bucket="fastdata-ray", Key=f"set/{e['file']}")["Body"].read() == data
+    assert len(up["shards"]) == len(local["shards"]) and up["skipped"] == local["skipped"]
+    assert os.listdir(tmp_path / "cache" / "uploads") == []     # each went once it was up
 
 
 def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):

@@ -19,7 +19,7 @@ from fastdata.cli import main as cli
 from fastdata.converters import writers
 from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
-from tests.helpers import REPO, cold_read_cost, in_private_mounts, plain_folder
+from tests.helpers import REPO, children, cold_read_cost, in_private_mounts, plain_folder, running
 
 # A converting child that is slow per image, so it can be killed between shard writes.
 CHILD = """
@@ -31,27 +31,6 @@ decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
 convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], sizes=[8, 16],
         shard_size=4, workers=1, progress=False)
 """
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for d in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(d))
-        except (OSError, IndexError, ValueError):
-            pass
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Neither gone nor a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("container,encoding,sig", [("hdf5", "raw", signal.SIGKILL),
@@ -75,14 +54,14 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
         time.sleep(0.02)
     assert proc.poll() is None, ("the child finished before it could be killed:\n"
                                  + (tmp_path / "stderr").read_text())
-    workers = _children(proc.pid)
+    workers = children(proc.pid)
     assert workers, "the converter has no worker process"
     proc.send_signal(sig)
     proc.wait(timeout=60)
     deadline = time.time() + 20             # orphaned workers leave too
-    while time.time() < deadline and any(map(_running, workers)):
+    while time.time() < deadline and any(map(running, workers)):
         time.sleep(0.05)
-    assert not any(map(_running, workers)), f"workers {workers} outlived the converter"
+    assert not any(map(running, workers)), f"workers {workers} outlived the converter"
     assert not (out / "manifest.json").exists()
     if sig == signal.SIGINT:        # stops at once, says how to go on
         text = (tmp_path / "stderr").read_text()

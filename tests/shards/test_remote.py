@@ -21,16 +21,10 @@ import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards import remote
 from fastdata.shards.cache import ShardCache, shard_key
-from tests.helpers import plain_folder, plain_loader
+from tests.helpers import children, free_port, plain_folder, plain_loader, s3_server
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,34 +44,11 @@ def _shards(path) -> list[str]:
 # ---------------------------------------------------------------- a real S3 server
 @pytest.fixture(scope="module")
 def s3(local_set):
-    """moto's S3 server on a free port, the set uploaded under s3://fastdata-test/sets/a."""
-    import boto3
-
-    port = _free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test-key",
-           "AWS_SECRET_ACCESS_KEY": "test-secret-never-shown", "AWS_REGION": "us-east-1"}
-    with pytest.MonkeyPatch.context() as mp_:
-        for k, v in env.items():
-            mp_.setenv(k, v)
-        client = boto3.client("s3")
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.create_bucket(Bucket="fastdata-test")
-                break
-            except Exception:   # noqa: BLE001 - not up yet
-                assert time.monotonic() < deadline and server.poll() is None
-                time.sleep(0.2)
+    """moto's S3 server, the set uploaded under s3://fastdata-test/sets/a."""
+    with s3_server("fastdata-test") as client:
         for f in os.listdir(local_set):
             client.upload_file(os.path.join(local_set, f), "fastdata-test", f"sets/a/{f}")
-        try:
-            yield "s3://fastdata-test/sets/a"
-        finally:
-            server.kill()
-            server.wait()
+        yield "s3://fastdata-test/sets/a"
 
 
 def test_a_set_in_s3_reads_as_the_local_set_does(s3, local_set, tmp_path):
@@ -204,14 +175,6 @@ def _read_in_process(url, cache_dir, conn) -> None:
     conn.send(sum(x.shape[0] for x, _ in loader))
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
 def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set, tmp_path):
     """Two loaders of two worker processes each, one cache: each shard fetched once."""
     server, url = http_set
@@ -227,7 +190,7 @@ def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set,
         for p in procs:
             p.join(10)
             if p.is_alive():
-                for child in _children(p.pid):
+                for child in children(p.pid):
                     os.kill(child, 9)
                 p.kill()
                 p.join()
@@ -319,7 +282,7 @@ def test_a_cached_shard_altered_on_disk_is_fetched_again(http_set, local_set, tm
 
 
 def test_a_server_that_is_down_is_named_in_seconds(tmp_path, quick):
-    url = f"http://127.0.0.1:{_free_port()}/set"
+    url = f"http://127.0.0.1:{free_port()}/set"
     t = time.monotonic()
     with pytest.raises(OSError, match=f"{url}/manifest.json: reading failed"):
         fastdata.open(url, cache_dir=tmp_path)

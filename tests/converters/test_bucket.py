@@ -1,0 +1,133 @@
+"""Conversion into an object store: a real S3 server (moto's, started here), the real client;
+the same shards as a conversion into a folder, resumed after a SIGKILL."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import fastdata
+from fastdata.converters.convert import convert
+from tests.helpers import REPO, children, plain_folder, running, s3_server
+
+pytest.importorskip("obstore", reason="obstore not installed (pip install "
+                                      "'fastdata-shards[remote]')")
+BUCKET = "fastdata-out"
+OPTIONS = {"sizes": [8, 16], "shard_size": 4, "workers": 1, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with s3_server(BUCKET) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return plain_folder(tmp_path_factory.mktemp("bucket") / "src", per_class=8)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+
+
+def _objects(client, prefix: str) -> dict[str, bytes]:
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/").get("Contents", [])
+    return {o["Key"].rsplit("/", 1)[1]: client.get_object(Bucket=BUCKET, Key=o["Key"])[
+        "Body"].read() for o in listed}
+
+
+@pytest.mark.parametrize("container,encoding", [("hdf5", "raw"), ("lmdb", "jpeg")])
+def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
+        s3, source, tmp_path, container, encoding):
+    url = f"s3://{BUCKET}/{container}"
+    up = convert(source, url, container=container, encoding=encoding, **OPTIONS)
+    local = convert(source, str(tmp_path / "local"), container=container, encoding=encoding,
+                    **OPTIONS)
+    stored = _objects(s3, container)
+    assert sorted(stored) == sorted(["manifest.json", "convert-journal.json"] +
+                                    [e["file"] for e in local["shards"]])
+    for e, f in zip(up["shards"], local["shards"]):
+        data = (tmp_path / "local" / f["file"]).read_bytes()
+        assert stored[e["file"]] == data        # byte for byte
+        assert e == {**f, "file_sha256": hashlib.sha256(data).hexdigest()}
+    assert json.loads(stored["manifest.json"]) == up
+    assert {k: v for k, v in up.items() if k != "shards"} == \
+        {k: v for k, v in local.items() if k != "shards"}
+    ds = fastdata.open(url, cache_dir=tmp_path / "read")
+    assert [ds[i][1] for i in range(len(ds))] == [fastdata.open(str(tmp_path / "local"))[i][1]
+                                                    for i in range(len(ds))]
+    # the staging folder went with the shards: nothing left on the disk
+    assert os.listdir(tmp_path / "cache" / "uploads") == []
+
+
+def test_resume_overwrite_and_what_is_not_fastdatas(s3, source, tmp_path, caplog):
+    url = f"s3://{BUCKET}/rules"
+    done = convert(source, url, **OPTIONS)
+    s3.put_object(Bucket=BUCKET, Key="rules/notes.txt", Body=b"mine")
+    with pytest.raises(FileExistsError, match=f"output {url} is not empty; pass --overwrite"):
+        convert(source, url, **OPTIONS)
+    assert convert(source, url, resume=True, **OPTIONS) == done     # finished: nothing redone
+    with pytest.raises(ValueError, match="holds a finished conversion with other options"):
+        convert(source, url, resume=True, **{**OPTIONS, "sizes": [8]})
+    # a finished set that lost a shard: redone from there
+    s3.delete_object(Bucket=BUCKET, Key="rules/shard-00004.h5")
+    assert convert(source, url, resume=True, **OPTIONS) == done
+    assert convert(source, url, overwrite=True, **{**OPTIONS, "sizes": [8]})["sizes"] == [8]
+    stored = _objects(s3, "rules")
+    assert stored["notes.txt"] == b"mine"       # not fastdata's: left alone
+    assert "that fastdata did not write (e.g. notes.txt)" in caplog.text
+
+
+CHILD = """
+import sys, time
+from fastdata.converters import decode
+from fastdata.converters.convert import convert
+real = decode.prepare
+decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
+convert(sys.argv[1], sys.argv[2], sizes=[8, 16], shard_size=4, workers=1, progress=False)
+"""
+
+
+def _journaled(client, prefix: str) -> int:
+    try:
+        body = client.get_object(Bucket=BUCKET, Key=f"{prefix}/convert-journal.json")["Body"]
+    except client.exceptions.NoSuchKey:
+        return 0
+    return len(json.loads(body.read())["shards"])
+
+
+def test_a_conversion_killed_midway_resumes_into_the_uninterrupted_set(s3, source, tmp_path):
+    url = f"s3://{BUCKET}/killed"
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, source, url], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": REPO}, stderr=err)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and _journaled(s3, "killed") < 2:
+        time.sleep(0.05)
+    assert proc.poll() is None, (tmp_path / "stderr").read_text()
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.time() + 20             # orphaned decode workers leave too
+    while time.time() < deadline and any(map(running, workers)):
+        time.sleep(0.05)
+    before = _objects(s3, "killed")
+    assert "manifest.json" not in before and 2 <= _journaled(s3, "killed") < 6
+    with pytest.raises(OSError, match="manifest.json: not found"):
+        fastdata.open(url, cache_dir=tmp_path / "read")
+
+    from fastdata.cli import main
+    assert main(["-q", "convert", source, url, "--resume"]) == 0   # the options: the journal's
+    convert(source, f"s3://{BUCKET}/clean", **OPTIONS)
+    resumed, whole = _objects(s3, "killed"), _objects(s3, "clean")
+    assert json.loads(resumed.pop("manifest.json")) == json.loads(whole.pop("manifest.json"))
+    assert resumed == whole         # every shard, and the journal, byte for byte
+    assert main(["verify", url]) == 0
