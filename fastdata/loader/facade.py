@@ -353,17 +353,21 @@ class Loader:
         batches, epoch, start = order.batches(), order.epoch, order.position
         seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
         # a remote set: its shards fetched in the order the pass reads them
-        stop = self.dataset.prefetch(np.concatenate(batches)) if batches else None
+        fetch = self.dataset.prefetch(np.concatenate(batches)) if batches else None
+        consumed = 0
         try:
             for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
                                                                        seeds)):
                 if me == self._iterations:
                     order.position += 1
+                if fetch is not None:       # the cache's room for what comes next
+                    consumed += len(batches[k])
+                    fetch.advance(consumed)
                 yield (images, labels, self._sources(batches[k])) if self.with_source else \
                     (images, labels)
         finally:
-            if stop is not None:
-                stop()
+            if fetch is not None:
+                fetch.stop()
         if me == self._iterations:
             order.rewind()      # a finished epoch repeats its order until set_epoch
 

@@ -31,11 +31,14 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger("fastdata")
 _KEY = re.compile(r"[0-9a-z-]{8,80}")
 _TMP = re.compile(r"[0-9a-z-]{8,80}\.[0-9]+\.[0-9a-f]{8}")
+#: how long a download waits for readers to let go of shards when the cache is at its limit
+ROOM_WAIT_S = 30.0
 
 
 def default_cache_dir() -> str:
@@ -160,7 +163,8 @@ class ShardCache:
 
     def _stamp(self, key: str) -> None:
         facts = self._facts(os.stat(self.path(key)))
-        tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
+        # beside the stamps, not in tmp/: a shard's room counts every file in tmp/
+        tmp = os.path.join(self.root, "stamps", f".{key}.{os.getpid()}.{secrets.token_hex(4)}")
         with open(tmp, "x") as f:
             f.write(facts)
         os.replace(tmp, os.path.join(self.root, "stamps", key))
@@ -178,6 +182,12 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.utime(stamp)
         return ok
+
+    def retire(self, key: str) -> None:
+        """Mark the shard ``key`` the first to evict (a reader is done with it); a reader that
+        still holds it keeps it."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(os.path.join(self.root, "stamps", key), (0, 0))
 
     def _remove(self, key: str) -> None:
         for path in (self.path(key), os.path.join(self.root, "stamps", key)):
@@ -198,18 +208,30 @@ class ShardCache:
         return check(tmp)
 
     def _reserve(self, key: str, size: int) -> str:
-        """A temporary file of ``size`` bytes, made once the cache has room for it."""
-        with _locked(os.path.join(self.root, "lock")):
-            self._sweep()
-            self._make_room(size)
-            tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
-            try:
-                os.ftruncate(fd, size)      # counted by the next _make_room at its full size
-            finally:
-                os.close(fd)
-            return tmp
+        """A temporary file of ``size`` bytes, made once the cache has room for it (waiting
+        up to ``ROOM_WAIT_S`` for readers to let go of shards)."""
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            with _locked(os.path.join(self.root, "lock")):
+                self._sweep()
+                used = self._make_room(size)
+                if used is None:
+                    return self._new_tmp(key, size)
+            if time.monotonic() > deadline:
+                raise OSError(f"cache_limit={self.limit} bytes cannot hold a shard of {size} "
+                              f"more: {used} bytes of shards are open in readers or being "
+                              f"fetched (raise cache_limit, or read with fewer shards open)")
+            time.sleep(0.05)
+
+    def _new_tmp(self, key: str, size: int) -> str:
+        tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                     0o644)
+        try:
+            os.ftruncate(fd, size)      # counted by the next _make_room at its full size
+        finally:
+            os.close(fd)
+        return tmp
 
     def _sweep(self) -> None:
         """Remove the temporary files of processes that are gone (killed mid-download)."""
@@ -224,7 +246,11 @@ class ShardCache:
                 pass
 
     def used(self) -> int:
-        """Bytes of cached and in-flight shards."""
+        """Bytes of cached and in-flight shards, counted while no process changes them."""
+        with _locked(os.path.join(self.root, "lock")):
+            return self._used()
+
+    def _used(self) -> int:
         return sum(size for _, _, size in self._entries("objects")) + \
             sum(size for _, _, size in self._entries("tmp"))
 
@@ -246,22 +272,20 @@ class ShardCache:
                         out.append((used, e.name, size))
         return out
 
-    def _make_room(self, size: int) -> None:
-        """Evict least recently used shards no reader holds until ``size`` more bytes fit."""
+    def _make_room(self, size: int) -> int | None:
+        """Evict least recently used shards no reader holds until ``size`` more bytes fit;
+        None once they do, else the bytes that stay held."""
         if self.limit is None:
-            return
+            return None
         if size > self.limit:
             raise OSError(f"a shard of {size} bytes does not fit cache_limit={self.limit}")
-        used = self.used()
+        used = self._used()
         for _, key, nbytes in sorted(self._entries("objects")):
             if used + size <= self.limit:
-                return
+                return None
             if self._evict(key):
                 used -= nbytes
-        if used + size > self.limit:
-            raise OSError(f"cache_limit={self.limit} bytes cannot hold a shard of {size} more: "
-                          f"{used} bytes of shards are open in readers or being fetched "
-                          f"(raise cache_limit, or read with fewer shards open)")
+        return None if used + size <= self.limit else used
 
     def _evict(self, key: str) -> bool:
         """Delete the shard ``key`` unless a reader holds it (its shared lock)."""

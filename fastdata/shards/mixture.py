@@ -220,15 +220,17 @@ class Mixture:
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
-    def prefetch(self, indices, in_flight: int = 4) -> Callable[[], None] | None:
-        """Each remote set's ``prefetch`` of its share of ``indices``."""
-        stops = [self.sets[k].prefetch(local, in_flight) for k, _, local in self._split(indices)]
-
-        def stop() -> None:
-            for s in stops:
-                if s is not None:
-                    s()
-        return stop
+    def prefetch(self, indices, in_flight: int = 4) -> _Prefetches | None:
+        """Each remote set's ``prefetch`` of its share of ``indices`` (None if none is
+        remote)."""
+        if all(s.url is None for s in self.sets):
+            return None
+        parts = []
+        for k, where, local in self._split(indices):
+            mine = np.zeros(len(np.asarray(indices).reshape(-1)) + 1, np.int64)
+            mine[where + 1] = 1
+            parts.append((self.sets[k].prefetch(local, in_flight), np.cumsum(mine)))
+        return _Prefetches([(p, c) for p, c in parts if p is not None])
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:
@@ -285,3 +287,19 @@ class Mixture:
         """Close every set's shards."""
         for s in self.sets:
             s.close()
+
+
+class _Prefetches:
+    """The remote sets' ``Prefetch`` of a mixture's pass: ``advance(n)`` tells each how many
+    of its samples are among the pass's first ``n``."""
+
+    def __init__(self, parts: list):
+        self.parts = parts          # (Prefetch, cumulative count of its samples)
+
+    def advance(self, n: int) -> None:
+        for p, counts in self.parts:
+            p.advance(int(counts[min(n, len(counts) - 1)]))
+
+    def stop(self) -> None:
+        for p, _ in self.parts:
+            p.stop()

@@ -34,6 +34,18 @@ def _reset_open_lock() -> None:
 os.register_at_fork(after_in_child=_reset_open_lock)
 
 
+class _Evicted(Exception):
+    """A cached shard was evicted between its fetch and its reader's hold on it."""
+
+
+def _same(st: os.stat_result, path: str) -> bool:
+    try:
+        other = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
+
+
 class ShardReader:
     """One shard file. Subclasses implement ``_open`` → a dict of per-process handles."""
 
@@ -66,26 +78,38 @@ class ShardReader:
     @property
     def h(self) -> dict:
         h = self._h
-        if h is None or self._pid != os.getpid():
+        if h is not None and self._pid == os.getpid():
+            return h
+        for _ in range(3):
             if self.fetch is not None:      # outside the lock: a download holds no other reader
                 self.path = self.fetch()
             with OPEN_LOCK:
-                if self._h is None or self._pid != os.getpid():
-                    self._h, self._pid = self._open_checked(), os.getpid()
-                h = self._h
-        return h
+                try:
+                    if self._h is None or self._pid != os.getpid():
+                        self._h, self._pid = self._open_checked(), os.getpid()
+                    return self._h
+                except _Evicted:            # between its fetch and its hold: fetched again
+                    pass
+        raise OSError(f"shard {self.path} was evicted from the cache as it opened, three "
+                      f"times: raise cache_limit")
 
     def _open_checked(self) -> dict:
         """``_open``, with every failure an OSError that names the shard."""
         try:
             fd = open_regular(self.path)
         except FileNotFoundError:
+            if self.fetch is not None:
+                raise _Evicted from None
             raise FileNotFoundError(
                 f"shard {self.path} is missing (the manifest lists it): restore it, or run "
                 f"`fastdata convert SRC OUT --resume`, which redoes it") from None
         try:
             if self.fetch is not None:
                 hold(fd)        # the cache evicts no shard a reader holds open
+                st = os.fstat(fd)
+                if not _same(st, self.path):
+                    os.close(fd)
+                    raise _Evicted
             return self._open(fd)
         except OSError as e:    # h5py's messages do not always name the file
             hint = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -55,11 +56,19 @@ class ShardSet:
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+        #: a remote set's readers, closed once the cache's limit needs their shards' room
+        self._open: _OpenShards | None = None
         if remote is not None:          # read from the node's cache, fetched on first open
             for reader, entry in zip(self.shards, m["shards"]):
                 reader.fetch = Fetch(remote, cache, entry, self.container, self.sizes,
                                      self.encoding)
                 reader.path = reader.fetch.path
+            if cache.limit is not None:  # type: ignore[union-attr]
+                # half the limit for the shards readers keep open, half for those still to
+                # be read (Prefetch)
+                sizes = [s["bytes"] for s in m["shards"]]
+                self._open = _OpenShards(self.shards, sizes, max(
+                    cache.limit // 2, max(sizes, default=0)))  # type: ignore[union-attr]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
         self._check_files()
@@ -140,10 +149,15 @@ class ShardSet:
             out[rows] = part[local[rows]]
         return out
 
+    def _using(self, shards):
+        """A context in which the readers of ``shards`` stay open (a remote set's)."""
+        return contextlib.nullcontext() if self._open is None else self._open.using(shards)
+
     def _shard_labels(self, sh: int) -> np.ndarray:
         """Shard ``sh``'s labels, checked against its count and the classes."""
         shard = self.shards[sh]
-        part = shard.labels()
+        with self._using([sh]):
+            part = shard.labels()
         if len(part) != shard.count or (part.size and not (
                 0 <= part.min() and part.max() < len(self.classes))):
             raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} labels in "
@@ -151,20 +165,15 @@ class ShardSet:
                           f"{self.url or self.root}`")
         return part
 
-    def prefetch(self, indices, in_flight: int = 4) -> Callable[[], None] | None:
+    def prefetch(self, indices, in_flight: int = 4) -> Prefetch | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
-        first read them, ``in_flight`` at a time; returns what cancels the ones not started
-        (None for a local set). A failed fetch is left to the read that needs the shard."""
+        first read them, ``in_flight`` at a time, and with a ``cache_limit`` no further ahead
+        than the cache holds beside the shards still to be read; None for a local set. A
+        failed fetch is left to the read that needs the shard."""
         if self.url is None:
             return None
-        import concurrent.futures as cf
-
         shard, _ = self.locate(indices)
-        _, first = np.unique(shard, return_index=True)
-        pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")
-        for sh in shard[np.sort(first)].tolist():
-            pool.submit(self.shards[sh].fetch)
-        return lambda: pool.shutdown(wait=False, cancel_futures=True)
+        return Prefetch(self, shard, in_flight)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count
@@ -232,6 +241,10 @@ class ShardSet:
     def _read_into(self, indices, s: int, out: np.ndarray, at: np.ndarray) -> None:
         """Sample ``indices[k]`` at size ``s`` into ``out[at[k]]``."""
         shard, local = self.locate(indices)
+        with self._using(np.unique(shard).tolist()):
+            self._read_shards(shard, local, s, out, at)
+
+    def _read_shards(self, shard, local, s: int, out: np.ndarray, at: np.ndarray) -> None:
         for sh, where in _by_shard(shard):
             rows = at[where]
             local_rows = local[where]
@@ -257,6 +270,10 @@ class ShardSet:
         as long as its transaction, which ``hold`` keeps open)."""
         if self.encoding != "raw" or (hold is None and not READERS[self.container].zero_copy):
             return None
+        if self._open is not None:      # the views live as long as the maps: kept open
+            if hold is None:
+                return None
+            hold.enter_context(self._using(np.unique(self.locate(indices)[0]).tolist()))
         # LMDB: one transaction per shard
         return self._per_shard(indices, size, lambda sh, s, local: sh.raw_views(s, local, hold))
 
@@ -270,9 +287,10 @@ class ShardSet:
         shard, local = self.locate(indices)
         out: list = [None] * len(local)
         for sh, rows in _by_shard(shard):
-            self.shards[sh].check_intact()
-            for r, v in zip(rows.tolist(), fetch(self.shards[sh], s, local[rows])):
-                out[r] = v
+            with self._using([sh]):
+                self.shards[sh].check_intact()
+                for r, v in zip(rows.tolist(), fetch(self.shards[sh], s, local[rows])):
+                    out[r] = v
         return out
 
     def close(self) -> None:
@@ -283,6 +301,112 @@ class ShardSet:
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         """``(manifest entry, reader)`` of each shard, in order."""
         return zip(self.manifest["shards"], self.shards)
+
+
+class _OpenShards:
+    """A remote set's open readers in this process: once more than ``budget`` bytes of their
+    shards are open, the least recently read ones that no read is using are closed and marked
+    first to evict, so that the cache can make room (an open reader holds its shard). In a
+    windowed shuffle those are the shards of finished windows."""
+
+    def __init__(self, readers: list[ShardReader], sizes: list[int], budget: int):
+        self.readers, self.sizes, self.budget = readers, sizes, budget
+        self._fresh()
+
+    def _fresh(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._in_use: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._clock = 0
+
+    def __getstate__(self):
+        return {"readers": self.readers, "sizes": self.sizes, "budget": self.budget}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._fresh()
+
+    @contextlib.contextmanager
+    def using(self, shards):
+        if self._pid != os.getpid():        # a forked child: its own readers, a fresh lock
+            self._fresh()
+        with self._lock:
+            self._clock += 1
+            for sh in shards:
+                self._in_use[sh] = self._in_use.get(sh, 0) + 1
+                self._last[sh] = self._clock
+        try:
+            yield
+        finally:
+            with self._lock:
+                for sh in shards:
+                    self._in_use[sh] -= 1
+                self._trim()
+
+    def _trim(self) -> None:
+        me = os.getpid()
+        open_ = [sh for sh in self._last if self.readers[sh]._h is not None
+                 and self.readers[sh]._pid == me]
+        total = sum(self.sizes[sh] for sh in open_)
+        for sh in sorted(open_, key=self._last.__getitem__):
+            if total <= self.budget:
+                return
+            if self._in_use.get(sh):
+                continue
+            reader = self.readers[sh]
+            reader.close()
+            reader.fetch.cache.retire(reader.fetch.key)  # type: ignore[union-attr]
+            total -= self.sizes[sh]
+
+
+class Prefetch:
+    """A remote set's shards fetched in the background in the order a pass first reads them
+    (``ShardSet.prefetch``); ``advance(n)`` says the pass has consumed its first ``n``
+    samples, ``stop()`` cancels what has not started."""
+
+    def __init__(self, ds: ShardSet, shard: np.ndarray, in_flight: int):
+        import concurrent.futures as cf
+
+        _, first = np.unique(shard, return_index=True)
+        last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
+        self._seq = shard[np.sort(first)].tolist()
+        self._last = dict(zip(np.unique(shard).tolist(), last.tolist()))
+        self._bytes = [e["bytes"] for e in ds.manifest["shards"]]
+        self._limit = ds.shards[0].fetch.cache.limit if ds.shards else None  # type: ignore[union-attr]
+        self._ds, self._consumed, self._stopped = ds, 0, False
+        self._cond = threading.Condition()
+        self._pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")
+        threading.Thread(target=self._run, daemon=True, name="fastdata-prefetch").start()
+
+    def _room(self, i: int) -> bool:
+        """Whether shard ``_seq[i]`` fits the limit beside the earlier ones still to read."""
+        if self._limit is None:
+            return True
+        need = sum(self._bytes[sh] for sh in self._seq[:i + 1]
+                   if self._last[sh] >= self._consumed)
+        return 2 * need <= self._limit or need == self._bytes[self._seq[i]]
+
+    def _run(self) -> None:
+        for i, sh in enumerate(self._seq):
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopped or self._room(i))  # noqa: B023
+                if self._stopped:
+                    return
+                self._pool.submit(self._ds.shards[sh].fetch)
+
+    def advance(self, n: int) -> None:
+        """The pass has consumed its first ``n`` samples: their shards' room may be reused."""
+        with self._cond:
+            self._consumed = n
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """Cancel the fetches that have not started."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def stored_size(size, sizes, where: str) -> int:
