@@ -109,7 +109,8 @@ class ShardCache:
         self.limit = limit
         for sub in ("objects", "stamps", "locks", "tmp"):
             path = os.path.join(self.root, sub)
-            os.makedirs(path, exist_ok=True)
+            with disk_errors(self.root, "a shard"):
+                os.makedirs(path, exist_ok=True)
             if os.path.islink(path) or not os.path.isdir(path):
                 raise OSError(f"cache folder {path} is not a folder of its own: refused")
 
@@ -131,6 +132,10 @@ class ShardCache:
             OSError: the fetch failed, or the shard came twice damaged (named by ``what``), or
                 ``size`` does not fit the limit beside the shards readers hold open.
         """
+        with disk_errors(self.root, what):
+            return self._get(key, size, fetch, check, what)
+
+    def _get(self, key: str, size: int, fetch, check, what: str) -> str:
         final = self.path(key)
         if self._present(key, size):
             return final
@@ -148,7 +153,11 @@ class ShardCache:
                     wrong = self._fill(tmp, fetch, check)
                     if wrong is None:
                         os.replace(tmp, final)
-                        self._stamp(key)
+                        try:
+                            self._stamp(key)
+                        except BaseException:   # no stamp: not a shard that checked out
+                            self._remove(key)
+                            raise
                         return final
                 finally:
                     with contextlib.suppress(FileNotFoundError):
@@ -199,9 +208,8 @@ class ShardCache:
         try:        # no fsync: a cache is not a record, and a process killed mid-way leaves
             fetch(fd)   # only its temporary file, never renamed
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
-                raise OSError(f"cache folder {self.root}: {e.strerror}: cannot hold the "
-                              f"shard (free space, or give another cache_dir)") from None
+            if e.errno is None and "No space left" in str(e):    # the helper process's
+                raise OSError(errno.ENOSPC, "No space left on device") from None
             raise
         finally:
             os.close(fd)
@@ -302,6 +310,25 @@ class ShardCache:
             return True
         finally:
             os.close(fd)
+
+
+#: what a cache folder's disk refuses: full, read-only, over quota, not ours to write
+_DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def disk_errors(root: str, what: str):
+    """The disk's refusals inside as one ``OSError`` naming the cache folder and ``what`` it
+    could not hold."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _DISK_ERRORS:
+            raise
+        hint = ("make room there, or give another cache_dir" if e.errno in (
+            errno.ENOSPC, errno.EDQUOT) else "give a cache_dir this process may write")
+        raise OSError(e.errno, f"cache folder {root}: {e.strerror}: cannot hold {what} "
+                               f"({hint})") from None
 
 
 def hold(fd: int) -> None:

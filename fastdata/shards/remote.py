@@ -283,11 +283,13 @@ def fetch_manifest(remote: Remote, cache) -> str:
     import hashlib
 
     from fastdata.format import MANIFEST, MAX_MANIFEST_BYTES, TARGETS
+    from fastdata.shards.cache import disk_errors
 
     view = os.path.join(cache.root, "sets", hashlib.sha256(remote.shown.encode()).hexdigest()[:32])
-    os.makedirs(view, exist_ok=True)
     data = remote.read(MANIFEST, MAX_MANIFEST_BYTES)
-    _write(view, MANIFEST, data)
+    with disk_errors(cache.root, f"{remote.shown}/{MANIFEST}"):
+        os.makedirs(view, exist_ok=True)
+        _write(view, MANIFEST, data)
     if b'"targets"' in data:            # a multi-label or regression set's targets file
         import json
         try:
@@ -295,7 +297,9 @@ def fetch_manifest(remote: Remote, cache) -> str:
             limit = 4096 + 4 * int(n) * int(k)      # as read_targets reads it
         except (ValueError, TypeError, KeyError):
             return view                     # ShardSet names what is wrong with the manifest
-        _write(view, TARGETS, remote.read(TARGETS, limit))
+        data = remote.read(TARGETS, limit)
+        with disk_errors(cache.root, f"{remote.shown}/{TARGETS}"):
+            _write(view, TARGETS, data)
     return view
 
 

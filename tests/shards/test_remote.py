@@ -21,7 +21,15 @@ import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards import remote
 from fastdata.shards.cache import ShardCache, shard_key
-from tests.helpers import children, free_port, plain_folder, plain_loader, s3_server
+from tests.helpers import (
+    REPO,
+    children,
+    free_port,
+    in_private_mounts,
+    plain_folder,
+    plain_loader,
+    s3_server,
+)
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
@@ -354,6 +362,45 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
         server.shutdown()
         server.server_close()
     assert 0 < peak[0] <= limit
+
+
+_SMALL_AND_READ_ONLY = r"""
+READ='import sys, fastdata
+try:
+    print("read", sum(len(y) for _, y in fastdata.Loader(
+        sys.argv[1], batch_size=4, device="cpu", train=False, cache_dir=sys.argv[2])))
+except OSError as e:
+    print("error", e)'
+mount -t tmpfs -o size=40k tmpfs "$DISK" || exit 99
+$PY -c "$READ" "$URL" "$DISK/cache"
+n() { ls "$DISK/cache/$1" | grep -c c-; }
+echo "left: $(n tmp) $(n objects) $(n stamps)"
+mkdir -p "$RO/cache"
+mount --bind "$RO" "$RO" && mount -o remount,bind,ro "$RO" || exit 99
+$PY -c "$READ" "$URL" "$RO/cache"
+$PY -c "$READ" "$URL" "$RO/new"
+"""
+
+
+def test_a_full_or_read_only_cache_disk_is_one_line_naming_it(http_set, tmp_path):
+    """A cache on a 40 KiB disk and on a read-only mount (private mounts): an OSError in one
+    line naming the cache folder and what it could not hold; no partial file left."""
+    _, url = http_set
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "ro").mkdir()
+    r = in_private_mounts(_SMALL_AND_READ_ONLY, {"DISK": str(tmp_path / "disk"), "URL": url,
+                                                 "RO": str(tmp_path / "ro"), "PYTHONPATH": REPO},
+                          "mount")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 4 and all(line.startswith("error ") for line in lines[::3]), r
+    full, _, ro, ro_new = lines
+    assert f"cache folder {tmp_path / 'disk' / 'cache'}: No space left on device: cannot " \
+           f"hold {url}/shard-" in full and "make room there" in full
+    _, partial, shards, stamps = lines[1].split()
+    assert partial == "0" and shards == stamps      # no partial download, no unchecked shard
+    for folder, line in (("cache", ro), ("new", ro_new)):
+        assert f"cache folder {tmp_path / 'ro' / folder}: Read-only file system: cannot " \
+               f"hold" in line and "(give a cache_dir this process may write)" in line
 
 
 def test_a_download_left_by_a_killed_process_is_swept(http_set, local_set, tmp_path):
