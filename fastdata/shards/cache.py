@@ -72,6 +72,20 @@ def _fresh_locks() -> None:
 os.register_at_fork(after_in_child=_fresh_locks)
 
 
+def _lock(fd: int) -> None:
+    """``lockf`` ``fd``, taken again where the kernel calls it a deadlock: it judges by
+    process, and two processes whose threads hold and wait for a shard's lock and the cache's
+    (always taken in that order: no real deadlock) look like one."""
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            return
+        except OSError as e:
+            if e.errno != errno.EDEADLK:
+                raise
+            time.sleep(0.005 + 0.01 * secrets.randbelow(100) / 100)
+
+
 @contextlib.contextmanager
 def _locked(path: str):
     """``path`` locked against every other thread and process of the node."""
@@ -81,7 +95,7 @@ def _locked(path: str):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
                      | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+            _lock(fd)
             yield fd
         finally:
             os.close(fd)

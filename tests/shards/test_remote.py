@@ -25,10 +25,12 @@ from tests.helpers import (
     REPO,
     children,
     free_port,
+    ids_of,
     in_private_mounts,
     plain_folder,
     plain_loader,
     s3_server,
+    seen,
 )
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
@@ -362,6 +364,64 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
         server.shutdown()
         server.server_close()
     assert 0 < peak[0] <= limit
+
+
+def _rank(url, cache_dir, rank, barrier, conn, ids) -> None:
+    """One rank of 4: its samples of two epochs, in step with the others (``barrier``)."""
+    loader = plain_loader(url, world_size=4, rank=rank, shuffle_window=2, cache_dir=cache_dir,
+                          num_workers=2, batch_size=5)      # 60 samples: 3 batches a rank
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        epochs.append([i for batch in seen(loader, ids) for i in batch])
+        barrier.wait()          # the epoch is over on every rank: counted
+        barrier.wait()
+    conn.send(epochs)
+
+
+def test_two_nodes_of_two_ranks_fetch_each_shard_once_per_node(tmp_path):
+    """Two nodes (a cache each, a server each to count what each fetches) of two rank
+    processes: each node downloads every shard once in the first epoch and none in the
+    second, and every sample is read exactly once per epoch over the four ranks."""
+    out = str(tmp_path / "set")
+    convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
+            workers=1, shuffle=True, progress=False)
+    ids = ids_of(fastdata.open(out))
+    servers = [_Served(out) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(5)
+    ranks = []
+    for r in range(4):
+        node = r // 2
+        url = f"http://127.0.0.1:{servers[node].server_address[1]}/set"
+        here, there = ctx.Pipe()
+        p = ctx.Process(target=_rank, args=(url, tmp_path / f"node{node}", r, barrier, there,
+                                            ids))
+        p.start()
+        ranks.append((p, here))
+    try:
+        fetched = []
+        for _ in range(2):
+            barrier.wait(timeout=120)
+            fetched.append([dict(server.gets) for server in servers])
+            barrier.wait(timeout=120)
+        epochs = [conn.recv() for _, conn in ranks]
+    finally:
+        for p, _ in ranks:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+    shards = _shards(out)
+    for node in range(2):
+        for epoch in range(2):      # the counts so far: once each, in the first epoch
+            assert {f: fetched[epoch][node].get(f) for f in shards} == dict.fromkeys(shards, 1)
+    for epoch in range(2):
+        assert sorted(i for rank in epochs for i in rank[epoch]) == list(range(60))
 
 
 _SMALL_AND_READ_ONLY = r"""
