@@ -1,136 +1,360 @@
-"""A shard set read from a local S3 server (moto's) against the same set on the local disk,
-loader only: time to the first batch and img/s of a cold-cache epoch and of a warm one, and the
-link's own bytes/s (the remote figures of docs/performance.md).
+"""Shard sets read from an S3 server (moto's, on this host) through a link limiter, against
+the same sets on the local disk and against the peers that stream from object stores, loader
+only (the remote figures of docs/performance.md):
 
-    OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/remote_cpu.py /tmp/photos --rounds 3
+    python benchmarks/make_photos.py /tmp/photos
+    OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/remote_cpu.py /tmp/photos --rounds 2 \\
+        --link none --link 50:100 \\
+        --venv litdata=/tmp/peers/litdata --venv webdataset=/tmp/peers/webdataset
 
-The photos converted to raw HDF5 at 256 px; RandomResizedCrop(224) + flip + normalise to
-float32, batch 64, 2 reader threads; each run in a fresh interpreter, local and remote
-interleaved round by round, each remote round with an empty cache. No bandwidth or latency
-limit between the loader and the server (both on the same host). ``--window W`` adds the bucket
-read with ``shuffle_window=W``.
+The photos are converted at 256 px, shuffled, 250 a shard, to raw and to JPEG (quality 90)
+HDF5, locally and straight into the bucket (``fastdata convert ... s3://``), and for the peers
+as ``benchmarks/peers_cpu.py`` converts them (JPEG quality 90), uploaded beside. Each
+``--link RTT_MS:MB_PER_S`` puts ``benchmarks/limiter.py`` between the readers and the server
+(``none``: straight to the server). Every run is a fresh interpreter with an empty cache:
+RandomResizedCrop 224 + flip + normalise to float32, batch 64, 2 workers (fastdata: its
+threads, ``shuffle_window=2`` from the bucket and from the disk alike; from the bucket with no
+``cache_limit``, then with a limit of 6 shards of the 12); fastdata 3 epochs from the bucket
+(the first cold), 2 from the disk, the peers 2. Measured per epoch: img/s, the first batch's
+time, CPU ms per image (the process and its children), memory (fastdata: the process's RSS
+at the epoch's end; the peers: the peak PSS of the process and its workers); the cache's
+peak bytes (sampled every 20 ms under its lock). The link's own rate: every raw shard
+downloaded 4 at a time through it.
+Prints a JSON line per run and a summary per link.
+
+The peers' venvs as ``benchmarks/peers_cpu.py`` describes; litdata's without obstore (``pip
+uninstall obstore``): its obstore client takes no plain-HTTP endpoint such as this server's,
+and without it litdata downloads with boto3.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-RUN = """
-import sys, time
-t0 = time.perf_counter()
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import peers_cpu  # noqa: E402 - the peers' conversion and augmentation, shared
+
+BUCKET, SHARD_SIZE, WINDOW, LIMIT_SHARDS = "bench", 250, 2, 6
+
+FASTDATA = r"""
+import os, sys, time, json
 import torch, fastdata
 torch.set_num_threads(1)
-path, cache, window = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None
-loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2,
-                         cache_dir=cache if path.startswith("s3://") else None,
-                         shuffle_window=window)
-t = time.perf_counter()
+url, cache, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None
+
+def cpu():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+
+t0 = time.perf_counter()
+remote = url.startswith("s3://")
+loader = fastdata.Loader(url, batch_size=64, crop=224, device="cpu", num_workers=2,
+                         shuffle_window=2, cache_dir=cache if remote else None,
+                         cache_limit=limit if remote else None)
 out = []
-for epoch in range(2):
+for epoch in range(3 if remote else 2):
     loader.set_epoch(epoch)
-    n, first = 0, None
+    n, first, c = 0, None, cpu()
+    t = t0 if epoch == 0 else time.perf_counter()
     for images, _ in loader:
         n += images.shape[0]
         first = first or time.perf_counter() - t
-    out += [n / (time.perf_counter() - t), first]
-    t = time.perf_counter()
-print(*out)
+    secs = time.perf_counter() - t
+    out.append({"img_s": n / secs, "first_batch_s": first,
+                "cpu_ms_per_img": 1000 * (cpu() - c) / n, "rss_mib": rss()})
+print(json.dumps(out))
 """
 
+PEERS = {
+    "litdata": r'''
+import litdata as ld
 
-def _link(local: str, url: str, rounds: int) -> float:
-    """Bytes/s of the server: every shard downloaded, 4 at a time, as the loader's prefetch
-    does (median of ``rounds``)."""
-    import concurrent.futures as cf
+class Augmented(ld.StreamingDataset):
+    def __getitem__(self, index):
+        s = super().__getitem__(index)
+        return augment(s["image"]), s["label"]
 
+def loader(url, cache):
+    return ld.StreamingDataLoader(Augmented(url, cache_dir=cache, shuffle=True,
+                                            drop_last=True), batch_size=64, num_workers=2)
+''',
+    "webdataset": r'''
+import webdataset as wds
+
+def loader(url, cache):
+    urls = [f"pipe:curl -s -f {u}" for u in url.split(",")]
+    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000)
+          .to_tuple("jpg", "cls").map_tuple(augment, lambda c: int(c)))
+    return wds.WebLoader(ds.batched(64, partial=False), batch_size=None, num_workers=2)
+''',
+}
+
+PEER_RUN = r'''
+def run(url, cache):
+    out = []
+    t0 = time.perf_counter()
+    loader_ = loader(url, cache)
+    def cpu():      # this process's, and its workers' once joined at the epoch's end
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+    for epoch in range(2):
+        n, first, c, pss = 0, None, cpu(), 0.0
+        t = t0 if epoch == 0 else time.perf_counter()
+        for k, (images, _) in enumerate(loader_):
+            n += len(images)
+            first = first or time.perf_counter() - t
+            if k % 10 == 5:         # the process and its workers, while they run
+                pss = max(pss, tree()[1])
+        secs = time.perf_counter() - t
+        out.append({"img_s": n / secs, "first_batch_s": first,
+                    "cpu_ms_per_img": 1000 * (cpu() - c) / n, "rss_mib": pss})
+    print(json.dumps(out))
+
+if __name__ == "__main__":
+    if sys.argv[1] == "convert":
+        convert(sys.argv[2], sys.argv[3])
+    else:
+        run(sys.argv[2], sys.argv[3])
+'''
+
+
+def _peer_module(peer: str, work: str) -> str:
+    """The peer's code as a module of its own (spawned workers import it by name)."""
+    path = os.path.join(work, f"remote_{peer}.py")
+    convert = peers_cpu.PEERS[peer].split("def loader")[0]
+    with open(path, "w") as f:
+        f.write(peers_cpu.COMMON + convert + PEERS[peer] + PEER_RUN)
+    return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _link_rate(url: str, names: list[str], nbytes: int) -> float:
+    """Bytes/s of every shard downloaded 4 at a time, as the loader's prefetch does."""
     from fastdata.shards.remote import Remote
 
-    names = [f for f in os.listdir(local) if f.startswith("shard-")]
-    total = sum(os.path.getsize(os.path.join(local, f)) for f in names)
-    remote, rates = Remote(url), []
-    for _ in range(rounds):
-        def one(name):
-            fd = os.open(os.devnull, os.O_WRONLY)
-            try:
-                remote.download(name, fd)
-            finally:
-                os.close(fd)
-        t = time.perf_counter()
-        with cf.ThreadPoolExecutor(4) as pool:
-            list(pool.map(one, names))
-        rates.append(total / (time.perf_counter() - t))
-    return statistics.median(rates)
+    remote = Remote(url)
+
+    def one(name):
+        fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            remote.download(name, fd)
+        finally:
+            os.close(fd)
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, names))
+    return nbytes / (time.perf_counter() - t)
+
+
+def _upload(client, folder: str, prefix: str, public: bool = False) -> None:
+    for dp, _, files in os.walk(folder):
+        for f in files:
+            key = f"{prefix}/{os.path.relpath(os.path.join(dp, f), folder)}"
+            client.upload_file(os.path.join(dp, f), BUCKET, key,
+                               ExtraArgs={"ACL": "public-read"} if public else None)
+
+
+class _Peak:
+    """The cache folder's peak bytes, sampled under its lock while a run lasts."""
+
+    def __init__(self, cache: str, limit: int):
+        from fastdata.shards.cache import ShardCache
+
+        self.cache, self.peak, self.done = ShardCache(cache, limit), 0, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self):
+        while not self.done.is_set():
+            self.peak = max(self.peak, self.cache.used())
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def _run(cmd: list[str], env: dict, cache: str, limit: int | None) -> tuple[list, int]:
+    shutil.rmtree(cache, ignore_errors=True)
+    os.makedirs(cache)
+    peak = _Peak(cache, limit) if limit else None
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError(f"{cmd[1]} failed:\n{done.stderr[-3000:]}")
+        out = done.stdout.strip().splitlines()[-1]
+    finally:
+        top = peak.stop() if peak else 0
+    return json.loads(out), top
+
+
+def _prepare(photos: str, work: str, venvs: dict) -> dict:
+    """The sets: fastdata's raw and JPEG (local folders), the peers' (local folders)."""
+    from fastdata.converters.convert import convert
+
+    sets = {}
+    for enc in ("raw", "jpeg"):
+        sets[enc] = os.path.join(work, enc)
+        convert(photos, sets[enc], sizes=[256], encoding=enc, shuffle=True,
+                shard_size=SHARD_SIZE, progress=False)
+    for peer, venv in venvs.items():
+        sets[peer] = os.path.join(work, peer)
+        subprocess.run([os.path.join(venv, "bin", "python"), _peer_module(peer, work), "convert",
+                        photos, sets[peer]], check=True, cwd=work, timeout=1800,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    return sets
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--window", type=int, default=2,
-                   help="also read the bucket with shuffle_window=W (0: not)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--link", action="append", default=None,
+                   help="RTT_MS:MB_PER_S between the readers and the server, or none")
+    p.add_argument("--venv", action="append", default=[], metavar="PEER=PATH",
+                   help="a peer's virtual environment (litdata, webdataset)")
+    p.add_argument("--work", default=None, help="a folder for the sets (default: a temporary one)")
     a = p.parse_args()
+    venvs = dict(v.split("=", 1) for v in a.venv)
+    links = a.link or ["none", "50:100"]
+    work = a.work or tempfile.mkdtemp(dir="/tmp")
     import boto3
 
-    from fastdata.converters.convert import convert
+    sets = _prepare(a.photos, work, venvs)
+    port = _free_port()
+    procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
+                               "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    aws = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
+    try:
+        time.sleep(2)
+        client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", **{
+            "aws_access_key_id": "k", "aws_secret_access_key": "s", "region_name": "us-east-1"})
+        client.create_bucket(Bucket=BUCKET)
+        os.environ.update(aws, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        from fastdata.converters.convert import convert
+        for enc in ("raw", "jpeg"):         # straight into the bucket: the same shards
+            up = convert(a.photos, f"s3://{BUCKET}/{enc}", sizes=[256], encoding=enc,
+                         shuffle=True, shard_size=SHARD_SIZE, progress=False)
+            with open(os.path.join(sets[enc], "manifest.json")) as f:
+                assert [s["sha256"] for s in up["shards"]] == [
+                    s["sha256"] for s in json.load(f)["shards"]]
+        for peer in venvs:
+            _upload(client, sets[peer], peer, public=peer == "webdataset")
+        shards = {enc: json.load(open(os.path.join(sets[enc], "manifest.json")))["shards"]
+                  for enc in ("raw", "jpeg")}
+        results = []
+        for link in links:
+            endpoint = port
+            if link != "none":
+                rtt, mbps = link.split(":")
+                endpoint = _free_port()
+                lim = subprocess.Popen([sys.executable, os.path.join(HERE, "limiter.py"),
+                                        "--listen", str(endpoint), "--to", str(port),
+                                        "--rtt-ms", rtt, "--mbps", mbps],
+                                       stdout=subprocess.PIPE, text=True)
+                procs.append(lim)
+                lim.stdout.readline()   # type: ignore[union-attr]
+            env = {**os.environ, **aws, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{endpoint}",
+                   "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"}
+            os.environ["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]
+            raw = shards["raw"]
+            rate = statistics.median(_link_rate(f"s3://{BUCKET}/raw", [s["file"] for s in raw],
+                                                sum(s["bytes"] for s in raw))
+                                     for _ in range(2))
+            print(json.dumps({"link": link, "link_mb_s": round(rate / 1e6, 1)}), flush=True)
+            results += _rounds(a.rounds, link, rate, env, sets, shards, venvs, endpoint, work)
+        _summary(results)
+    finally:
+        for proc in procs:
+            proc.kill()
 
-    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
-        local = os.path.join(tmp, "set")
-        convert(a.photos, local, sizes=[256], progress=False)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                                   "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="k",
-                          AWS_SECRET_ACCESS_KEY="s", AWS_REGION="us-east-1")
-        try:
-            time.sleep(2)
-            client = boto3.client("s3")
-            client.create_bucket(Bucket="bench")
-            for f in os.listdir(local):
-                client.upload_file(os.path.join(local, f), "bench", f"set/{f}")
-            link = _link(local, "s3://bench/set", a.rounds)
-            nbytes = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local)
-                         if f.startswith("shard-"))
-            with open(os.path.join(local, "manifest.json")) as f:
-                per_image = nbytes / json.load(f)["num_samples"]
-            print(f"the link: {link / 1e6:.0f} MB/s (the shards downloaded 4 at a time, "
-                  f"median of {a.rounds}); {nbytes / 1e6:.0f} MB of shards", flush=True)
-            runs = [("local", local, 0), ("s3", "s3://bench/set", 0)]
-            if a.window:
-                runs.append((f"s3, shuffle_window={a.window}", "s3://bench/set", a.window))
-            got: dict[str, list[list[float]]] = {name: [] for name, _, _ in runs}
-            for r in range(a.rounds):
-                for name, path, window in runs:
-                    cache = os.path.join(tmp, "cache")
-                    shutil.rmtree(cache, ignore_errors=True)
-                    out = subprocess.run([sys.executable, "-c", RUN, path, cache, str(window)],
-                                         check=True,
-                                         capture_output=True, text=True).stdout.split()
-                    got[name].append([float(x) for x in out])
-                    e1, f1, e2, _ = got[name][-1]
-                    print(f"round {r}: {name}: epoch 1 {e1:.0f} img/s (first batch after "
-                          f"{f1:.2f} s), epoch 2 {e2:.0f} img/s", flush=True)
-        finally:
-            server.kill()
-    med = {k: [statistics.median(run[i] for run in v) for i in range(4)] for k, v in got.items()}
-    for k, (e1, f1, e2, _) in med.items():
-        print(f"{k}: median epoch 1 {e1:.0f} img/s, first batch {f1:.2f} s, epoch 2 {e2:.0f}")
-    print(f"s3 / local: epoch 1 {med['s3'][0] / med['local'][0]:.3f}, epoch 2 "
-          f"{med['s3'][2] / med['local'][2]:.3f}")
-    allowed = min(med["local"][0], link / per_image)
-    print(f"epoch 1 / min(local epoch 1, the link's bytes/s over an image's "
-          f"{per_image / 1e3:.0f} kB = {link / per_image:.0f} img/s): "
-          f"{med['s3'][0] / allowed:.3f}")
+
+def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> list[dict]:
+    out = []
+    cache = os.path.join(work, "cache")
+    for r in range(rounds):
+        for enc in ("raw", "jpeg"):
+            limit = LIMIT_SHARDS * max(s["bytes"] for s in shards[enc])
+            per_image = sum(s["bytes"] for s in shards[enc]) / sum(s["count"] for s in shards[enc])
+            for where, bound in (("local", 0), ("s3", 0), ("s3, cache of 6 shards", limit)):
+                url = sets[enc] if where == "local" else f"s3://{BUCKET}/{enc}"
+                epochs, peak = _run([sys.executable, "-c", FASTDATA, url, cache, str(bound)], env,
+                                    cache, bound or None)
+                out.append({"link": link, "round": r, "run": f"fastdata {enc} {where}",
+                            "epochs": epochs, "cache_peak": peak, "cache_limit": bound,
+                            "link_img_s": rate / per_image, "shard_s": max(
+                                s["bytes"] for s in shards[enc]) / rate})
+                print(json.dumps(out[-1]), flush=True)
+        for peer, venv in venvs.items():
+            module = _peer_module(peer, work)
+            if peer == "webdataset":
+                names = sorted(f for f in os.listdir(sets[peer]) if f.endswith(".tar"))
+                url = ",".join(f"http://127.0.0.1:{endpoint}/{BUCKET}/{peer}/{n}" for n in names)
+            else:
+                url = f"s3://{BUCKET}/{peer}"
+            epochs, _ = _run([os.path.join(venv, "bin", "python"), module, "run", url, cache],
+                             {**env, "PYTHONPATH": f"{work}:{ROOT}"}, cache, None)
+            out.append({"link": link, "round": r, "run": peer, "epochs": epochs})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def _summary(results: list[dict]) -> None:
+    print("\n| link | run | epoch 1 img/s (first batch) | epoch 2 img/s | CPU ms/img (1, 2) | "
+          "RSS MiB per epoch | cache peak / limit |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    keys = sorted({(r["link"], r["run"]) for r in results}, key=lambda k: (k[0], k[1]))
+    for link, run in keys:
+        rs = [r for r in results if r["link"] == link and r["run"] == run]
+
+        def med(e, field, rs=rs):
+            return statistics.median(r["epochs"][e][field] for r in rs)
+        rss = "/".join(f"{med(e, 'rss_mib'):.0f}" for e in range(len(rs[0]["epochs"])))
+        cache = (f"{max(r['cache_peak'] for r in rs) / 1e6:.0f} / "
+                 f"{rs[0]['cache_limit'] / 1e6:.0f} MB" if rs[0].get("cache_peak") else "")
+        print(f"| {link} | {run} | {med(0, 'img_s'):.0f} ({med(0, 'first_batch_s'):.2f} s) | "
+              f"{med(1, 'img_s'):.0f} | {med(0, 'cpu_ms_per_img'):.2f}, "
+              f"{med(1, 'cpu_ms_per_img'):.2f} | {rss} | {cache} |")
+    for link in sorted({r["link"] for r in results}):
+        for enc in ("raw", "jpeg"):
+            loc = [r for r in results if r["link"] == link and r["run"] == f"fastdata {enc} local"]
+            rem = [r for r in results if r["link"] == link and r["run"] == f"fastdata {enc} s3"]
+            if not loc or not rem:
+                continue
+            local1 = statistics.median(r["epochs"][0]["img_s"] for r in loc)
+            local2 = statistics.median(r["epochs"][1]["img_s"] for r in loc)
+            e1 = statistics.median(r["epochs"][0]["img_s"] for r in rem)
+            e2 = statistics.median(r["epochs"][1]["img_s"] for r in rem)
+            first = statistics.median(r["epochs"][0]["first_batch_s"] for r in rem)
+            allowed = min(local1, rem[0]["link_img_s"])
+            print(f"{link} {enc}: epoch 1 {e1:.0f} img/s = {e1 / allowed:.2f} of min(local "
+                  f"{local1:.0f}, link {rem[0]['link_img_s']:.0f}); epoch 2 = "
+                  f"{e2 / local2:.2f} of local; first batch {first:.2f} s against one shard's "
+                  f"transfer {rem[0]['shard_s']:.2f} s + 1 s")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,6 +20,7 @@ from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
 from fastdata.shards.remote import Fetch, Remote, fetch_manifest, is_url
+from fastdata.shards.streaming import OpenShards, Prefetch
 
 
 class ShardSet:
@@ -57,7 +57,7 @@ class ShardSet:
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
                               encoding=self.encoding, count=s["count"]) for s in m["shards"]]
         #: a remote set's readers, closed once the cache's limit needs their shards' room
-        self._open: _OpenShards | None = None
+        self._open: OpenShards | None = None
         if remote is not None:          # read from the node's cache, fetched on first open
             for reader, entry in zip(self.shards, m["shards"]):
                 reader.fetch = Fetch(remote, cache, entry, self.container, self.sizes,
@@ -67,7 +67,7 @@ class ShardSet:
                 # half the limit for the shards readers keep open, half for those still to
                 # be read (Prefetch)
                 sizes = [s["bytes"] for s in m["shards"]]
-                self._open = _OpenShards(self.shards, sizes, max(
+                self._open = OpenShards(self.shards, sizes, max(
                     cache.limit // 2, max(sizes, default=0)))  # type: ignore[union-attr]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
@@ -165,15 +165,16 @@ class ShardSet:
                           f"{self.url or self.root}`")
         return part
 
-    def prefetch(self, indices, in_flight: int = 4) -> Prefetch | None:
+    def prefetch(self, indices, in_flight: int = 2) -> Prefetch | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
-        first read them, ``in_flight`` at a time, and with a ``cache_limit`` no further ahead
-        than the cache holds beside the shards still to be read; None for a local set. A
-        failed fetch is left to the read that needs the shard."""
+        first read them, ``in_flight`` at a time (few: the shards a pass needs first get the
+        link's bandwidth), and with a ``cache_limit`` no further ahead than the cache holds
+        beside the shards still to be read; None for a local set. A failed fetch is left to
+        the read that needs the shard."""
         if self.url is None:
             return None
         shard, _ = self.locate(indices)
-        return Prefetch(self, shard, in_flight)
+        return Prefetch(self.shards, self.manifest["shards"], shard, in_flight)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count
@@ -301,112 +302,6 @@ class ShardSet:
     def iter_shards(self) -> Iterator[tuple[dict, ShardReader]]:
         """``(manifest entry, reader)`` of each shard, in order."""
         return zip(self.manifest["shards"], self.shards)
-
-
-class _OpenShards:
-    """A remote set's open readers in this process: once more than ``budget`` bytes of their
-    shards are open, the least recently read ones that no read is using are closed and marked
-    first to evict, so that the cache can make room (an open reader holds its shard). In a
-    windowed shuffle those are the shards of finished windows."""
-
-    def __init__(self, readers: list[ShardReader], sizes: list[int], budget: int):
-        self.readers, self.sizes, self.budget = readers, sizes, budget
-        self._fresh()
-
-    def _fresh(self) -> None:
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._in_use: dict[int, int] = {}
-        self._last: dict[int, int] = {}
-        self._clock = 0
-
-    def __getstate__(self):
-        return {"readers": self.readers, "sizes": self.sizes, "budget": self.budget}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._fresh()
-
-    @contextlib.contextmanager
-    def using(self, shards):
-        if self._pid != os.getpid():        # a forked child: its own readers, a fresh lock
-            self._fresh()
-        with self._lock:
-            self._clock += 1
-            for sh in shards:
-                self._in_use[sh] = self._in_use.get(sh, 0) + 1
-                self._last[sh] = self._clock
-        try:
-            yield
-        finally:
-            with self._lock:
-                for sh in shards:
-                    self._in_use[sh] -= 1
-                self._trim()
-
-    def _trim(self) -> None:
-        me = os.getpid()
-        open_ = [sh for sh in self._last if self.readers[sh]._h is not None
-                 and self.readers[sh]._pid == me]
-        total = sum(self.sizes[sh] for sh in open_)
-        for sh in sorted(open_, key=self._last.__getitem__):
-            if total <= self.budget:
-                return
-            if self._in_use.get(sh):
-                continue
-            reader = self.readers[sh]
-            reader.close()
-            reader.fetch.cache.retire(reader.fetch.key)  # type: ignore[union-attr]
-            total -= self.sizes[sh]
-
-
-class Prefetch:
-    """A remote set's shards fetched in the background in the order a pass first reads them
-    (``ShardSet.prefetch``); ``advance(n)`` says the pass has consumed its first ``n``
-    samples, ``stop()`` cancels what has not started."""
-
-    def __init__(self, ds: ShardSet, shard: np.ndarray, in_flight: int):
-        import concurrent.futures as cf
-
-        _, first = np.unique(shard, return_index=True)
-        last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
-        self._seq = shard[np.sort(first)].tolist()
-        self._last = dict(zip(np.unique(shard).tolist(), last.tolist()))
-        self._bytes = [e["bytes"] for e in ds.manifest["shards"]]
-        self._limit = ds.shards[0].fetch.cache.limit if ds.shards else None  # type: ignore[union-attr]
-        self._ds, self._consumed, self._stopped = ds, 0, False
-        self._cond = threading.Condition()
-        self._pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")
-        threading.Thread(target=self._run, daemon=True, name="fastdata-prefetch").start()
-
-    def _room(self, i: int) -> bool:
-        """Whether shard ``_seq[i]`` fits the limit beside the earlier ones still to read."""
-        if self._limit is None:
-            return True
-        need = sum(self._bytes[sh] for sh in self._seq[:i + 1]
-                   if self._last[sh] >= self._consumed)
-        return 2 * need <= self._limit or need == self._bytes[self._seq[i]]
-
-    def _run(self) -> None:
-        for i, sh in enumerate(self._seq):
-            with self._cond:
-                self._cond.wait_for(lambda: self._stopped or self._room(i))  # noqa: B023
-                if self._stopped:
-                    return
-                self._pool.submit(self._ds.shards[sh].fetch)
-
-    def advance(self, n: int) -> None:
-        """The pass has consumed its first ``n`` samples: their shards' room may be reused."""
-        with self._cond:
-            self._consumed = n
-            self._cond.notify()
-
-    def stop(self) -> None:
-        """Cancel the fetches that have not started."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def stored_size(size, sizes, where: str) -> int:
