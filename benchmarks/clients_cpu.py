@@ -73,6 +73,7 @@ def main() -> None:
     from fastdata.converters.convert import convert
 
     sys.path.insert(0, HERE)
+    import limiter
     from remote_cpu import _free_port
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
@@ -94,16 +95,9 @@ def main() -> None:
                 s3.upload_file(os.path.join(local, n), "bench", f"set/{n}")
             got: dict = {}
             for link in a.link or ["none"]:
-                endpoint = port
-                if link != "none":
-                    rtt, mbps = link.split(":")
-                    endpoint = _free_port()
-                    lim = subprocess.Popen([sys.executable, os.path.join(HERE, "limiter.py"),
-                                            "--listen", str(endpoint), "--to", str(port),
-                                            "--rtt-ms", rtt, "--mbps", mbps],
-                                           stdout=subprocess.PIPE, text=True)
+                endpoint, lim = limiter.start(port, link)
+                if lim is not None:
                     procs.append(lim)
-                    lim.stdout.readline()  # type: ignore[union-attr]
                 env = {**os.environ, **aws, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{endpoint}"}
                 for r in range(a.rounds):
                     for client in CLIENTS:      # interleaved, round by round

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 import time
 
 CHUNK = 256 << 10
@@ -70,6 +74,23 @@ async def serve(listen: int, to: int, rtt_ms: float, mbps: float | None) -> None
     print("ready", flush=True)
     async with server:
         await server.serve_forever()
+
+
+def start(to: int, link: str) -> tuple[int, subprocess.Popen | None]:
+    """``link`` (``RTT_MS:MB_PER_S``, or ``none``) in front of the server at port ``to`` on
+    127.0.0.1, in a process of its own: the port to connect to, and that process (None for
+    ``none``: the server's own port)."""
+    if link == "none":
+        return to, None
+    rtt, mbps = link.split(":")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--listen", str(port),
+                             "--to", str(to), "--rtt-ms", rtt, "--mbps", mbps],
+                            stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()      # type: ignore[union-attr] - "ready"
+    return port, proc
 
 
 def main() -> None:

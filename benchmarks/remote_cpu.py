@@ -43,6 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+import limiter  # noqa: E402 - benchmarks/limiter.py
 import peers_cpu  # noqa: E402 - the peers' conversion and augmentation, shared
 
 BUCKET, SHARD_SIZE, WINDOW, LIMIT_SHARDS = "bench", 250, 2, 6
@@ -268,16 +269,9 @@ def main() -> None:
                   for enc in ("raw", "jpeg")}
         results = []
         for link in links:
-            endpoint = port
-            if link != "none":
-                rtt, mbps = link.split(":")
-                endpoint = _free_port()
-                lim = subprocess.Popen([sys.executable, os.path.join(HERE, "limiter.py"),
-                                        "--listen", str(endpoint), "--to", str(port),
-                                        "--rtt-ms", rtt, "--mbps", mbps],
-                                       stdout=subprocess.PIPE, text=True)
+            endpoint, lim = limiter.start(port, link)
+            if lim is not None:
                 procs.append(lim)
-                lim.stdout.readline()   # type: ignore[union-attr]
             env = {**os.environ, **aws, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{endpoint}",
                    "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"}
             os.environ["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]

@@ -74,7 +74,7 @@ class FolderLock:
                 raise FolderBusyError(errno.EBUSY, f"{self.folder} is in use by another "
                                       f"{self.what} ({holder}); wait for it to end, or use "
                                       f"another folder") from None
-            if not _same_file(fd, self.path):   # its holder removed it as we opened it
+            if not same_file(fd, self.path):   # its holder removed it as we opened it
                 os.close(fd)
                 return self.acquire()
             note = (f"pid {os.getpid()} on {socket.gethostname()}, since "
@@ -91,7 +91,7 @@ class FolderLock:
         """Remove the lock file and drop the lock (removed first: a run that opened the file
         meanwhile sees that it is gone, and makes a new one)."""
         if self._fd is not None:
-            if _same_file(self._fd, self.path):
+            if same_file(self._fd, self.path):
                 os.remove(self.path)
             os.close(self._fd)      # closing drops the flock
             self._fd = None
@@ -103,7 +103,8 @@ class FolderLock:
         self.release()
 
 
-def _same_file(fd: int, path: str) -> bool:
+def same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` (not followed if a link) is the file open as ``fd``."""
     try:
         a, b = os.fstat(fd), os.lstat(path)
     except FileNotFoundError:

@@ -18,6 +18,7 @@ from fastdata.format import (
     ShardFormatError,
     ShardMeta,
 )
+from fastdata.outdir import same_file
 from fastdata.shards.cache import hold
 from fastdata.shards.mapped import open_files_limit, open_regular, unguard
 
@@ -36,14 +37,6 @@ os.register_at_fork(after_in_child=_reset_open_lock)
 
 class _Evicted(Exception):
     """A cached shard was evicted between its fetch and its reader's hold on it."""
-
-
-def _same(st: os.stat_result, path: str) -> bool:
-    try:
-        other = os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino)
 
 
 class ShardReader:
@@ -106,8 +99,7 @@ class ShardReader:
         try:
             if self.fetch is not None:
                 hold(fd)        # the cache evicts no shard a reader holds open
-                st = os.fstat(fd)
-                if not _same(st, self.path):
+                if not same_file(fd, self.path):
                     os.close(fd)
                     raise _Evicted
             return self._open(fd)
