@@ -1,5 +1,5 @@
-"""Conversion into an object store: ``fastdata convert SRC s3://bucket/set`` (any URL that
-``fastdata.shards.remote`` reads: ``gs://``, ``az://``, ``file://``...).
+"""Conversion into an object store: ``fastdata convert SRC s3://bucket/set`` (``gs://`` and
+``az://`` through the same client; a ``file://`` URL is converted as a folder).
 
 The shards are written as for a folder, into a staging folder of the node-local cache
 (``<cache>/uploads/<digest of the URL>``), and each goes up as soon as it is complete (in

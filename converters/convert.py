@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,7 +184,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
         overwrite=overwrite, resume=resume)
     bucket = None
-    if is_url(out):
+    if out.lower().startswith("file://"):       # a folder: written as one
+        out = urllib.parse.unquote(urllib.parse.urlsplit(out).path)
+    elif is_url(out):
         from fastdata.converters.bucket import Bucket, staging_folder
 
         bucket, out = Bucket(out), staging_folder(out)

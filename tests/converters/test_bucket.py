@@ -68,6 +68,13 @@ def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
     assert os.listdir(tmp_path / "cache" / "uploads") == []
 
 
+def test_a_file_url_is_a_folder(source, tmp_path):
+    out = tmp_path / "a set"
+    convert(source, "file://" + str(out).replace(" ", "%20"), **OPTIONS)
+    assert fastdata.open(str(out)).labels.tolist() == \
+        fastdata.open(f"file://{out}", cache_dir=tmp_path / "read").labels.tolist()
+
+
 def test_resume_overwrite_and_what_is_not_fastdatas(s3, source, tmp_path, caplog):
     url = f"s3://{BUCKET}/rules"
     done = convert(source, url, **OPTIONS)
