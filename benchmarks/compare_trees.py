@@ -17,10 +17,12 @@ with the sync after it (its "on disk" figure).
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
 mode) over raw shards stored at ``--size`` (made by this tree; ``--container``, HDF5 by default),
-RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 worker threads (or processes:
+RandomResizedCrop(224) + flip + normalise to float32 (or ``--dtype``), batch 64, 2 worker
+threads (or processes:
 ``--workers process``, started as ``--mp-context`` says), NCHW and
 channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)); with
-``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm).
+``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm); img/s
+and the CPU time of all the run's processes per image.
 """
 from __future__ import annotations
 
@@ -81,17 +83,24 @@ LOADER = PRELUDE + """
 import sys, time
 import torch, fastdata
 torch.set_num_threads(1)
+import os
 loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
                          channels_last=sys.argv[3] == "channels_last", backend=sys.argv[5],
-                         workers=sys.argv[6], mp_context=sys.argv[7] or None)
+                         workers=sys.argv[6], mp_context=sys.argv[7] or None,
+                         dtype=getattr(torch, sys.argv[8]))
+
+def cpu():
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
 epochs, t, n = int(sys.argv[4]), None, 0
 for e in range(epochs):
     loader.set_epoch(e)
     for k, (x, _) in enumerate(loader):
         if t is None and (k == 5 if epochs == 1 else e == 1):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), cpu()
         n += len(x) if t is not None else 0
-print(n / (time.perf_counter() - t))
+print(n / (time.perf_counter() - t), 1000 * (cpu() - c) / n)
 """
 
 
@@ -144,6 +153,8 @@ def main() -> None:
                     help="loader: the torch backend's workers")
     ap.add_argument("--mp-context", choices=("fork", "spawn", "forkserver"), default=None,
                     help="loader: how worker processes start (default: Python's)")
+    ap.add_argument("--dtype", action="append", choices=("float32", "bfloat16", "uint8"),
+                    help="loader: the output's dtype; repeatable (default float32)")
     ap.add_argument("--epochs", type=int, default=1,
                     help="loader: epochs per run; with more than one, the first is untimed")
     a = ap.parse_args()
@@ -172,10 +183,11 @@ def main() -> None:
 
         shards = os.path.join(tmp, "raw")
         convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)
-        for layout in ("NCHW", "channels_last"):
-            interleaved(trees, a.rounds, f"loader {a.backend} {a.container} RRC224 float32 "
-                        f"{layout}, {a.workers} workers", LOADER, shards, layout, str(a.epochs),
-                        a.backend, a.workers, a.mp_context or "")
+        for dtype in a.dtype or ["float32"]:
+            for layout in ("NCHW", "channels_last"):
+                interleaved(trees, a.rounds, f"loader {a.backend} {a.container} RRC224 {dtype} "
+                            f"{layout}, {a.workers} workers", LOADER, shards, layout,
+                            str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype)
     finally:
         shutil.rmtree(tmp)
 

@@ -3,7 +3,7 @@
  * fastdata runs torch ops instead.
  *
  * - crop_resize: crop -> antialiased bilinear resize -> flip -> normalise, uint8 HWC in,
- *   float32 out. The same weights as torch's interpolate(mode="bilinear", antialias=True,
+ *   float32, bfloat16 or uint8 out (rounded once, at the store). The same weights as torch's interpolate(mode="bilinear", antialias=True,
  *   align_corners=False) (PIL's triangle filter, widened by the downscale factor) and as
  *   fastdata.ops.crop's batched path, in float32 with no uint8 rounding in between. Per output
  *   row the source rows it needs are combined (vertical pass, contiguous, vectorised), then
@@ -80,6 +80,76 @@ static int taps(int len, int out, int flip, int *first, int *count, float *w, in
     return most;
 }
 
+/* The output's element types: float32 (stored as computed); bfloat16 (rounded to nearest
+ * even, as torch rounds) and uint8 (rounded, clamped to 0..255), converted a row at a time
+ * from float32 in loops the compiler vectorises. */
+enum { OUT_F32 = 0, OUT_BF16 = 1, OUT_U8 = 2 };
+
+/* Each of n floats converted, stored step elements apart; 8 at a time where contiguous and
+ * the compiler can pick bytes out of a vector (GCC 12, Clang). bfloat16: the upper half of
+ * each float's bits once rounded; uint8: the low byte of f + 1.5 * 2^23, whose addition
+ * rounds f to the nearest integer (even at a tie, as torch rounds). uint8's values need no
+ * clamp: the resize's weights are >= 0 and sum to 1 over uint8 pixels (the uint8 output has
+ * no normalisation). */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define PICK_BYTES 1
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint8_t v32u8 __attribute__((vector_size(32)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint8_t v8u8 __attribute__((vector_size(8)));
+#endif
+
+static inline uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+static inline uint8_t u8_of(float f) {
+    f += 12582912.0f;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint8_t)u;
+}
+
+CLONES static void to_bf16(const float *f, uint16_t *d, int64_t step, int n) {
+    int j = 0;
+#ifdef PICK_BYTES
+    if (step == 1)
+        for (; j + 8 <= n; j += 8) {
+            v8u u;
+            memcpy(&u, f + j, sizeof u);
+            u += 0x7FFF + ((u >> 16) & 1);
+            v32u8 b;
+            memcpy(&b, &u, sizeof b);
+            v16u8 h = __builtin_shufflevector(b, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23,
+                                              26, 27, 30, 31);
+            memcpy(d + j, &h, sizeof h);
+        }
+#endif
+    for (; j < n; j++) d[j * step] = bf16_of(f[j]);
+}
+
+CLONES static void to_u8(const float *f, uint8_t *d, int64_t step, int n) {
+    int j = 0;
+#ifdef PICK_BYTES
+    if (step == 1)
+        for (; j + 8 <= n; j += 8) {
+            v8 t = load8(f + j) + 12582912.0f;
+            v32u8 b;
+            memcpy(&b, &t, sizeof b);
+            v8u8 r = __builtin_shufflevector(b, b, 0, 4, 8, 12, 16, 20, 24, 28);
+            memcpy(d + j, &r, sizeof r);
+        }
+#endif
+    for (; j < n; j++) d[j * step] = u8_of(f[j]);
+}
+
+static void convert(const float *f, void *d, int T, int64_t step, int n) {
+    if (T == OUT_BF16) to_bf16(f, d, step, n);
+    else to_u8(f, d, step, n);
+}
+
 /* One output row from the combined source row; K taps (a constant where inlined). */
 static inline __attribute__((always_inline)) void hpass(
         int out, int K, const float *w, int stride, const int *first, const float *row,
@@ -103,17 +173,24 @@ static inline __attribute__((always_inline)) void hpass(
     case 4: hpass(out, 4, wx, Kx, fx, row, d, OC, OX, a, b); break; \
     default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
 
-/* src: the crop's top-left pixel of an HWC uint8 image whose rows are rs bytes apart. */
+/* src: the crop's top-left pixel of an HWC uint8 image whose rows are rs bytes apart; dst:
+ * the output image, of element type T, strides in elements. */
 CLONES static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
-                                  float *dst, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
+                                  void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a,
+                                  v4 b) {
     if (out < 1) return 0;
     int Kx = 2 * (w > out ? (w + out - 1) / out : 1) + 2;
     int Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
     int *fx = malloc(sizeof(int) * 3 * (size_t)out), *fy = fx + out, *cy = fy + out;
     float *wx = malloc(sizeof(float) * (size_t)out * (Kx + Ky)), *wy = wx + (size_t)out * Kx;
     float *row = calloc((size_t)3 * (w + Kx) + 4, sizeof(float));  /* zeros past the row */
-    if (!fx || !wx || !row) { free(fx); free(wx); free(row); return -1; }
+    float *orow = T == OUT_F32 ? NULL : malloc(sizeof(float) * (3 * (size_t)out + 1));
+    if (!fx || !wx || !row || (T != OUT_F32 && !orow)) {
+        free(fx); free(wx); free(row); free(orow);
+        return -1;
+    }
     int kx = taps(w, out, flip, fx, cy, wx, Kx), n3 = 3 * w;     /* cy: scratch here */
+    size_t esize = T == OUT_F32 ? 4 : T == OUT_BF16 ? 2 : 1;
     taps(h, out, 0, fy, cy, wy, Ky);
     for (int y = 0; y < out; y++) {
         const float *wk = wy + (size_t)y * Ky;
@@ -124,21 +201,39 @@ CLONES static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, 
             float wv = wk[k];
             for (int j = 0; j < n3; j++) row[j] += wv * sk[j];
         }
-        float *d = dst + y * oy;
-        if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+        void *o = (char *)dst + (size_t)y * oy * esize;
+        if (T != OUT_F32 && oc == 1 && ox == 3) {   /* packed: converted as one run */
+            float *d = orow;
+            HPASS(1, 3)
+            convert(orow, o, T, 1, 3 * out);
+        } else if (T != OUT_F32) {                  /* planar, each plane converted */
+            float *d = orow;
+            HPASS(out, 1)
+            for (int c = 0; c < 3; c++)
+                convert(orow + c * out, (char *)o + c * oc * esize, T, ox, out);
+        } else {
+            float *d = o;
+            if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+        }
     }
-    free(fx); free(wx); free(row);
+    free(fx); free(wx); free(row); free(orow);
     return 0;
 }
 
 static PyObject *crop_resize(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     unsigned long long src, rows, params, dst, scale, shift;
-    int out;
+    int out, T;
     long long on, oc, oy, ox;
-    if (!PyArg_ParseTuple(args, "nKKKiKLLLLKK", &n, &src, &rows, &params, &out, &dst,
+    if (!PyArg_ParseTuple(args, "nKKKiKiLLLLKK", &n, &src, &rows, &params, &out, &dst, &T,
                           &on, &oc, &oy, &ox, &scale, &shift))
         return NULL;
+    if (T < OUT_F32 || T > OUT_U8) {
+        PyErr_SetString(PyExc_ValueError, "output type must be 0 (float32), 1 (bfloat16) or "
+                        "2 (uint8)");
+        return NULL;
+    }
+    size_t esize = T == OUT_F32 ? 4 : T == OUT_BF16 ? 2 : 1;
     const uint8_t *const *s = (const uint8_t *const *)(uintptr_t)src;
     const int64_t *rs = (const int64_t *)(uintptr_t)rows, *p = (const int64_t *)(uintptr_t)params;
     const float *sc = (const float *)(uintptr_t)scale, *sh = (const float *)(uintptr_t)shift;
@@ -148,8 +243,8 @@ static PyObject *crop_resize(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n && !failed; i++) {
         const int64_t *q = p + 5 * i;       /* top, left, h, w, flip */
         failed = crop_resize_one(s[i] + q[0] * rs[i] + q[1] * 3, rs[i], (int)q[2], (int)q[3],
-                                 (int)q[4], out, (float *)(uintptr_t)dst + on * i, oc, oy, ox,
-                                 a, b);
+                                 (int)q[4], out, (char *)(uintptr_t)dst + on * i * esize, T,
+                                 oc, oy, ox, a, b);
     }
     Py_END_ALLOW_THREADS
     if (failed) return PyErr_NoMemory();
@@ -439,8 +534,8 @@ static PyMethodDef methods[] = {
      "pack_rgb(schema_capsule, array_capsule, out): an image's Arrow export (4 bytes a pixel) "
      "into out as packed RGB; use converters.decode."},
     {"crop_resize", crop_resize, METH_VARARGS,
-     "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, on, oc, oy, ox, scale, "
-     "shift): addresses of checked buffers; use fastdata.kernels.cpu.crop_resize."},
+     "crop_resize(n, src_ptrs, row_strides, params, out_size, dst, out_type, on, oc, oy, ox, "
+     "scale, shift): addresses of checked buffers; use fastdata.kernels.cpu.crop_resize."},
     {"color_jitter", color_jitter, METH_VARARGS,
      "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops, scale, shift): "
      "addresses of checked buffers (scale, shift 0: none); use fastdata.kernels.cpu.color_jitter."},

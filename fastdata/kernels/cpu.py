@@ -2,7 +2,8 @@
 found): each function checks every pointer, shape and box it hands to C.
 
 ``crop_resize``: crop + antialiased bilinear resize + flip + normalise in one pass, uint8 HWC →
-float32, the CPU default of the crop stage for float32 output (``CropStage(kernel="auto")``);
+float32, bfloat16 or uint8, the CPU default of the crop stage for those outputs
+(``CropStage(kernel="auto")``);
 ``color_jitter``: ``transforms.ColorJitter``'s adjustments; ``affine``: a per-channel
 ``x * scale + shift``, the loader's normalisation after a batch transform. Where the extension
 was not built, torch ops do the same work, more slowly (``docs/performance.md``).
@@ -19,6 +20,10 @@ from fastdata import kernels
 def available() -> bool:
     """Whether the C kernel was built and imports."""
     return kernels.native() is not None
+
+
+#: the output element types the crop kernel writes, and their codes in C
+OUT_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}
 
 
 def fits(images: torch.Tensor) -> bool:
@@ -40,16 +45,18 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
 
     images: B uint8 (H, W, 3) CPU tensors with packed pixels (strides (row, 3, 1); rows may be
     further apart, e.g. views of a larger array), or one (B, H, W, 3) tensor; params: (B, 5)
-    int64 ``[top, left, h, w, flip]`` (``ops.boxes.packed_params``); out: a float32 (B, 3, O, O)
-    CPU tensor, any strides; scale, shift: 3 float32 values each. The GIL is released while it
-    runs. Every pointer handed to C is checked here first."""
+    int64 ``[top, left, h, w, flip]`` (``ops.boxes.packed_params``); out: a float32, bfloat16
+    or uint8 (B, 3, O, O) CPU tensor, any strides (the values computed in float32, rounded once
+    as they are stored; uint8 clamped to 0..255); scale, shift: 3 float32 values each. The GIL
+    is released while it runs. Every pointer handed to C is checked here first."""
     require()
     n = len(images)
-    if out.dtype != torch.float32 or out.device.type != "cpu" or out.dim() != 4 \
+    if out.dtype not in OUT_TYPES or out.device.type != "cpu" or out.dim() != 4 \
             or out.shape[0] != n or out.shape[1] != 3 or out.shape[2] != out.shape[3] \
             or out.shape[2] < 1:
-        raise ValueError(f"out must be a float32 CPU tensor of shape ({n}, 3, O, O), O >= 1, "
-                         f"not {out.dtype} {tuple(out.shape)} on {out.device}")
+        raise ValueError(f"out must be a float32, bfloat16 or uint8 CPU tensor of shape ({n}, "
+                         f"3, O, O), O >= 1, not {out.dtype} {tuple(out.shape)} on "
+                         f"{out.device}")
     params = params.to(torch.int64).contiguous()
     if params.shape != (n, 5):
         raise ValueError(f"params must be ({n}, 5) [top, left, h, w, flip], not "
@@ -80,8 +87,8 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
                     for v in (scale, shift))
     ptrs, rows = meta[:, 0].contiguous(), meta[:, 1].contiguous()
     kernels.native().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(),
-                                 out.shape[2],
-                          out.data_ptr(), *out.stride(), scale.data_ptr(), shift.data_ptr())
+                                 out.shape[2], out.data_ptr(), OUT_TYPES[out.dtype],
+                                 *out.stride(), scale.data_ptr(), shift.data_ptr())
     return out
 
 

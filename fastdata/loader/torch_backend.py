@@ -92,9 +92,9 @@ class _BatchReader:
 
     def ring_bytes(self, batch: int) -> int | None:
         """The bytes of a batch made in a buffer of ``_buffer``'s (see ``_read``); None where
-        it is not (on a CUDA device; uint8 output made by the transform)."""
+        it is not (on a CUDA device)."""
         t = self.crop_stage
-        if not self.on_host or (self.needs_crop_stage and t.dtype == torch.uint8):
+        if not self.on_host:
             return None
         side = (t.crop or self.size) if self.needs_crop_stage else self.size
         return batch * 3 * side * side * t.dtype.itemsize
@@ -144,8 +144,6 @@ class _BatchReader:
         g = torch.Generator().manual_seed(seed)
         t = self.crop_stage
         o = t.crop or s
-        if t.dtype == torch.uint8:
-            return t(raw, g), labels, None
         if t.channels_last:
             out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:

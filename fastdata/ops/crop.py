@@ -6,9 +6,9 @@ then the centre-crop fallback) + horizontal flip. Eval: centre crop of ``eval_ra
 stored square (torchvision's Resize(256)+CenterCrop(224) is ratio 0.875) resized to ``crop``.
 Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 output skips it).
 
-Three kernels give the same geometry: ``native`` (fastdata's C kernel, float32 output on CPU:
-crop, resize and normalise in one pass, no uint8 rounding in between; the CPU default where it
-was built), ``per_sample`` (uint8 antialiased bilinear ``interpolate`` per image, each image
+Three kernels give the same geometry: ``native`` (fastdata's C kernel, float32, bfloat16 or
+uint8 output on CPU: crop, resize and normalise in one pass, rounded once as it is stored; the
+CPU default for those where it was built), ``per_sample`` (uint8 antialiased bilinear ``interpolate`` per image, each image
 normalised while still in cache: the CPU path otherwise) and ``batched`` (the same
 antialiased weights as two batched matrix products for the whole batch, for CUDA).
 All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
@@ -143,9 +143,9 @@ class CropStage:
         choice("kernel", kernel, ("auto", "native", "per_sample", "batched"))
         if kernel == "native":
             cpu.require()
-            if dtype != torch.float32:
-                raise ValueError(f"kernel='native' gives float32 output, not dtype={dtype}; "
-                                 "use kernel='auto'")
+            if dtype not in cpu.OUT_TYPES:
+                raise ValueError(f"kernel='native' gives float32, bfloat16 or uint8 output, not "
+                                 f"dtype={dtype}; use kernel='auto'")
         self.train, self.crop, self.dtype, self.channels_last = train, crop, dtype, channels_last
         self.scale, self.ratio, self.flip, self._eval_ratio = scale, ratio, flip, eval_ratio
         self.kernel = kernel
@@ -174,20 +174,23 @@ class CropStage:
         kernel = self.kernel
         if kernel == "auto":
             kernel = "batched" if x[0].device.type == "cuda" else (
-                "native" if self.dtype == torch.float32 and cpu.available() else "per_sample")
+                "native" if self.dtype in cpu.OUT_TYPES and cpu.available() else "per_sample")
         if kernel == "batched" and not torch.is_tensor(x):
             x = torch.stack(list(x))
         side = self.crop or height          # no crop: output at the stored size
-        if self.dtype == torch.uint8:
+        if self.dtype == torch.uint8 and kernel != "native":
             if kernel == "per_sample":
-                return crop_resize_per_sample(x, boxes, flips, side, self.memory_format)
-            y = crop_resize_batched(x, boxes, flips, side).round_().clamp_(0, 255)
-            return y.to(torch.uint8).contiguous(memory_format=self.memory_format)
+                y = crop_resize_per_sample(x, boxes, flips, side, self.memory_format)
+            else:
+                y = crop_resize_batched(x, boxes, flips, side).round_().clamp_(0, 255).to(
+                    torch.uint8).contiguous(memory_format=self.memory_format)
+            return y if out is None else out.copy_(y)
         if out is None:
             out = torch.empty((n, 3, side, side), dtype=self.dtype, device=x[0].device,
                               memory_format=self.memory_format)
-        if kernel == "native":
-            a, b = self._scale_shift(out.device)
+        if kernel == "native":      # uint8: the resized pixels as they are
+            a, b = self._scale_shift(out.device) if self.dtype != torch.uint8 else (
+                torch.ones(3), torch.zeros(3))
             return cpu.crop_resize(x, packed_params(boxes, flips), out, a, b)
         if kernel == "batched":
             # half-precision products for a half-precision result: tensor cores, half the

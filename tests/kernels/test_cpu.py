@@ -62,6 +62,49 @@ def test_the_kernel_resamples_like_the_reference(size, out, layout):
 
 
 @needs_kernel
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+def test_half_and_uint8_outputs_are_the_float_output_rounded_once(layout, dtype):
+    """bfloat16: the float32 values rounded as torch rounds them; uint8 (no normalisation):
+    the resized pixels rounded to the nearest level, ties to even. Odd widths leave a tail
+    past the 8-wide conversion."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.from_numpy(np.random.default_rng(7).integers(0, 256, (24, 40, 40, 3),
+                                                           dtype=np.uint8))
+    params = packed_params(random_resized_crop_boxes(24, 40, 40, generator=g),
+                           (torch.rand(24, generator=g) < 0.5).tolist())
+    if dtype == torch.uint8:
+        scale, shift = torch.ones(3), torch.zeros(3)
+    else:
+        scale, shift = torch.tensor([1 / 50, 1 / 60, 1 / 70]), torch.tensor([-2.0, -1.5, -1.0])
+    for out in (29, 32):
+        f = torch.empty((24, 3, out, out))
+        cpu.crop_resize(list(x), params, f, scale, shift)
+        if layout == "strided":
+            y = torch.zeros((out, 24, out, 4), dtype=dtype).permute(1, 3, 0, 2)[:, 1:]
+        else:
+            y = torch.zeros((24, 3, out, out), dtype=dtype).contiguous(
+                memory_format=torch.channels_last if layout == "channels_last" else
+                torch.contiguous_format)
+        assert cpu.crop_resize(list(x), params, y, scale, shift) is y
+        want = f.to(torch.bfloat16) if dtype == torch.bfloat16 else f.round().to(torch.uint8)
+        assert torch.equal(y, want)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+def test_the_crop_stage_takes_the_kernel_for_half_and_uint8_output(dtype):
+    x = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (16, 32, 32, 3),
+                                                           dtype=np.uint8))
+    for train in (True, False):
+        a, b, c = (CropStage(kernel=k, train=train, crop=24, dtype=dtype)(
+            list(x), torch.Generator().manual_seed(5)) for k in ("auto", "native", "per_sample"))
+        assert torch.equal(a, b) and a.dtype == dtype
+        diff = (b.float() - c.float()).abs().max()      # per_sample rounds to uint8 first
+        assert 0 < diff <= (1 if dtype == torch.uint8 else 0.05)
+
+
+@needs_kernel
 def test_the_loader_transform_uses_it_and_stays_within_a_grey_level_of_the_uint8_path():
     x = torch.from_numpy(np.random.default_rng(3).integers(0, 256, (16, 32, 32, 3),
                                                            dtype=np.uint8))
@@ -77,7 +120,7 @@ def test_the_loader_transform_uses_it_and_stays_within_a_grey_level_of_the_uint8
 @needs_kernel
 @pytest.mark.parametrize("case,match", [
     ("dtype", "uint8 CPU"), ("layout", "packed RGB pixels"), ("box", "not inside"),
-    ("out", "float32 CPU tensor"), ("params", r"\(4, 5\)")])
+    ("out", "float32, bfloat16 or uint8 CPU tensor"), ("params", r"\(4, 5\)")])
 def test_bad_inputs_are_refused_before_c_sees_them(case, match):
     x = torch.zeros((4, 16, 16, 3), dtype=torch.uint8)
     params = torch.tensor([[0, 0, 16, 16, 0]] * 4)
@@ -104,8 +147,9 @@ def test_kernel_choice_is_checked():
         CropStage(train=True, half_products="yes")
     assert CropStage(train=True, dtype=torch.bfloat16).half_products
     if cpu.available():
-        with pytest.raises(ValueError, match="float32 output"):
-            CropStage(train=True, kernel="native", dtype=torch.uint8)
+        with pytest.raises(ValueError, match="float32, bfloat16 or uint8 output, not "
+                                             "dtype=torch.float16"):
+            CropStage(train=True, kernel="native", dtype=torch.float16)
     else:
         with pytest.raises(ImportError, match="not built"):
             CropStage(train=True, kernel="native")
