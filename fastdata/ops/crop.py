@@ -8,9 +8,10 @@ Then ``(x/255 - mean)/std`` in the requested dtype and memory format (uint8 outp
 
 Three kernels give the same geometry: ``native`` (fastdata's C kernel, float32, bfloat16 or
 uint8 output on CPU: crop, resize and normalise in one pass, rounded once as it is stored; the
-CPU default for those where it was built), ``per_sample`` (uint8 antialiased bilinear ``interpolate`` per image, each image
-normalised while still in cache: the CPU path otherwise) and ``batched`` (the same
-antialiased weights as two batched matrix products for the whole batch, for CUDA).
+CPU default for those where it was built), ``per_sample`` (uint8 antialiased bilinear
+``interpolate`` per image, each image normalised while still in cache: the CPU path
+otherwise) and ``batched`` (the same antialiased weights as two batched matrix products for
+the whole batch, for CUDA).
 All randomness comes from the ``torch.Generator`` passed in, so results do not depend on which
 worker ran a batch.
 """
