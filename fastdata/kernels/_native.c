@@ -173,50 +173,89 @@ static inline __attribute__((always_inline)) void hpass(
     case 4: hpass(out, 4, wx, Kx, fx, row, d, OC, OX, a, b); break; \
     default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
 
-/* src: the crop's top-left pixel of an HWC uint8 image whose rows are rs bytes apart; dst:
- * the output image, of element type T, strides in elements. */
-CLONES static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
+/* One image's resampling plan: the taps and weights of each output column and row, and the
+ * buffers of a row (the vertical pass's, and a converted output's float32 row). */
+typedef struct {
+    int Kx, Ky, kx, *fx, *fy, *cy;
+    float *wx, *wy, *row, *orow;
+} Plan;
+
+static void plan_free(Plan *p) { free(p->fx); free(p->wx); free(p->row); free(p->orow); }
+
+static int plan_init(Plan *p, int h, int w, int flip, int out, int convert) {
+    p->Kx = 2 * (w > out ? (w + out - 1) / out : 1) + 2;
+    p->Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
+    p->fx = malloc(sizeof(int) * 3 * (size_t)out);
+    p->wx = malloc(sizeof(float) * (size_t)out * (p->Kx + p->Ky));
+    p->row = calloc((size_t)3 * (w + p->Kx) + 4, sizeof(float));  /* zeros past the row */
+    p->orow = convert ? malloc(sizeof(float) * (3 * (size_t)out + 1)) : NULL;
+    if (!p->fx || !p->wx || !p->row || (convert && !p->orow)) { plan_free(p); return -1; }
+    p->fy = p->fx + out;
+    p->cy = p->fy + out;
+    p->wy = p->wx + (size_t)out * p->Kx;
+    p->kx = taps(w, out, flip, p->fx, p->cy, p->wx, p->Kx);     /* cy: scratch here */
+    taps(h, out, 0, p->fy, p->cy, p->wy, p->Ky);
+    return 0;
+}
+
+/* The source rows that output row y reads, combined into p->row. */
+static inline __attribute__((always_inline)) void vpass(const Plan *p, const uint8_t *src,
+                                                        int64_t rs, int n3, int y) {
+    const float *wk = p->wy + (size_t)y * p->Ky;
+    const uint8_t *s = src + p->fy[y] * rs;
+    float *row = p->row;
+    for (int j = 0; j < n3; j++) row[j] = wk[0] * s[j];
+    for (int k = 1; k < p->cy[y]; k++) {
+        const uint8_t *sk = s + k * rs;
+        float wv = wk[k];
+        for (int j = 0; j < n3; j++) row[j] += wv * sk[j];
+    }
+}
+
+/* float32 output: each row written in place. src: the crop's top-left pixel of an HWC uint8
+ * image whose rows are rs bytes apart. */
+CLONES static void rows_f32(const Plan *p, const uint8_t *src, int64_t rs, int w, int out,
+                            float *dst, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
+    int kx = p->kx, Kx = p->Kx;
+    const int *fx = p->fx;
+    const float *wx = p->wx, *row = p->row;
+    for (int y = 0; y < out; y++) {
+        vpass(p, src, rs, 3 * w, y);
+        float *d = dst + y * oy;
+        if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+    }
+}
+
+/* bfloat16 or uint8 output (T): each row made in float32, then converted into place. */
+CLONES static void rows_converted(const Plan *p, const uint8_t *src, int64_t rs, int w, int out,
                                   void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a,
                                   v4 b) {
-    if (out < 1) return 0;
-    int Kx = 2 * (w > out ? (w + out - 1) / out : 1) + 2;
-    int Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
-    int *fx = malloc(sizeof(int) * 3 * (size_t)out), *fy = fx + out, *cy = fy + out;
-    float *wx = malloc(sizeof(float) * (size_t)out * (Kx + Ky)), *wy = wx + (size_t)out * Kx;
-    float *row = calloc((size_t)3 * (w + Kx) + 4, sizeof(float));  /* zeros past the row */
-    float *orow = T == OUT_F32 ? NULL : malloc(sizeof(float) * (3 * (size_t)out + 1));
-    if (!fx || !wx || !row || (T != OUT_F32 && !orow)) {
-        free(fx); free(wx); free(row); free(orow);
-        return -1;
-    }
-    int kx = taps(w, out, flip, fx, cy, wx, Kx), n3 = 3 * w;     /* cy: scratch here */
-    size_t esize = T == OUT_F32 ? 4 : T == OUT_BF16 ? 2 : 1;
-    taps(h, out, 0, fy, cy, wy, Ky);
+    int kx = p->kx, Kx = p->Kx;
+    const int *fx = p->fx;
+    const float *wx = p->wx, *row = p->row;
+    float *d = p->orow;
+    size_t esize = T == OUT_BF16 ? 2 : 1;
     for (int y = 0; y < out; y++) {
-        const float *wk = wy + (size_t)y * Ky;
-        const uint8_t *s = src + fy[y] * rs;
-        for (int j = 0; j < n3; j++) row[j] = wk[0] * s[j];
-        for (int k = 1; k < cy[y]; k++) {
-            const uint8_t *sk = s + k * rs;
-            float wv = wk[k];
-            for (int j = 0; j < n3; j++) row[j] += wv * sk[j];
-        }
-        void *o = (char *)dst + (size_t)y * oy * esize;
-        if (T != OUT_F32 && oc == 1 && ox == 3) {   /* packed: converted as one run */
-            float *d = orow;
+        vpass(p, src, rs, 3 * w, y);
+        char *o = (char *)dst + (size_t)y * oy * esize;
+        if (oc == 1 && ox == 3) {           /* packed: converted as one run */
             HPASS(1, 3)
-            convert(orow, o, T, 1, 3 * out);
-        } else if (T != OUT_F32) {                  /* planar, each plane converted */
-            float *d = orow;
+            convert(d, o, T, 1, 3 * out);
+        } else {                            /* planar, each plane converted */
             HPASS(out, 1)
-            for (int c = 0; c < 3; c++)
-                convert(orow + c * out, (char *)o + c * oc * esize, T, ox, out);
-        } else {
-            float *d = o;
-            if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
+            for (int c = 0; c < 3; c++) convert(d + c * out, o + c * oc * esize, T, ox, out);
         }
     }
-    free(fx); free(wx); free(row); free(orow);
+}
+
+static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
+                           void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
+    Plan p;
+    if (out < 1) return 0;
+    if (plan_init(&p, h, w, flip, out, T != OUT_F32)) return -1;
+    if (T == OUT_F32) rows_f32(&p, src, rs, w, out, dst, oc, oy, ox, a, b);
+    else rows_converted(&p, src, rs, w, out, dst, T, oc, oy, ox, a, b);
+    plan_free(&p);
     return 0;
 }
 
