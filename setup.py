@@ -1,6 +1,6 @@
-"""fastdata's two C extensions (see fastdata/kernels/); everything else is in pyproject.toml.
-Both optional: where they do not compile, the install goes on and fastdata uses torch ops
-(and shard maps go unguarded)."""
+"""fastdata's C extensions (see fastdata/kernels/); everything else is in pyproject.toml.
+All optional: where they do not compile, the install goes on and fastdata uses torch ops
+(shard maps go unguarded, JPEG records are decoded whole)."""
 from setuptools import Extension, setup
 
 # Neither FP exceptions nor errno are read: without them GCC turns the kernels' branches on
@@ -12,4 +12,8 @@ setup(ext_modules=[
     Extension("fastdata.kernels._native", ["fastdata/kernels/_native.c"], optional=True,
               extra_compile_args=FAST_MATH),
     Extension("fastdata.kernels._guard", ["fastdata/kernels/_guard.c"], optional=True),
+    # JPEG records decoded where their crops need them: needs libjpeg-turbo's headers
+    # (libjpeg-turbo's libjpeg-dev; install.sh installs them where it can)
+    Extension("fastdata.kernels._jpeg", ["fastdata/kernels/_jpeg.c"], libraries=["jpeg"],
+              optional=True),
 ])

@@ -3,6 +3,8 @@
 - ``_native`` (``_native.c``): the CPU image kernels (crop and resize, colour, the converter's
   pixel packing); ``fastdata.kernels.cpu`` checks their arguments.
 - ``_guard`` (``_guard.c``): the fault guard of shard maps (``fastdata.shards.mapped``).
+- ``_jpeg`` (``_jpeg.c``): JPEG records decoded where their crops need them, with
+  libjpeg-turbo; ``fastdata.kernels.jpeg`` checks their arguments.
 - ``fastdata.kernels.gpu``: the GPU kernels, where Triton imports.
 
 Each loader returns the module, or None where it was not built or does not import; callers
@@ -28,6 +30,12 @@ def guard() -> Any:
     """The fault guard, or None where it was not built (or on a platform without SIGBUS)."""
     module = _optional("fastdata.kernels._guard")
     return module if module is not None and hasattr(module, "guard") else None
+
+
+@functools.cache
+def jpeg_decoder() -> Any:
+    """The JPEG region decoder, or None where it was not built."""
+    return _optional("fastdata.kernels._jpeg")
 
 
 @functools.cache

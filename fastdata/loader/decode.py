@@ -1,8 +1,14 @@
-"""Where the torch backend decodes JPEG shards: on the host, or on a CUDA device."""
+"""Where the torch backend decodes JPEG shards: on the host, or on a CUDA device; and on the
+host, only where each image's crop needs it."""
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
 
 from fastdata._optional import available
 from fastdata.checks import choice
+from fastdata.kernels import jpeg
 
 JPEG_DECODES = ("auto", "cpu", "gpu")
 
@@ -44,3 +50,34 @@ def gpu_jpeg_available() -> tuple[bool, str]:
     if "device" not in inspect.signature(decode_jpeg).parameters:
         return False, "this torchvision's decode_jpeg has no device argument (0.19 or newer)"
     return True, ""
+
+
+def decode_regions(payloads: Sequence, boxes: torch.Tensor, out: torch.Tensor,
+                   whole: Callable[[int], None]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each JPEG record decoded only where its crop box needs it (``kernels.jpeg``), into its
+    slot of ``out``: the rows of the box and the block-aligned columns around it, whose pixels
+    inside the box are a whole decode's; its cost falls with the box's area.
+
+    Args:
+        payloads: B JPEG records of (S, S) RGB images.
+        boxes: (B, 4) int64 ``[top, left, h, w]`` crop boxes inside the images.
+        out: a contiguous (B, S, S, 3) uint8 CPU buffer.
+        whole: ``whole(k)`` decodes record ``k`` whole into ``out[k]`` (or raises the error
+            that names it): for a record the region decoder refuses, or where it was not built.
+
+    Returns:
+        ``(images, boxes)``: per record the view of ``out[k]`` that holds its decoded region
+        (``out[k]`` where it was decoded whole) and the box within that view.
+    """
+    views, within = [], boxes.clone()
+    for k, (payload, box) in enumerate(zip(payloads, boxes.tolist())):
+        slot = out[k]
+        try:
+            x0, cols = jpeg.decode_region(payload, box, slot)
+        except (ValueError, ImportError):
+            whole(k)
+            views.append(slot)
+            continue
+        views.append(slot[:box[2], :cols])
+        within[k, 0], within[k, 1] = 0, box[1] - x0
+    return views, within

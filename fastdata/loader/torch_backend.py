@@ -21,7 +21,9 @@ from collections import deque
 import numpy as np
 import torch
 
+from fastdata.kernels import jpeg
 from fastdata.loader.buffers import BufferPool, tensor_in
+from fastdata.loader.decode import decode_regions
 from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
 from fastdata.ops.boxes import packed_params
@@ -65,6 +67,11 @@ class _BatchReader:
         self.pin = spec.device.type == "cuda"
         self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
         self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
+        # JPEG records decoded only where their crops need them: on the host, into the
+        # crop stage's CPU kernels (which take images of any size; "batched" stacks them)
+        self.regions = (self.on_host and self.needs_crop_stage and self.sample_hook is None
+                        and getattr(self.ds, "encoding", None) == "jpeg"
+                        and self.crop_stage.kernel != "batched" and jpeg.available())
         self._pools: dict = {}
         #: batch seed -> the image the sample hook is on, for a batch past its deadline
         self.progress: dict[int, list[int]] = {}
@@ -119,7 +126,14 @@ class _BatchReader:
             return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_crop_stage
                  and self.sample_hook is None else None)
-        if views is not None:   # each image's crop is read from the map: no batch copy first
+        params = None
+        if self.regions:        # the crops drawn first: each JPEG decoded where they fall
+            boxes, flips = self.crop_stage.params(b, s, s, torch.Generator().manual_seed(seed))
+            out = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=False)
+            raw, boxes = decode_regions(self.ds.read_encoded(indices, s), boxes, out, lambda k: (
+                self.ds.read_batch(indices[k:k + 1], size=s, out=out[k:k + 1].numpy())))
+            params = boxes, flips
+        elif views is not None:  # each image's crop is read from the map: no batch copy first
             raw = [_tensor(v) for v in views]
         else:
             # the stored pixels are the result on a device, and as channels_last uint8
@@ -148,7 +162,7 @@ class _BatchReader:
             out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:
             out = self._buffer(("out", b, o), (b, 3, o, o), t.dtype, ring)
-        images = t(raw, g, out=out)
+        images = t(raw, g, out=out, params=params)
         if self.batch_hook is not None:
             images, labels = self.batch_hook(images, labels, seed)
         return images, labels, None
