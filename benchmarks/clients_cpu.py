@@ -1,5 +1,5 @@
 """The object-store clients side by side, as the loader's cache uses one: every shard of a set
-downloaded into local files, 4 at a time, from an S3 server (moto's, on this host), straight or
+downloaded into local files, 4 at a time, from an S3 server (moto's, on the same host), straight or
 through ``benchmarks/limiter.py``: MB/s and CPU seconds per GB of the downloading process.
 
     python benchmarks/clients_cpu.py /tmp/photos --python /tmp/peers/s3fs/bin/python \\

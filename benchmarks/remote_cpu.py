@@ -1,4 +1,4 @@
-"""Shard sets read from an S3 server (moto's, on this host) through a link limiter, against
+"""Shard sets read from an S3 server (moto's, on the same host) through a link limiter, against
 the same sets on the local disk and against the peers that stream from object stores, loader
 only (the remote figures of docs/performance.md):
 
