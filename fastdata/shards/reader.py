@@ -86,6 +86,11 @@ class ShardReader:
         raise OSError(f"shard {self.path} was evicted from the cache as it opened, three "
                       f"times: raise cache_limit")
 
+    @property
+    def is_open(self) -> bool:
+        """Whether this process holds the shard open."""
+        return self._h is not None and self._pid == os.getpid()
+
     def _open_checked(self) -> dict:
         """``_open``, with every failure an OSError that names the shard."""
         try:

@@ -54,9 +54,7 @@ class OpenShards:
                 self._trim()
 
     def _trim(self) -> None:
-        me = os.getpid()
-        open_ = [sh for sh in self._last if self.readers[sh]._h is not None
-                 and self.readers[sh]._pid == me]
+        open_ = [sh for sh in self._last if self.readers[sh].is_open]
         total = sum(self.sizes[sh] for sh in open_)
         for sh in sorted(open_, key=self._last.__getitem__):
             if total <= self.budget:
