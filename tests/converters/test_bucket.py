@@ -68,6 +68,25 @@ def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
     assert os.listdir(tmp_path / "cache" / "uploads") == []
 
 
+def test_a_large_shard_goes_up_in_parts(s3, tmp_path, monkeypatch):
+    """A shard larger than a part (5 MiB here, the least S3 takes) is a multipart upload:
+    the object is the file byte for byte, its SHA-256 the manifest's."""
+    from fastdata.shards import remote
+
+    monkeypatch.setattr(remote, "PART", 5 << 20)
+    src = plain_folder(tmp_path / "src", per_class=20)
+    options = {**OPTIONS, "sizes": [256], "shard_size": 100}
+    up = convert(src, f"s3://{BUCKET}/large", **options)
+    local = convert(src, str(tmp_path / "local"), **options)
+    (entry,) = up["shards"]
+    data = (tmp_path / "local" / entry["file"]).read_bytes()
+    assert len(data) > 2 * (5 << 20)
+    assert _objects(s3, "large")[entry["file"]] == data
+    etag = s3.head_object(Bucket=BUCKET, Key=f"large/{entry['file']}")["ETag"]
+    assert etag.strip('"').endswith("-3")           # a multipart upload's, of 3 parts
+    assert entry == {**local["shards"][0], "file_sha256": hashlib.sha256(data).hexdigest()}
+
+
 def test_a_file_url_is_a_folder(source, tmp_path):
     out = tmp_path / "a set"
     convert(source, "file://" + str(out).replace(" ", "%20"), **OPTIONS)
