@@ -1,6 +1,9 @@
 """The JPEG region decoder's Python side (``_jpeg.c``, libjpeg-turbo, built where its headers
-are found): a record decoded only where a crop needs it. Its arguments are checked here."""
+are found): records decoded only where their crops need them. Its arguments are checked
+here."""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -12,30 +15,42 @@ def available() -> bool:
     return kernels.jpeg_decoder() is not None
 
 
-def decode_region(payload, box, slot: torch.Tensor) -> tuple[int, int]:
-    """The rows ``top .. top+h-1`` of the JPEG record ``payload`` (an (S, S) RGB image), in the
-    block-aligned columns around ``left .. left+w-1``, into ``slot`` from its first row.
+def decode_regions(payloads: Sequence, boxes: Sequence[Sequence[int]], out: torch.Tensor
+                   ) -> list[tuple[int, int] | None]:
+    """Each JPEG record's rows ``top .. top+h-1``, in the block-aligned columns around
+    ``left .. left+w-1``, into its slot ``out[k]`` from the slot's first row.
 
     Args:
-        payload: the record (a buffer).
-        box: ``(top, left, h, w)`` inside the image.
-        slot: a contiguous uint8 (S, S, 3) CPU tensor.
+        payloads: B JPEG records (buffers) of (S, S) RGB images.
+        boxes: B ``(top, left, h, w)`` boxes.
+        out: a contiguous uint8 (B, S, S, 3) CPU tensor.
 
     Returns:
-        ``(x0, cols)``: the first column decoded and how many; ``slot[:h, :cols]`` holds them.
+        Per record ``(x0, cols)``: the first column decoded and how many (``out[k][:h, :cols]``
+        holds them); None for a record libjpeg-turbo refuses, one of another size or a box
+        outside the image (decode those whole).
 
     Raises:
-        ValueError: a record libjpeg-turbo refuses or of another size, or a bad box (decode
-            such a record whole).
+        ValueError: ``out`` or the number of boxes is not as above.
         ImportError: the decoder was not built.
     """
     module = kernels.jpeg_decoder()
     if module is None:
         raise ImportError("fastdata's JPEG region decoder (fastdata.kernels._jpeg) is not built")
-    if slot.dtype != torch.uint8 or slot.device.type != "cpu" or slot.dim() != 3 \
-            or slot.shape[0] != slot.shape[1] or slot.shape[2] != 3 or not slot.is_contiguous():
-        raise ValueError(f"slot must be a contiguous uint8 (S, S, 3) CPU tensor, not "
-                         f"{slot.dtype} {tuple(slot.shape)}")
-    s = slot.shape[0]
-    top, left, h, w = (int(v) for v in box)
-    return module.decode_region(payload, top, left, h, w, slot.data_ptr(), 3 * s, s, s, s, s)
+    b = len(payloads)
+    if out.dtype != torch.uint8 or out.device.type != "cpu" or out.dim() != 4 \
+            or out.shape[0] != b or out.shape[1] != out.shape[2] or out.shape[3] != 3 \
+            or not out.is_contiguous() or len(boxes) != b:
+        raise ValueError(f"out must be a contiguous uint8 (B, S, S, 3) CPU tensor and boxes B "
+                         f"long for B = {b} records, not {out.dtype} {tuple(out.shape)} and "
+                         f"{len(boxes)} boxes")
+    s = out.shape[1]
+    base, step = out.data_ptr(), 3 * s * s
+    got: list[tuple[int, int] | None] = []
+    for k, (payload, (top, left, h, w)) in enumerate(zip(payloads, boxes)):
+        try:
+            got.append(module.decode_region(payload, int(top), int(left), int(h), int(w),
+                                            base + k * step, 3 * s, s, s, s, s))
+        except ValueError:
+            got.append(None)
+    return got

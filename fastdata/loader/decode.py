@@ -69,15 +69,20 @@ def decode_regions(payloads: Sequence, boxes: torch.Tensor, out: torch.Tensor,
         ``(images, boxes)``: per record the view of ``out[k]`` that holds its decoded region
         (``out[k]`` where it was decoded whole) and the box within that view.
     """
-    views, within = [], boxes.clone()
-    for k, (payload, box) in enumerate(zip(payloads, boxes.tolist())):
-        slot = out[k]
-        try:
-            x0, cols = jpeg.decode_region(payload, box, slot)
-        except (ValueError, ImportError):
+    if not jpeg.available():
+        for k in range(len(payloads)):
             whole(k)
-            views.append(slot)
+        return list(out), boxes
+    box_list = boxes.tolist()
+    slots = out.numpy()
+    views, within = [], []
+    for k, (got, box) in enumerate(zip(jpeg.decode_regions(payloads, box_list, out), box_list)):
+        if got is None:         # refused: decoded whole, its error naming the sample
+            whole(k)
+            views.append(out[k])
+            within.append(box)
             continue
-        views.append(slot[:box[2], :cols])
-        within[k, 0], within[k, 1] = 0, box[1] - x0
-    return views, within
+        x0, cols = got
+        views.append(torch.from_numpy(slots[k, :box[2], :cols]))
+        within.append([0, box[1] - x0, box[2], box[3]])
+    return views, torch.tensor(within, dtype=torch.int64).reshape(-1, 4)

@@ -70,10 +70,10 @@ def test_records_it_refuses_are_decoded_whole():
     assert whole == [1, 2]
     assert views[1].shape == views[2].shape == (64, 64, 3)
     assert within[1].tolist() == within[2].tolist() == [4, 4, 20, 20]
-    with pytest.raises(ValueError, match="slot must be a contiguous uint8"):
-        jpeg.decode_region(good, (0, 0, 8, 8), torch.zeros((64, 64, 3)))
-    with pytest.raises(ValueError, match="not inside the image"):
-        jpeg.decode_region(good, (60, 0, 8, 8), torch.zeros((64, 64, 3), dtype=torch.uint8))
+    with pytest.raises(ValueError, match="out must be a contiguous uint8"):
+        jpeg.decode_regions([good], [(0, 0, 8, 8)], torch.zeros((1, 64, 64, 3)))
+    assert jpeg.decode_regions([good, good], [(60, 0, 8, 8), (0, 0, 8, 8)], torch.zeros(
+        (2, 64, 64, 3), dtype=torch.uint8)) == [None, (0, 9)]      # outside; 8 and a column
 
 
 @needs_decoder
@@ -89,8 +89,8 @@ def test_a_loader_gives_the_same_batches_with_and_without_it(tmp_path, monkeypat
         return [(x.clone(), y.clone()) for e in range(2) if not loader.set_epoch(e)
                 for x, y in loader]
     calls = []
-    real = jpeg.decode_region
-    monkeypatch.setattr(jpeg, "decode_region", lambda *a: calls.append(1) or real(*a))
+    real = jpeg.decode_regions
+    monkeypatch.setattr(jpeg, "decode_regions", lambda *a: calls.append(1) or real(*a))
     with_regions = batches()
     assert calls or workers == "process"        # (a forked worker's calls are its own)
     monkeypatch.setattr(jpeg, "available", lambda: False)
