@@ -266,7 +266,7 @@ def seen(loader, ids) -> list[list[int]]:
         assert images.shape[1:] == (3, 16, 16) and images.is_contiguous()   # NCHW on CPU
         nhwc = images.permute(0, 2, 3, 1).contiguous().numpy()
         batch = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
-        assert labels.tolist() == loader.dataset.labels[batch].tolist()
+        assert labels.tolist() == loader.dataset.labels_of(batch).tolist()
         out.append(batch)
     return out
 

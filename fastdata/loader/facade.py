@@ -353,7 +353,10 @@ class Loader:
         batches, epoch, start = order.batches(), order.epoch, order.position
         seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
         # a remote set: its shards fetched in the order the pass reads them
-        fetch = self.dataset.prefetch(np.concatenate(batches)) if batches else None
+        processes = self.num_workers if self.workers == "process" and \
+            self.backend_name == "torch" else 1
+        fetch = self.dataset.prefetch(np.concatenate(batches), processes=processes) \
+            if batches else None
         consumed = 0
         try:
             for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,

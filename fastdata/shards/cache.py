@@ -166,7 +166,10 @@ class ShardCache:
                 try:
                     wrong = self._fill(tmp, fetch, check)
                     if wrong is None:
-                        os.replace(tmp, final)
+                        # under the cache's lock: a count of its bytes sees the shard in
+                        # tmp/ or in objects/, never in neither
+                        with _locked(os.path.join(self.root, "lock")):
+                            os.replace(tmp, final)
                         try:
                             self._stamp(key)
                         except BaseException:   # no stamp: not a shard that checked out

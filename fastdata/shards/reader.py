@@ -101,12 +101,17 @@ class ShardReader:
             raise FileNotFoundError(
                 f"shard {self.path} is missing (the manifest lists it): restore it, or run "
                 f"`fastdata convert SRC OUT --resume`, which redoes it") from None
-        try:
-            if self.fetch is not None:
+        if self.fetch is not None:
+            try:
                 hold(fd)        # the cache evicts no shard a reader holds open
-                if not same_file(fd, self.path):
-                    os.close(fd)
-                    raise _Evicted
+                evicted = not same_file(fd, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+            if evicted:         # between its fetch and the hold: fetched again by h
+                os.close(fd)
+                raise _Evicted
+        try:
             return self._open(fd)
         except OSError as e:    # h5py's messages do not always name the file
             hint = ""

@@ -66,9 +66,8 @@ class ShardSet:
             if cache.limit is not None:  # type: ignore[union-attr]
                 # half the limit for the shards readers keep open, half for those still to
                 # be read (Prefetch)
-                sizes = [s["bytes"] for s in m["shards"]]
-                self._open = OpenShards(self.shards, sizes, max(
-                    cache.limit // 2, max(sizes, default=0)))  # type: ignore[union-attr]
+                self._open = OpenShards(self.shards, [s["bytes"] for s in m["shards"]],
+                                        cache.limit)  # type: ignore[union-attr]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
         self._check_files()
@@ -165,16 +164,20 @@ class ShardSet:
                           f"{self.url or self.root}`")
         return part
 
-    def prefetch(self, indices, in_flight: int = 2) -> Prefetch | None:
+    def prefetch(self, indices, in_flight: int = 2, processes: int = 1) -> Prefetch | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
         first read them, ``in_flight`` at a time (few: the shards a pass needs first get the
         link's bandwidth), and with a ``cache_limit`` no further ahead than the cache holds
         beside the shards still to be read; None for a local set. A failed fetch is left to
-        the read that needs the shard."""
+        the read that needs the shard. ``processes``: how many processes read the pass (its
+        worker processes), which share the cache's room for open shards."""
         if self.url is None:
             return None
         shard, _ = self.locate(indices)
-        return Prefetch(self.shards, self.manifest["shards"], shard, in_flight)
+        if self._open is not None:
+            self._open.processes = processes
+        return Prefetch(self.shards, self.manifest["shards"], shard, in_flight,
+                        None if self._open is None else self._open.finish)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -13,24 +14,33 @@ from fastdata.shards.reader import ShardReader
 
 
 class OpenShards:
-    """A remote set's open readers in this process: once more than ``budget`` bytes of their
-    shards are open, the least recently read ones that no read is using are closed and marked
-    first to evict, so that the cache can make room (an open reader holds its shard). In a
-    windowed shuffle those are the shards of finished windows."""
+    """A remote set's open readers in this process (an open reader holds its shard in the
+    cache). Once more than ``limit / 2 / processes`` bytes of shards are open (``processes``:
+    how many processes of the node read the set), the least recently read ones that no read
+    is using are closed, so that the cache can evict them in its least-recently-used order; a
+    shard the pass is done with (``finish``) is closed and made the first to evict."""
 
-    def __init__(self, readers: list[ShardReader], sizes: list[int], budget: int):
-        self.readers, self.sizes, self.budget = readers, sizes, budget
+    def __init__(self, readers: list[ShardReader], sizes: list[int], limit: int):
+        self.readers, self.sizes, self.limit = readers, sizes, limit
+        self.processes = 1
         self._fresh()
+
+    @property
+    def budget(self) -> int:
+        """The bytes of shards this process keeps open at most (one shard at least)."""
+        return max(self.limit // 2 // max(1, self.processes), max(self.sizes, default=0))
 
     def _fresh(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._in_use: dict[int, int] = {}
         self._last: dict[int, int] = {}
+        self._done: set[int] = set()
         self._clock = 0
 
     def __getstate__(self):
-        return {"readers": self.readers, "sizes": self.sizes, "budget": self.budget}
+        return {"readers": self.readers, "sizes": self.sizes, "limit": self.limit,
+                "processes": self.processes}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -45,26 +55,47 @@ class OpenShards:
             for sh in shards:
                 self._in_use[sh] = self._in_use.get(sh, 0) + 1
                 self._last[sh] = self._clock
+                self._done.discard(sh)
         try:
             yield
         finally:
             with self._lock:
                 for sh in shards:
                     self._in_use[sh] -= 1
+                    if sh in self._done and not self._in_use[sh]:
+                        self._let_go(sh, retire=True)
                 self._trim()
+
+    def finish(self, sh: int) -> None:
+        """The pass has read shard ``sh`` for the last time: closed (once no read is using
+        it) and made the first to evict."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            if self._in_use.get(sh):
+                self._done.add(sh)
+            else:
+                self._let_go(sh, retire=True)
+
+    def _let_go(self, sh: int, retire: bool) -> None:
+        """Close shard ``sh``'s reader in this process; with ``retire``, make it the first to
+        evict (the pass is done with it, whichever process read it)."""
+        reader = self.readers[sh]
+        self._done.discard(sh)
+        if reader.is_open:
+            reader.close()
+        if retire:
+            reader.fetch.cache.retire(reader.fetch.key)  # type: ignore[union-attr]
 
     def _trim(self) -> None:
         open_ = [sh for sh in self._last if self.readers[sh].is_open]
-        total = sum(self.sizes[sh] for sh in open_)
+        total, budget = sum(self.sizes[sh] for sh in open_), self.budget
         for sh in sorted(open_, key=self._last.__getitem__):
-            if total <= self.budget:
+            if total <= budget:
                 return
-            if self._in_use.get(sh):
-                continue
-            reader = self.readers[sh]
-            reader.close()
-            reader.fetch.cache.retire(reader.fetch.key)  # type: ignore[union-attr]
-            total -= self.sizes[sh]
+            if not self._in_use.get(sh):
+                self._let_go(sh, retire=False)
+                total -= self.sizes[sh]
 
 
 class Prefetch:
@@ -74,13 +105,17 @@ class Prefetch:
     ``stop()`` cancels what has not started."""
 
     def __init__(self, readers: list[ShardReader], entries: list[dict], shard: np.ndarray,
-                 in_flight: int):
+                 in_flight: int, finished: Callable[[int], None] | None = None):
         import concurrent.futures as cf
 
         _, first = np.unique(shard, return_index=True)
         last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
         self._seq = shard[np.sort(first)].tolist()
         self._last = dict(zip(np.unique(shard).tolist(), last.tolist()))
+        # the shards in the order the pass reads them for the last time: each ``finished``
+        # once the pass has consumed past it
+        self._ends = sorted(self._last, key=self._last.__getitem__)
+        self._finished, self._ended = finished, 0
         self._bytes = [e["bytes"] for e in entries]
         self._limit = readers[0].fetch.cache.limit if readers else None  # type: ignore[union-attr]
         self._readers, self._consumed, self._stopped = readers, 0, False
@@ -109,6 +144,10 @@ class Prefetch:
         with self._cond:
             self._consumed = n
             self._cond.notify()
+        while self._ended < len(self._ends) and self._last[self._ends[self._ended]] < n:
+            if self._finished is not None:
+                self._finished(self._ends[self._ended])
+            self._ended += 1
 
     def stop(self) -> None:
         """Cancel the fetches that have not started."""

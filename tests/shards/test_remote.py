@@ -341,7 +341,7 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/set"
     limit, peak, done = 6 * shard, [0], threading.Event()
-    cache = ShardCache(tmp_path / "cache", limit)
+    cache, ids = ShardCache(tmp_path / "cache", limit), ids_of(fastdata.open(out))
 
     def watch():
         while not done.is_set():
@@ -354,10 +354,9 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
         for epoch in range(3):
             loader.set_epoch(epoch)
             before = sum(server.gets.get(f, 0) for f in _shards(out))
-            seen = sorted(y for _, labels in loader for y in labels.tolist())
-            assert seen == sorted(np.asarray(fastdata.open(out).labels).tolist())
+            assert sorted(i for batch in seen(loader, ids) for i in batch) == list(range(60))
             fetched = sum(server.gets.get(f, 0) for f in _shards(out)) - before
-            assert fetched <= 14, fetched       # a shard twice at most now and then
+            assert fetched <= 16, fetched       # a few twice, now and then: no thrashing
         loader.close()
     finally:
         done.set()
