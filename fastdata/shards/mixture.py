@@ -220,7 +220,8 @@ class Mixture:
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
-    def prefetch(self, indices, in_flight: int = 2, processes: int = 1) -> _Prefetches | None:
+    def prefetch(self, indices, in_flight: int | None = None,
+                 processes: int = 1) -> _Prefetches | None:
         """Each remote set's ``prefetch`` of its share of ``indices`` (None if none is
         remote)."""
         if all(s.url is None for s in self.sets):

@@ -164,13 +164,14 @@ class ShardSet:
                           f"{self.url or self.root}`")
         return part
 
-    def prefetch(self, indices, in_flight: int = 2, processes: int = 1) -> Prefetch | None:
+    def prefetch(self, indices, in_flight: int | None = None,
+                 processes: int = 1) -> Prefetch | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
-        first read them, ``in_flight`` at a time (few: the shards a pass needs first get the
-        link's bandwidth), and with a ``cache_limit`` no further ahead than the cache holds
-        beside the shards still to be read; None for a local set. A failed fetch is left to
-        the read that needs the shard. ``processes``: how many processes read the pass (its
-        worker processes), which share the cache's room for open shards."""
+        first read them (``streaming.Prefetch``: ``in_flight`` at a time, by default as many
+        as keep about 64 MiB in flight), and with a ``cache_limit`` no further ahead than the
+        cache holds beside the shards still to be read; None for a local set. A failed fetch
+        is left to the read that needs the shard. ``processes``: how many processes read the
+        pass (its worker processes), which share the cache's room for open shards."""
         if self.url is None:
             return None
         shard, _ = self.locate(indices)

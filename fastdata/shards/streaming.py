@@ -98,14 +98,20 @@ class OpenShards:
                 total -= self.sizes[sh]
 
 
+#: the bytes a prefetch keeps in flight, about: enough to fill a link whose round trip is long
+#: beside the time a shard takes to arrive (small shards), few downloads of large ones
+IN_FLIGHT_BYTES = 64 << 20
+
+
 class Prefetch:
-    """A remote set's shards fetched in the background, ``in_flight`` at a time, in the order
-    a pass (the shard of each of its samples: ``shard``) first reads them
-    (``ShardSet.prefetch``); ``advance(n)`` says the pass has consumed its first ``n`` samples,
-    ``stop()`` cancels what has not started."""
+    """A remote set's shards fetched in the background in the order a pass (the shard of each
+    of its samples: ``shard``) first reads them (``ShardSet.prefetch``): 2 at a time until the
+    pass's first batch is consumed (those shards get the link's bandwidth), then ``in_flight``
+    (default: as many as make ``IN_FLIGHT_BYTES``, 2 to 8). ``advance(n)`` says the pass has
+    consumed its first ``n`` samples, ``stop()`` cancels what has not started."""
 
     def __init__(self, readers: list[ShardReader], entries: list[dict], shard: np.ndarray,
-                 in_flight: int, finished: Callable[[int], None] | None = None):
+                 in_flight: int | None = None, finished: Callable[[int], None] | None = None):
         import concurrent.futures as cf
 
         _, first = np.unique(shard, return_index=True)
@@ -117,6 +123,10 @@ class Prefetch:
         self._ends = sorted(self._last, key=self._last.__getitem__)
         self._finished, self._ended = finished, 0
         self._bytes = [e["bytes"] for e in entries]
+        if in_flight is None:
+            typical = int(np.median([self._bytes[sh] for sh in self._seq] or [1]))
+            in_flight = max(2, min(8, -(-IN_FLIGHT_BYTES // max(1, typical))))
+        self._most, self._running = in_flight, 0
         self._limit = readers[0].fetch.cache.limit if readers else None  # type: ignore[union-attr]
         self._readers, self._consumed, self._stopped = readers, 0, False
         self._cond = threading.Condition()
@@ -131,13 +141,24 @@ class Prefetch:
                    if self._last[sh] >= self._consumed)
         return 2 * need <= self._limit or need == self._bytes[self._seq[i]]
 
+    def _go(self, i: int) -> bool:
+        """Whether shard ``_seq[i]``'s fetch may start now."""
+        most = self._most if self._consumed else min(2, self._most)
+        return self._running < most and self._room(i)
+
     def _run(self) -> None:
         for i, sh in enumerate(self._seq):
             with self._cond:
-                self._cond.wait_for(lambda: self._stopped or self._room(i))  # noqa: B023
+                self._cond.wait_for(lambda: self._stopped or self._go(i))  # noqa: B023
                 if self._stopped:
                     return
-                self._pool.submit(self._readers[sh].fetch)
+                self._running += 1
+                self._pool.submit(self._readers[sh].fetch).add_done_callback(self._ended_one)
+
+    def _ended_one(self, _) -> None:
+        with self._cond:        # (reentrant: a fetch that ended at once calls back here)
+            self._running -= 1
+            self._cond.notify()
 
     def advance(self, n: int) -> None:
         """The pass has consumed its first ``n`` samples: their shards' room may be reused."""
