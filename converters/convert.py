@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from fastdata.converters.resume import (
     what_differs,
 )
 from fastdata.converters.scan import Scan, scan_folder
-from fastdata.converters.units import ConversionError, range_end
+from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (
@@ -59,7 +58,6 @@ from fastdata.outdir import (
     leftover_temps,
     remove_own,
 )
-from fastdata.shards.remote import is_url
 
 log = logging.getLogger("fastdata.convert")
 
@@ -183,13 +181,12 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         engine=engine, address=address, container=container, sizes=sizes, encoding=encoding,
         quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
         overwrite=overwrite, resume=resume)
-    bucket = None
-    if out.lower().startswith("file://"):       # a folder: written as one
-        out = urllib.parse.unquote(urllib.parse.urlsplit(out).path)
-    elif is_url(out):
+    bucket, folder = None, output_folder(out)
+    if folder is None:
         from fastdata.converters.bucket import Bucket, staging_folder
 
-        bucket, out = Bucket(out), staging_folder(out)
+        bucket, folder = Bucket(out), staging_folder(out)
+    out = folder
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 

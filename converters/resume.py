@@ -8,7 +8,7 @@ import logging
 import os
 
 from fastdata.converters.decode import DecodeOptions
-from fastdata.converters.units import manifest_options
+from fastdata.converters.units import manifest_options, output_folder
 from fastdata.converters.writers import WRITERS
 from fastdata.format import (
     CONTAINERS,
@@ -27,7 +27,6 @@ from fastdata.outdir import (
     remove_own,
 )
 from fastdata.shards import READERS
-from fastdata.shards.remote import is_url
 from fastdata.shards.verify import verify_shard
 
 log = logging.getLogger("fastdata")
@@ -201,10 +200,12 @@ def saved_options(out: str) -> tuple[dict, str] | None:
     manifest, or for one that did not finish its first shard); None where neither says.
     Nothing found there is trusted beyond being passed back to ``convert()``, which checks it.
     """
-    if is_url(out):
+    folder = output_folder(out)
+    if folder is None:
         from fastdata.converters.bucket import Bucket
 
         return Bucket(out).saved_options()
+    out = folder
     done = finished_manifest(out) if is_regular(os.path.join(out, MANIFEST)) else None
     if done is not None and manifest_options(done) is not None:
         return manifest_options(done), os.path.join(out, MANIFEST)

@@ -1,6 +1,6 @@
 """The unit of work of a conversion, the same for every engine: a shard holds the readable
 files of one range of the sorted source list; the error of inputs that cannot be read; the
-options a finished set records."""
+options a finished set records; where OUT is."""
 from __future__ import annotations
 
 
@@ -27,3 +27,15 @@ def manifest_options(done: dict) -> dict | None:
     if done.get("shuffle"):
         found["shuffle"] = True
     return found
+
+
+def output_folder(out: str) -> str | None:
+    """The local folder a conversion's OUT names (a path, or a ``file://`` URL); None for a
+    store's URL (``s3://``, ``gs://``...)."""
+    import urllib.parse
+
+    from fastdata.shards.remote import is_url
+
+    if out.lower().startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlsplit(out).path)
+    return None if is_url(out) else out

@@ -92,6 +92,9 @@ def test_a_file_url_is_a_folder(source, tmp_path):
     convert(source, "file://" + str(out).replace(" ", "%20"), **OPTIONS)
     assert fastdata.open(str(out)).labels.tolist() == \
         fastdata.open(f"file://{out}", cache_dir=tmp_path / "read").labels.tolist()
+    from fastdata.cli import main
+    assert main(["-q", "convert", source, f"file://{out}", "--resume"]) == 0  # its options
+    assert not (tmp_path / "cache" / "uploads").exists()        # no staging: a folder
 
 
 def test_resume_overwrite_and_what_is_not_fastdatas(s3, source, tmp_path, caplog):
