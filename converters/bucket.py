@@ -69,8 +69,10 @@ class Bucket:
         Raises:
             FileExistsError: it holds objects, and neither ``overwrite`` nor ``resume``.
         """
+        if resume:
+            return
         present = self.remote.objects()
-        if not present or resume:
+        if not present:
             return
         if not overwrite:
             raise FileExistsError(f"output {self.shown} is not empty; pass --overwrite to "

@@ -47,8 +47,10 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
     further apart, e.g. views of a larger array), or one (B, H, W, 3) tensor; params: (B, 5)
     int64 ``[top, left, h, w, flip]`` (``ops.boxes.packed_params``); out: a float32, bfloat16
     or uint8 (B, 3, O, O) CPU tensor, any strides (the values computed in float32, rounded once
-    as they are stored; uint8 clamped to 0..255); scale, shift: 3 float32 values each. The GIL
-    is released while it runs. Every pointer handed to C is checked here first."""
+    as they are stored); scale, shift: 3 float32 values each (for uint8 output 1 and 0: the
+    resized pixels as they are, which the resize's weights, >= 0 and summing to 1, keep in
+    0..255). The GIL is released while it runs. Every pointer handed to C is checked here
+    first."""
     require()
     n = len(images)
     if out.dtype not in OUT_TYPES or out.device.type != "cpu" or out.dim() != 4 \
@@ -85,6 +87,9 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
                          f"{tuple(sizes[k].tolist())} pixels")
     scale, shift = (torch.as_tensor(v, dtype=torch.float32).reshape(3).contiguous()
                     for v in (scale, shift))
+    if out.dtype == torch.uint8 and not (bool((scale == 1).all()) and bool((shift == 0).all())):
+        raise ValueError(f"uint8 output takes the pixels as they are: scale (1, 1, 1) and shift "
+                         f"(0, 0, 0), not {scale.tolist()} and {shift.tolist()}")
     ptrs, rows = meta[:, 0].contiguous(), meta[:, 1].contiguous()
     kernels.native().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(),
                                  out.shape[2], out.data_ptr(), OUT_TYPES[out.dtype],

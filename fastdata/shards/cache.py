@@ -168,7 +168,7 @@ class ShardCache:
                     if wrong is None:
                         # under the cache's lock: a count of its bytes sees the shard in
                         # tmp/ or in objects/, never in neither
-                        with _locked(os.path.join(self.root, "lock")):
+                        with self._room_locked():
                             os.replace(tmp, final)
                         try:
                             self._stamp(key)
@@ -237,7 +237,7 @@ class ShardCache:
         up to ``ROOM_WAIT_S`` for readers to let go of shards)."""
         deadline = time.monotonic() + ROOM_WAIT_S
         while True:
-            with _locked(os.path.join(self.root, "lock")):
+            with self._room_locked():
                 self._sweep()
                 used = self._make_room(size)
                 if used is None:
@@ -270,14 +270,18 @@ class ShardCache:
             except PermissionError:     # alive, another user's
                 pass
 
+    def _room_locked(self):
+        """The cache's own lock, held while room is made and while a count of its bytes must
+        see a stable set of files."""
+        return _locked(os.path.join(self.root, "lock"))
+
     def used(self) -> int:
         """Bytes of cached and in-flight shards, counted while no process changes them."""
-        with _locked(os.path.join(self.root, "lock")):
-            return self._used()
+        with self._room_locked():
+            return sum(size for _, _, size in self._entries("objects")) + self._in_flight()
 
-    def _used(self) -> int:
-        return sum(size for _, _, size in self._entries("objects")) + \
-            sum(size for _, _, size in self._entries("tmp"))
+    def _in_flight(self) -> int:
+        return sum(size for _, _, size in self._entries("tmp"))
 
     def _entries(self, sub: str) -> list[tuple[float, str, int]]:
         """``(last use, name, bytes)`` of the cache's own files in ``sub`` (a shard's last
@@ -304,8 +308,9 @@ class ShardCache:
             return None
         if size > self.limit:
             raise OSError(f"a shard of {size} bytes does not fit cache_limit={self.limit}")
-        used = self._used()
-        for _, key, nbytes in sorted(self._entries("objects")):
+        objects = sorted(self._entries("objects"))      # least recently used first
+        used = sum(nbytes for _, _, nbytes in objects) + self._in_flight()
+        for _, key, nbytes in objects:
             if used + size <= self.limit:
                 return None
             if self._evict(key):

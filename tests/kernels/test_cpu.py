@@ -120,7 +120,8 @@ def test_the_loader_transform_uses_it_and_stays_within_a_grey_level_of_the_uint8
 @needs_kernel
 @pytest.mark.parametrize("case,match", [
     ("dtype", "uint8 CPU"), ("layout", "packed RGB pixels"), ("box", "not inside"),
-    ("out", "float32, bfloat16 or uint8 CPU tensor"), ("params", r"\(4, 5\)")])
+    ("out", "float32, bfloat16 or uint8 CPU tensor"), ("params", r"\(4, 5\)"),
+    ("uint8", r"uint8 output takes the pixels as they are")])
 def test_bad_inputs_are_refused_before_c_sees_them(case, match):
     x = torch.zeros((4, 16, 16, 3), dtype=torch.uint8)
     params = torch.tensor([[0, 0, 16, 16, 0]] * 4)
@@ -134,10 +135,13 @@ def test_bad_inputs_are_refused_before_c_sees_them(case, match):
         params[3] = torch.tensor([4, 0, 13, 16, 0])
     elif case == "out":
         out = out.double()
+    elif case == "uint8":
+        out = out.to(torch.uint8)
     else:
         params = params[:, :4]
     with pytest.raises(ValueError, match=match):
-        cpu.crop_resize(images, params, out, (1, 1, 1), (0, 0, 0))
+        cpu.crop_resize(images, params, out, (2, 1, 1) if case == "uint8" else (1, 1, 1),
+                        (0, 0, 0))
 
 
 def test_kernel_choice_is_checked():
