@@ -19,7 +19,14 @@ import logging
 import os
 
 from fastdata.converters.units import manifest_options
-from fastdata.format import MANIFEST, MAX_MANIFEST_BYTES, TARGETS, ShardFormatError, ShardMeta
+from fastdata.format import (
+    ANNOTATIONS,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    TARGETS,
+    ShardFormatError,
+    ShardMeta,
+)
 from fastdata.outdir import FINAL_NAMES
 from fastdata.shards.cache import default_cache_dir
 from fastdata.shards.remote import Remote
@@ -169,8 +176,9 @@ class Bucket:
     def finish(self, folder: str, manifest: dict) -> None:
         """The targets (if any) and the manifest from ``folder`` into the store, the manifest
         last."""
-        if "targets" in manifest:
-            self.remote.put_file(TARGETS, os.path.join(folder, TARGETS))
+        for name, key in ((TARGETS, "targets"), (ANNOTATIONS, "annotations")):
+            if key in manifest:
+                self.remote.put_file(name, os.path.join(folder, name))
         with open(os.path.join(folder, MANIFEST), "rb") as f:
             self.remote.put(MANIFEST, f.read())
 

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer, printable
+from fastdata.converters.coco import scan_coco, write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
 from fastdata.converters.labels import scan_labeled
 from fastdata.converters.pool import Decoder, in_flight
@@ -38,7 +39,9 @@ from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (
+    ANNOTATIONS,
     CONTAINERS,
+    DETECTION_VERSION,
     ENCODINGS,
     FITS,
     FORMAT_NAME,
@@ -139,7 +142,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             quality: int = 90, fit: str = "crop", workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,
-            engine: str = "local", address: str | None = None, shuffle: bool = False) -> dict:
+            engine: str = "local", address: str | None = None, shuffle: bool = False,
+            coco: str | None = None) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``.
 
     Args:
@@ -167,6 +171,9 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         shuffle: write the files in an order drawn from a fixed seed instead of the folder's
             (class after class), so that every shard mixes the classes: what a loader's
             ``shuffle_window`` needs. The same order every time (``resume`` included).
+        coco: a COCO annotations file (``fastdata.converters.coco``): a detection set of the
+            images it lists under ``src``, with their boxes (and instance masks where it has
+            segmentations).
 
     Returns:
         The manifest written to ``out/manifest.json``.
@@ -190,7 +197,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
-    if labels is not None:
+    if labels is not None and coco is not None:
+        raise ValueError("labels and coco exclude each other: a set has one kind of label")
+    if coco is not None:
+        coco = os.path.abspath(coco)
+        scan = scan_coco(src, coco)
+        if not scan.files:
+            raise ConversionError(f"none of the images {coco} lists is in {src!r} ("
+                                  f"{len(scan.skipped)} entries left out, e.g. "
+                                  f"{scan.skipped[:1]})")
+    elif labels is not None:
         labels = os.path.abspath(labels)
         scan = scan_labeled(src, labels)
         if not scan.files:
@@ -206,7 +222,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         scan = scan.shuffled()
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
-               labels=labels, shuffle=shuffle, bucket=bucket)
+               labels=labels, coco=coco, shuffle=shuffle, bucket=bucket, progress=progress)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -262,6 +278,8 @@ class _Job:
     shard_size: int
     opts: DecodeOptions
     labels: str | None = None       # the labels file, if labels do not come from folders
+    coco: str | None = None         # the COCO annotations file of a detection set
+    progress: bool = False
     shuffle: bool = False           # the files in a seeded order, not the folder's
     bucket: Any = None              # a store's folder the shards go up to (converters.bucket)
     fp: str = ""
@@ -275,7 +293,7 @@ class _Job:
         o = self.opts
         return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
-                "shard_size": self.shard_size, "labels": self.labels,
+                "shard_size": self.shard_size, "labels": self.labels, "coco": self.coco,
                 "shuffle": self.shuffle}
 
 
@@ -413,6 +431,15 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
+    if scan.coco is not None:
+        manifest["version"] = DETECTION_VERSION
+        manifest["coco_file"] = job.coco
+        paths = [path for path, _ in scan.files if path not in dropped]
+        with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
+                  dynamic_ncols=True) as bar:
+            manifest["annotations"] = write_coco_annotations(
+                os.path.join(job.out, ANNOTATIONS), job.src, paths, scan.coco, opts.sizes,
+                opts.fit, manifest["skipped"], lambda: bar.update(1))
     return manifest
 
 
@@ -429,7 +456,7 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     if job.bucket is not None:
         job.bucket.finish(out, manifest)
-        remove_own(out, [MANIFEST, TARGETS])
+        remove_own(out, [MANIFEST, TARGETS, ANNOTATIONS])
         out = job.bucket.shown
     ignored = sum(scan.ignored.values())
     log.info("converted %d image%s into %d %s shard%s in %s (%d skipped as unreadable, %d "

@@ -17,6 +17,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -96,6 +97,8 @@ class Scan:
     label_kind: str = "class"               # see fastdata.format.LABEL_KINDS
     #: (files, K) float32 targets of a multi-label or regression labels file, else None
     targets: np.ndarray | None = None
+    #: a detection set's annotations (``fastdata.converters.coco.Coco``), else None
+    coco: Any = None
 
     def shuffled(self, seed: int = 0) -> Scan:
         """This scan with its files (and targets) in an order drawn from ``seed`` (shards

@@ -24,6 +24,8 @@ def manifest_options(done: dict) -> dict | None:
     found = {k: done.get(k) for k in keys}
     if done.get("labels_file") is not None:     # labels from a file, not from folders
         found["labels"] = done["labels_file"]
+    if done.get("coco_file") is not None:       # a detection set's annotations file
+        found["coco"] = done["coco_file"]
     if done.get("shuffle"):
         found["shuffle"] = True
     return found

@@ -42,13 +42,19 @@ from zlib_ng.zlib_ng import crc32  # noqa: F401 - zlib's CRC-32 (same values), i
 
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 2
+#: the version of a set with boxes (``label_kind="detection"``): older readers refuse it, while
+#: every other set is still written as version 2
+DETECTION_VERSION = 3
 #: version 1 sets (no ``label_kind``: class labels) read as they are
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 #: what a sample's label is: a class index (int64), a multi-hot row over the classes or a row
-#: of regression targets (both float32, (K,), in ``TARGETS``, one array for the whole set)
-LABEL_KINDS = ("class", "multi_label", "regression")
+#: of regression targets (both float32, (K,), in ``TARGETS``, one array for the whole set), or
+#: boxes with their classes (and instance masks) in ``ANNOTATIONS`` (``fastdata.shards.
+#: annotations``)
+LABEL_KINDS = ("class", "multi_label", "regression", "detection")
 TARGETS = "targets.npy"
+ANNOTATIONS = "annotations.bin"
 
 CONTAINERS = ("hdf5", "lmdb")
 ENCODINGS = ("raw", "jpeg")
@@ -245,9 +251,20 @@ def _check_targets(m: dict, f) -> None:
     """``check_manifest`` of ``label_kind`` and ``targets``."""
     kind = label_kind(m)
     f("label_kind", kind, kind in LABEL_KINDS, f"one of {', '.join(LABEL_KINDS)}")
+    f("version", m.get("version"), (kind == "detection") == (m.get("version") == 3),
+      f"{DETECTION_VERSION} exactly for a detection set")
+    a = m.get("annotations")
+    if kind == "detection":
+        f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
+          and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
+          and re.fullmatch(r"[0-9a-f]{64}", a["sha256"]) is not None
+          and isinstance(a.get("masks"), bool),
+          f"{{file: {ANNOTATIONS}, bytes, sha256, masks}}")
+    else:
+        f("annotations", a, a is None, "absent but for a detection set")
     t = m.get("targets")
-    if kind == "class":
-        f("targets", t, t is None, "absent for class labels")
+    if kind in ("class", "detection"):
+        f("targets", t, t is None, f"absent for {kind} labels")
         return
     shape = [m["num_samples"], len(m["classes"])]
     f("targets", t, isinstance(t, dict) and t.get("file") == TARGETS

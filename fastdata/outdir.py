@@ -29,11 +29,11 @@ log = logging.getLogger("fastdata")
 LOCK = ".fastdata.lock"
 #: the names fastdata writes into a conversion's folder: the manifest, shards and the
 #: temporary files each is written to before it is renamed into place
-CONVERT_NAMES = re.compile(r"(manifest\.json|targets\.npy|shard-\d{5,}\.(h5|lmdb))"
+CONVERT_NAMES = re.compile(r"(manifest\.json|targets\.npy|annotations\.bin|shard-\d{5,}\.(h5|lmdb))"
                            r"(\.tmp(\.part)?|\.tmp-[A-Za-z0-9_]{1,16}(\.part)?)?")
 TEMP_SUFFIX = re.compile(r"\.tmp(\.part)?$|\.tmp-[A-Za-z0-9_]{1,16}(\.part)?$")
 #: the names a conversion reads back (``--resume``) or renames a new file onto
-FINAL_NAMES = re.compile(r"manifest\.json|targets\.npy|shard-\d{5,}\.(h5|lmdb)")
+FINAL_NAMES = re.compile(r"manifest\.json|targets\.npy|annotations\.bin|shard-\d{5,}\.(h5|lmdb)")
 
 
 class FolderBusyError(OSError):

@@ -343,3 +343,67 @@ def running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+#: the colours of a detection fixture's boxes (the k-th box of an image has the k-th), and
+#: its background
+BOX_COLOURS = ((230, 40, 40), (40, 220, 40), (40, 40, 235))
+BACKGROUND = (255, 255, 255)     # as fit="pad"'s borders: no blend of two backgrounds
+
+
+def detection_folder(root, n: int = 8, seed: int = 0, *, fmt: str = "png",
+                     orientation: int | None = None) -> tuple[str, str]:
+    """``root/img/<i>.<fmt>``: pictures of up to three solid rectangles in ``BOX_COLOURS``,
+    side by side (never overlapping), and ``root/instances.json``, their COCO annotations
+    (bbox and a polygon each; categories 3 and 7, named). With ``orientation``, each image is
+    stored under that EXIF orientation: annotated as stored where it swaps width and height
+    (5 to 8), else (2 to 4: the frame the sizes cannot tell) annotated upright, its pixels
+    stored turned back. Returns the folder and the annotations file."""
+    import json
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    images, anns = [], []
+    for i in range(n):
+        w, h = int(rng.integers(90, 170)), int(rng.integers(90, 170))
+        a = np.empty((h, w, 3), np.uint8)
+        a[:] = BACKGROUND
+        k_boxes = int(rng.integers(1, 4))
+        strip = w // k_boxes
+        for k in range(k_boxes):
+            bw = int(rng.integers(strip // 2, strip - 4))
+            x0 = k * strip + int(rng.integers(2, strip - bw - 1))
+            bh = int(rng.integers(h // 3, h - 6))
+            y0 = int(rng.integers(2, h - bh - 2))
+            a[y0:y0 + bh, x0:x0 + bw] = BOX_COLOURS[k]
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": (3, 7)[k % 2],
+                         "bbox": [x0, y0, bw, bh], "iscrowd": 0, "area": bw * bh,
+                         "segmentation": [[x0, y0, x0 + bw, y0, x0 + bw, y0 + bh,
+                                           x0, y0 + bh]]})
+        img = Image.fromarray(a)
+        name = f"img/{i}.{fmt}"
+        kw: dict = {"quality": 95} if fmt == "jpg" else {}
+        if orientation in (2, 3, 4):    # each its own inverse
+            img = img.transpose({2: Image.Transpose.FLIP_LEFT_RIGHT,
+                                 3: Image.Transpose.ROTATE_180,
+                                 4: Image.Transpose.FLIP_TOP_BOTTOM}[orientation])
+        if orientation is not None:
+            exif = Image.Exif()
+            exif[0x0112] = orientation
+            kw["exif"] = exif
+        img.save(os.path.join(root, name), **kw)
+        images.append({"id": i + 1, "file_name": name, "width": w, "height": h})
+    path = os.path.join(root, "instances.json")
+    with open(path, "w") as f:
+        json.dump({"images": images, "annotations": anns,
+                   "categories": [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}]}, f)
+    return str(root), path
+
+
+def colour_regions(images: np.ndarray) -> np.ndarray:
+    """(B, H, W, 3) uint8 → (B, H, W) int: the nearest of ``BOX_COLOURS`` (0, 1, 2) and
+    ``BACKGROUND`` (-1) per pixel."""
+    ref = np.array([*BOX_COLOURS, BACKGROUND], np.float32)
+    d = ((images[..., None, :].astype(np.float32) - ref) ** 2).sum(-1)
+    k = d.argmin(-1)
+    return np.where(k < len(BOX_COLOURS), k, -1)

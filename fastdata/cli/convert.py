@@ -13,7 +13,8 @@ HELP = "pack an image folder (root/<class>/...) into shards"
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
-                    "fit": "crop", "shard_size": None, "labels": None, "shuffle": None}
+                    "fit": "crop", "shard_size": None, "labels": None, "coco": None,
+                    "shuffle": None}
 
 
 def _convert_options(a) -> dict:
@@ -33,7 +34,7 @@ def _convert_options(a) -> dict:
                              ("encoding", saved.get("encoding")),
                              ("quality", saved.get("quality")), ("fit", saved.get("fit")),
                              ("shard_size", saved.get("shard_size")),
-                             ("labels", saved.get("labels")),
+                             ("labels", saved.get("labels")), ("coco", saved.get("coco")),
                              ("shuffle", saved.get("shuffle"))) if v not in (None, False)))
             return {k: v for k, v in saved.items() if v is not None}
     o = {**CONVERT_DEFAULTS, **given}
@@ -42,7 +43,8 @@ def _convert_options(a) -> dict:
                          f"conversion stores {o['encoding']} pixels): leave it out")
     return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
-            "shard_size": o["shard_size"], "labels": o["labels"], "shuffle": bool(o["shuffle"])}
+            "shard_size": o["shard_size"], "labels": o["labels"], "coco": o["coco"],
+            "shuffle": bool(o["shuffle"])}
 
 
 def run(a) -> int:
@@ -78,6 +80,9 @@ def add_args(c: argparse.ArgumentParser) -> None:
                    help="labels from a CSV file instead of class folders: a header `path,label` "
                         "(a class per image), `path,<class>,...` (0/1: multi-label) or "
                         "`path,<target>,...` (numbers: regression); paths relative to SRC")
+    c.add_argument("--coco", default=None, metavar="FILE.json",
+                   help="a detection set: the images a COCO annotations file lists under SRC, "
+                        "with their boxes and, where it has segmentations, instance masks")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
                    "the cores this process may use)")
     c.add_argument("--engine", choices=("local", "ray"), default="local",

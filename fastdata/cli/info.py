@@ -21,14 +21,22 @@ def info_dict(path: str) -> dict:
     ds = ShardSet(path)
     m = ds.manifest
     labels = ds.labels
+    ann = ds.annotations
     counts: np.ndarray
     if ds.label_kind == "class":
         counts = np.bincount(labels, minlength=len(ds.classes))
+    elif ann is not None:                       # detection: the boxes of each class
+        counts = np.bincount(ann.classes, minlength=len(ds.classes))
     elif ds.label_kind == "multi_label":        # the images holding each class
         counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
     else:                                       # regression: no count per target
         counts = np.full(len(ds.classes), len(labels))
+    extra = {}
+    if ann is not None:
+        extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
+                 "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum())}
     return {
+        **extra,
         "label_kind": ds.label_kind,
         "path": ds.root, "container": ds.container, "encoding": ds.encoding,
         "quality": m.get("quality"), "sizes": list(ds.sizes), "fit": m["fit"],
@@ -52,7 +60,11 @@ def print_info(d: dict) -> None:
     kind, many = d.get("label_kind", "class"), len(d["classes"]) != 1
     what = {"class": ("class", "classes", ": samples each"),
             "multi_label": ("class", "classes", ", multi-label: samples holding each"),
-            "regression": ("regression target", "regression targets", "")}[kind]
+            "regression": ("regression target", "regression targets", ""),
+            "detection": ("class", "classes", ", detection: boxes of each")}[kind]
+    if kind == "detection":
+        echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}; "
+             f"{d['images_without_boxes']} images without any")
     echo(f"  {len(d['classes'])} {what[many]}{what[2]}:")
     names = {p(name): n for name, n in d["classes"].items()}
     width = max(map(len, names), default=0)

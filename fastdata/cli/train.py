@@ -89,7 +89,7 @@ def train_run(a) -> dict:
         sched = make_scheduler(opt, a.schedule, total_steps=total, warmup_steps=total // 20)
         kind = train.dataset.label_kind
         step = TrainStep(model, opt, precision=precision, accum_steps=a.accum,
-                         loss_fn=None if kind == "class" else loss_for(kind),
+                         loss_fn=None if kind in ("class", "detection") else loss_for(kind),
                          label_smoothing=a.label_smoothing,
                          clip_grad_norm=a.clip_grad_norm, scheduler=sched, compile=a.compile,
                          channels_last=True)

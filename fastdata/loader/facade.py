@@ -23,6 +23,7 @@ from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from fastdata.ops.targets import TARGET_FORMATS
 from fastdata.order import Draw, Order, shard_windows
 from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
@@ -158,6 +159,11 @@ class Loader:
             (and, with reader threads, the one the hook has not returned on). None: no
             limit. A reader thread cannot be stopped and runs on; worker processes are.
             Without workers (``num_workers=0``) the calling thread reads: no limit.
+        targets: a detection set's labels (``docs/format.md``, "Detection targets"):
+            ``"list"``, a dict per image as torchvision's detection models take (``boxes``
+            x0, y0, x1, y1 in output pixels, ``labels`` = class index + 1, ``iscrowd``,
+            ``masks``), moved by each image's crop and flip; or ``"padded"``, one dict of
+            tensors padded to the batch's most boxes with ``counts``.
 
     Raises:
         ValueError: an argument out of its range or choices (the message names the valid
@@ -184,11 +190,17 @@ class Loader:
                  batch_transform: Callable | None = None,
                  weights: Sequence[float] | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
-                 with_source: bool = False, timeout: float | None = None):
+                 with_source: bool = False, timeout: float | None = None,
+                 targets: str = "list"):
         choice("backend", backend, BACKENDS)
         self.dataset = _dataset(path, weights, {"cache_dir": cache_dir,
                                                 "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
+        self.targets = choice("targets", targets, TARGET_FORMATS)
+        if self.dataset.label_kind == "detection" and backend != "torch":
+            raise ValueError(f"backend={backend!r} reads class, multi-label and regression "
+                             f"sets; the boxes of this detection set go through "
+                             f"backend='torch'")
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():
@@ -302,7 +314,7 @@ class Loader:
                     sample_hook=self.sample_hook, batch_hook=self.batch_hook,
                     num_workers=self.num_workers, workers=self.workers, prefetch=self.prefetch,
                     mp_context=self.mp_context, jpeg_decode=self.jpeg_decode,
-                    timeout=self.timeout)
+                    timeout=self.timeout, targets=self.targets)
 
     def __len__(self) -> int:
         """Batches of an epoch on this rank (a resumed epoch's pass may have fewer:

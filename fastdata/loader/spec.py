@@ -75,6 +75,8 @@ class Spec:
     jpeg_decode: str
     #: seconds an image may take to be read, decoded and hooked (None: no limit)
     timeout: float | None = None
+    #: a detection set's targets: "list" of per-image dicts, or "padded" tensors
+    targets: str = "list"
 
     @property
     def batch_timeout(self) -> float | None:

@@ -28,6 +28,7 @@ from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
 from fastdata.ops.boxes import packed_params
 from fastdata.ops.sample import apply_sample_transform
+from fastdata.ops.targets import crop_targets, map_tensors, padded
 from fastdata.shards.mapped import guard_faults
 
 
@@ -67,6 +68,9 @@ class _BatchReader:
         self.pin = spec.device.type == "cuda"
         self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
         self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
+        #: a detection set's: its boxes (and masks) go through each image's crop and flip
+        self.ann = getattr(spec.dataset, "label_kind", "class") == "detection"
+        self.targets = spec.targets
         # JPEG records decoded only where their crops need them: on the host, into the
         # crop stage's CPU kernels (which take images of any size; "batched" stacks them)
         self.regions = (self.on_host and self.needs_crop_stage and self.sample_hook is None
@@ -119,16 +123,38 @@ class _BatchReader:
             self.ds.check_intact(indices)
         return batch
 
+    def _targets(self, indices, params) -> list[dict] | dict:
+        """A detection batch's targets through its crops and flips (``params``; None: the
+        stored squares as they are)."""
+        out = (self.crop_stage.crop or self.size) if params is not None else self.size
+        boxes, flips = params if params is not None else (None, None)
+        t = crop_targets(self.ds.annotations, indices, boxes, flips, self.size, out)
+        return padded(t, out) if self.targets == "padded" else t
+
     def _read(self, indices, seed, hold, ring):
-        b, s = len(indices), self.size
-        labels = torch.from_numpy(self.ds.labels_of(indices))
+        s = self.size
+        labels = torch.from_numpy(self.ds.labels_of(indices)) if not self.ann else None
         if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
-            return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed)
+            return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed,
+                                    indices)
+        raw, params, drawn = self._stored(indices, seed, hold, ring)
+        if not self.on_host:
+            return self._for_device(raw, labels, seed, indices)
+        return self._on_host(raw, labels, indices, seed, ring, params, drawn)
+
+    def _stored(self, indices, seed, hold, ring) -> tuple:
+        """``(stored pixels, params, drawn)``: the pixels as a batch, or views of each image
+        (for the CPU kernels), or each image's decoded crop region (JPEG); ``params``: the
+        crops and flips to apply to them, ``drawn``: the same in stored pixels (None where they
+        are not drawn yet)."""
+        b, s = len(indices), self.size
         views = (self.ds.raw_views(indices, s, hold) if self.on_host and self.needs_crop_stage
                  and self.sample_hook is None else None)
-        params = None
+        params = drawn = None
+        raw: torch.Tensor | list[torch.Tensor]
         if self.regions:        # the crops drawn first: each JPEG decoded where they fall
-            boxes, flips = self.crop_stage.params(b, s, s, torch.Generator().manual_seed(seed))
+            boxes, flips = drawn = self.crop_stage.params(b, s, s,
+                                                          torch.Generator().manual_seed(seed))
             out = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=False)
             raw, boxes = decode_regions(self.ds.read_encoded(indices, s), boxes, out, lambda k: (
                 self.ds.read_batch(indices[k:k + 1], size=s, out=out[k:k + 1].numpy())))
@@ -138,18 +164,24 @@ class _BatchReader:
         else:
             # the stored pixels are the result on a device, and as channels_last uint8
             as_is = not self.on_host or not self.needs_crop_stage and self.crop_stage.channels_last
-            raw = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
-            self.ds.read_batch(indices, size=s, out=raw.numpy())
+            batch = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
+            self.ds.read_batch(indices, size=s, out=batch.numpy())
+            raw = batch
             if self.sample_hook is not None:
                 at = self.progress[seed] = [-1]
                 try:
-                    apply_sample_transform(self.sample_hook, raw.numpy(), seed,
+                    apply_sample_transform(self.sample_hook, batch.numpy(), seed,
                                            self.ds.sample_names(indices), at)
                 finally:       # a pass after a deadline may read the same batch again
                     self.progress.pop(seed, None)
-        if not self.on_host:
-            return self._for_device(raw, labels, seed)
+        return raw, params, drawn
+
+    def _on_host(self, raw, labels, indices, seed, ring, params, drawn):
+        """A CPU device's batch made from the stored pixels ``raw`` (``_stored``)."""
+        b, s = len(indices), self.size
         if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)
+            if self.ann:
+                labels = self._targets(indices, None)
             nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
             if self.crop_stage.channels_last:
                 return nchw, labels, None
@@ -158,6 +190,10 @@ class _BatchReader:
         g = torch.Generator().manual_seed(seed)
         t = self.crop_stage
         o = t.crop or s
+        if self.ann:            # the crops drawn first, as the stage would: the boxes follow
+            if params is None:
+                params = drawn = t.params(b, s, s, g)
+            labels = self._targets(indices, drawn)
         if t.channels_last:
             out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:
@@ -167,21 +203,28 @@ class _BatchReader:
             images, labels = self.batch_hook(images, labels, seed)
         return images, labels, None
 
-    def _for_device(self, raw, labels, seed):
+    def _for_device(self, raw, labels, seed, indices):
         """``(raw, labels, params)``, all pinned (in a worker process the DataLoader pins
         them): a copy from pageable memory makes the host wait for the copying stream's earlier
         work (CUDA's rule for such copies), which made the training loop wait for the previous
         batch's augmentation. ``params``: this batch's crop boxes and flips, (B, 5) int64, drawn
         here rather than in the training loop's thread; None without augmentation."""
-        b = len(labels)
-        pinned = self._pool(("labels", *labels.shape), labels.shape,
-                            labels.dtype).get().copy_(labels)
-        if not self.needs_crop_stage:
+        b = len(indices)
+        drawn = None
+        if self.needs_crop_stage:
+            g = torch.Generator().manual_seed(seed)
+            drawn = self.crop_stage.params(b, self.size, self.size, g)
+        if self.ann:        # made here, moved with the images (small next to them)
+            # a forked worker cannot touch CUDA: the DataLoader pins them in the parent
+            pin = self.pin and torch.utils.data.get_worker_info() is None
+            pinned = map_tensors(torch.Tensor.pin_memory if pin else lambda t: t,
+                                 self._targets(indices, drawn))
+        else:
+            pinned = self._pool(("labels", *labels.shape), labels.shape,
+                                labels.dtype).get().copy_(labels)
+        if drawn is None:
             return raw, pinned, None
-        g = torch.Generator().manual_seed(seed)
-        boxes, flips = self.crop_stage.params(b, self.size, self.size, g)
-        params = packed_params(boxes, flips, out=self._pool(("params", b), (b, 5),
-                                                             torch.int64).get())
+        params = packed_params(*drawn, out=self._pool(("params", b), (b, 5), torch.int64).get())
         return raw, pinned, params
 
 
@@ -263,7 +306,7 @@ class TorchBackend(Backend):
             with torch.cuda.stream(stream):
                 x = (decode_on_device(raw, dev) if isinstance(raw, list) else
                      raw.to(dev, non_blocking=True))
-                y = labels.to(dev, non_blocking=True)
+                y = map_tensors(lambda t: t.to(dev, non_blocking=True), labels)
                 if params is not None:
                     p = params.to(dev, non_blocking=True)
                     x = reader.crop_stage(x, params=(p[:, :4], p[:, 4]))
@@ -289,7 +332,7 @@ class TorchBackend(Backend):
         cur = torch.cuda.current_stream(x.device)
         cur.wait_event(done)                     # no host sync: the GPU orders the streams
         x.record_stream(cur)
-        y.record_stream(cur)
+        map_tensors(lambda t: t.record_stream(cur), y)
         return x, y
 
     def close(self):

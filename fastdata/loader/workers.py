@@ -9,6 +9,7 @@ import multiprocessing
 import os
 from collections import deque
 
+import numpy as np
 import torch
 from torch.utils.data._utils import signal_handling
 
@@ -64,8 +65,8 @@ class _BatchDataset(torch.utils.data.Dataset):
         images, labels, params = self.reader(*batch, ring=buffer)
         if buffer is not None and images.untyped_storage().data_ptr() == buffer.data_ptr():
             images = (images.dtype, images.shape, images.stride(), images.storage_offset())
-        if self.reader.on_host:     # pickled as bytes: as a tensor it would take a shared
-            labels = labels.numpy()     # memory segment of its own for a few bytes
+        if self.reader.on_host and torch.is_tensor(labels):     # pickled as bytes: as a
+            labels = labels.numpy()     # tensor it would take a shared memory segment
         return slot, images, labels, params
 
 
@@ -144,7 +145,8 @@ class WorkerProcesses:
                 sent.popleft()
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
-                yield images, torch.as_tensor(labels), params
+                yield images, (torch.as_tensor(labels) if isinstance(labels, np.ndarray)
+                               else labels), params
         except BaseException as e:          # a worker's error, one that died, Ctrl-C...
             if not isinstance(e, GeneratorExit):    # ...then not used again: stopped now
                 self.shutdown(kill=True)

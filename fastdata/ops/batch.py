@@ -137,12 +137,12 @@ class BatchHook:
         return n(images, values=folded is None), labels
 
 
-def check_batch(images: torch.Tensor, labels, given: torch.Tensor,
-                given_labels: torch.Tensor) -> None:
+def check_batch(images: torch.Tensor, labels, given: torch.Tensor, given_labels) -> None:
     """What the loader needs of a batch transform's images: the batch's size, 3 channels,
     floats, on the batch's device (the height and width are the transform's choice); and of
     its labels: a tensor of the batch's size on that device (their dtype and columns are the
-    transform's choice: MixUp makes soft targets).
+    transform's choice: MixUp makes soft targets), or a detection batch's targets in the form
+    they were given.
 
     Raises:
         ValueError: naming what came back and what was given.
@@ -152,6 +152,14 @@ def check_batch(images: torch.Tensor, labels, given: torch.Tensor,
         raise ValueError(f"batch_transform returned images of shape {tuple(images.shape)}, "
                          f"{images.dtype}, on {images.device}; it must return float images of "
                          f"shape ({len(given)}, 3, H, W) on {given.device}, as it was given")
+    if not torch.is_tensor(given_labels):        # a detection batch's targets: list or dict
+        if type(labels) is not type(given_labels) or (
+                isinstance(labels, list) and len(labels) != len(given)):
+            raise ValueError(f"batch_transform returned labels of type "
+                             f"{type(labels).__name__}; it must return the detection targets "
+                             f"as it was given them ({type(given_labels).__name__}"
+                             f"{' of ' + str(len(given)) if isinstance(labels, list) else ''})")
+        return
     if not torch.is_tensor(labels) or labels.dim() < 1 or len(labels) != len(given) or \
             labels.device != given_labels.device:
         what = (f"labels of shape {tuple(labels.shape)} on {labels.device}"

@@ -96,6 +96,9 @@ class Mixture:
 
     def _check_alike(self) -> None:
         first = self.sets[0]
+        if any(s.label_kind == "detection" for s in self.sets):
+            raise ValueError("detection sets are read one at a time: a Mixture mixes class, "
+                             "multi-label and regression sets")
         for other in self.sets[1:]:
             for what in ("encoding", "label_kind"):
                 if getattr(other, what) != getattr(first, what):

@@ -282,7 +282,7 @@ def fetch_manifest(remote: Remote, cache) -> str:
     (``sets/<digest of the URL>``); returns that folder, which ``ShardSet`` reads."""
     import hashlib
 
-    from fastdata.format import MANIFEST, MAX_MANIFEST_BYTES, TARGETS
+    from fastdata.format import ANNOTATIONS, MANIFEST, MAX_MANIFEST_BYTES, TARGETS
     from fastdata.shards.cache import disk_errors
 
     view = os.path.join(cache.root, "sets", hashlib.sha256(remote.shown.encode()).hexdigest()[:32])
@@ -290,16 +290,19 @@ def fetch_manifest(remote: Remote, cache) -> str:
     with disk_errors(cache.root, f"{remote.shown}/{MANIFEST}"):
         os.makedirs(view, exist_ok=True)
         _write(view, MANIFEST, data)
-    if b'"targets"' in data:            # a multi-label or regression set's targets file
+    for name, key in ((TARGETS, "targets"), (ANNOTATIONS, "annotations")):
+        if f'"{key}"'.encode() not in data:     # a set with no such file
+            continue
         import json
         try:
-            n, k = json.loads(data)["targets"]["shape"]
-            limit = 4096 + 4 * int(n) * int(k)      # as read_targets reads it
-        except (ValueError, TypeError, KeyError):
+            entry = json.loads(data)[key]
+            limit = (4096 + 4 * int(entry["shape"][0]) * int(entry["shape"][1])
+                     if key == "targets" else int(entry["bytes"]))  # as each is read
+        except (ValueError, TypeError, KeyError, IndexError):
             return view                     # ShardSet names what is wrong with the manifest
-        data = remote.read(TARGETS, limit)
-        with disk_errors(cache.root, f"{remote.shown}/{TARGETS}"):
-            _write(view, TARGETS, data)
+        blob = remote.read(name, limit)
+        with disk_errors(cache.root, f"{remote.shown}/{name}"):
+            _write(view, name, blob)
     return view
 
 

@@ -16,6 +16,7 @@ from fastdata.format import (
     read_manifest,
     read_targets,
 )
+from fastdata.shards.annotations import Annotations
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
@@ -51,7 +52,7 @@ class ShardSet:
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
         #: "class" (``labels`` int64 (N,)), "multi_label" or "regression" (float32 (N, K);
-        #: ``classes`` then names the K columns)
+        #: ``classes`` then names the K columns), or "detection" (``annotations``)
         self.label_kind = label_kind(m)
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
@@ -76,6 +77,7 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
+        self._annotations: Annotations | None = None
         # half the memory available: the rest is room for what the program holds later (its
         # loader's buffers, its model), which the page cache cannot have
         memory = available_memory()
@@ -128,18 +130,33 @@ class ShardSet:
     @property
     def labels(self) -> np.ndarray:
         """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
-        rows or regression targets (``label_kind``)."""
-        if self._labels is None and self.label_kind != "class":
+        rows or regression targets (``label_kind``); a detection set's are 0 (its boxes are
+        in ``annotations``)."""
+        if self._labels is None and self.label_kind in ("multi_label", "regression"):
             self._labels = read_targets(self.root, self.manifest["targets"])
         if self._labels is None:        # each checked: else a loss fails far from here
             parts = [self._shard_labels(sh) for sh in range(len(self.shards))]
             self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._labels
 
+    @property
+    def annotations(self) -> Annotations | None:
+        """A detection set's boxes, classes and masks (opened and checked on first use, in
+        each process), else None."""
+        if self._annotations is None and self.label_kind == "detection":
+            self._annotations = Annotations(self.root, self.manifest["annotations"],
+                                            num_samples=self._n, num_classes=len(self.classes),
+                                            sizes=self.sizes)
+        return self._annotations
+
+    def __getstate__(self):
+        return {**self.__dict__, "_annotations": None}     # a memory map: reopened where read
+
     def labels_of(self, indices) -> np.ndarray:
         """``labels[indices]``, reading only the shards of ``indices`` where the labels are
         not all read yet (a remote set fetches no other shard for them)."""
-        if self._labels is not None or self.label_kind != "class" or self.url is None:
+        if self._labels is not None or self.label_kind not in ("class", "detection") \
+                or self.url is None:
             return self.labels[indices]
         shard, local = self.locate(indices)
         out = np.empty(len(local), np.int64)

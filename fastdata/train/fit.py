@@ -123,15 +123,22 @@ def evaluate(step: TrainStep, loader: Loader) -> float:
 def _count(seen: torch.Tensor, labels: torch.Tensor) -> None:
     """Add a batch's labels to the samples seen per class (soft and multi-hot rows by their
     mass), on the device: ``bincount`` would sync on CUDA."""
-    if labels.dim() == 1:
+    if isinstance(labels, (list, dict)):       # detection targets: their boxes' classes
+        k = labels["labels"] if isinstance(labels, dict) else torch.cat(
+            [t["labels"] for t in labels])
+        seen.index_add_(0, (k - 1).clamp(min=0).flatten(), (k >= 1).flatten().to(seen.dtype))
+    elif labels.dim() == 1:
         seen.index_add_(0, labels, torch.ones_like(labels, dtype=seen.dtype))
     elif labels.shape[1] == len(seen):
         seen += labels.sum(0)
 
 
 def _scores(step: TrainStep, loader) -> dict:
-    """The evaluation's record: ``val_mse`` for regression targets, else ``val_acc``."""
+    """The evaluation's record: ``val_mse`` for regression targets, ``val_acc`` for class and
+    multi-label sets; none for detection sets (their metrics, mAP, are the caller's)."""
     kind = loader.dataset.label_kind
+    if kind == "detection":
+        return {}
     return {"val_mse" if kind == "regression" else "val_acc": evaluate(step, loader)}
 
 

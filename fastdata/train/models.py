@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 
+import torch
 from torch import nn
 
 
@@ -51,10 +52,70 @@ class SmallResNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class TinyDetector(nn.Module):
+    """A one-stage detector small enough for tests and examples (CenterNet's idea on a stride
+    4 grid): per cell, a logit per class that an object of it is centred there, and the box's
+    width and height in output pixels. Takes a detection set's targets as torchvision's
+    detection models do: ``model(images, targets)`` in training returns a dict of losses;
+    ``model(images)`` in evaluation returns, per image, ``boxes``, ``labels`` and ``scores``
+    of its ``top`` most confident cells."""
+
+    def __init__(self, num_classes: int, *, width: int = 16, top: int = 10):
+        super().__init__()
+        self.num_classes, self.top, self.stride = num_classes, top, 4
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, 2, 1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, 2, 1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, 1, 1), nn.ReLU(inplace=True))
+        self.head = nn.Conv2d(width, num_classes + 2, 1)
+
+    def forward(self, images, targets=None):
+        """``images`` (B, 3, H, W); ``targets``: a list of dicts (``boxes`` x0, y0, x1, y1,
+        ``labels`` from 1) in training."""
+        out = self.head(self.features(images))
+        logits, sizes = out[:, :self.num_classes], out[:, self.num_classes:]
+        if self.training:
+            if targets is None:
+                raise ValueError("in training, TinyDetector takes (images, targets)")
+            return self._losses(logits, sizes, targets)
+        return self._detections(logits, sizes)
+
+    def _losses(self, logits, sizes, targets) -> dict:
+        b, c, h, w = logits.shape
+        boxes = torch.cat([t["boxes"] for t in targets]).float()
+        labels = torch.cat([t["labels"] for t in targets]) - 1
+        owner = torch.repeat_interleave(torch.arange(b, device=logits.device),
+                                        torch.tensor([len(t["boxes"]) for t in targets],
+                                                     device=logits.device))
+        centre = (boxes[:, :2] + boxes[:, 2:]) / 2 / self.stride
+        x = centre[:, 0].long().clamp(0, w - 1)
+        y = centre[:, 1].long().clamp(0, h - 1)
+        heat = torch.zeros_like(logits)
+        heat[owner, labels, y, x] = 1.0
+        loss_cls = nn.functional.binary_cross_entropy_with_logits(logits, heat)
+        wh = (boxes[:, 2:] - boxes[:, :2]).clamp(min=1).log()
+        pred = sizes[owner, :, y, x]
+        loss_box = nn.functional.l1_loss(pred, wh) if len(boxes) else sizes.sum() * 0
+        return {"loss_cls": loss_cls, "loss_box": loss_box}
+
+    def _detections(self, logits, sizes) -> list[dict]:
+        b, c, h, w = logits.shape
+        scores, where = logits.sigmoid().flatten(1).topk(min(self.top, c * h * w), 1)
+        labels, cell = where // (h * w), where % (h * w)
+        y, x = cell // w, cell % w
+        wh = sizes.flatten(2).gather(2, cell[:, None].expand(b, 2, -1)).exp()
+        cx, cy = (x + 0.5) * self.stride, (y + 0.5) * self.stride
+        boxes = torch.stack([cx - wh[:, 0] / 2, cy - wh[:, 1] / 2, cx + wh[:, 0] / 2,
+                             cy + wh[:, 1] / 2], 2)
+        return [{"boxes": boxes[i], "labels": labels[i] + 1, "scores": scores[i]}
+                for i in range(b)]
+
+
 BUILTIN = {
     "tiny": lambda n: SmallResNet(n, width=8, blocks=(1,)),
     "resnet8": lambda n: SmallResNet(n, width=16, blocks=(1, 1, 1)),
     "resnet14": lambda n: SmallResNet(n, width=32, blocks=(2, 2, 2)),
+    "tiny_detector": lambda n: TinyDetector(n),
 }
 
 
@@ -75,7 +136,8 @@ def build_model(name: str, num_classes: int) -> nn.Module:
     """A model for ``num_classes`` classes by name.
 
     Args:
-        name: a built-in (``tiny``, ``resnet8``, ``resnet14``: small ResNets for small images),
+        name: a built-in (``tiny``, ``resnet8``, ``resnet14``: small ResNets for small images;
+            ``tiny_detector``: ``TinyDetector``, for detection sets),
             a torchvision model name where torchvision imports, or ``module:callable`` (called
             with ``num_classes=``).
         num_classes: the size of the model's output.

@@ -18,7 +18,9 @@ DDP ``no_sync``, clipping and the optimizer/scaler/scheduler step done right.
   loader output that already is). A DDP model must be converted before it is wrapped
   (``distributed.wrap`` does); one that is not gets a warning.
 * The default loss is cross-entropy, with ``label_smoothing``; it takes class indices
-  ``(B,)`` or soft targets ``(B, C)`` (``fastdata.transforms.MixUp``/``CutMix``).
+  ``(B,)`` or soft targets ``(B, C)`` (``fastdata.transforms.MixUp``/``CutMix``). A detection
+  batch's targets go to the model, ``model(images, targets)``, which returns its losses (as
+  torchvision's detection models do in training mode: a dict, added up).
 * No host synchronisation: nothing calls ``.item()``/``.cpu()``; ``loss_sum``/``samples`` add
   up on the device and are read by whoever logs, when they log. (One exception belongs to
   torch: with fp16, ``GradScaler.step`` reads the inf check on the host once per optimizer
@@ -137,6 +139,7 @@ class TrainStep:
         if loss_fn is not None and label_smoothing:
             raise ValueError("label_smoothing applies to the default cross-entropy loss; with "
                              "a loss_fn, smooth inside it")
+        self._own_loss = loss_fn is not None
         # class indices (B,) or soft targets (B, C) from MixUp/CutMix: cross-entropy takes both
         self.loss_fn = nn.CrossEntropyLoss(label_smoothing=float(label_smoothing)) \
             if loss_fn is None else loss_fn
@@ -191,10 +194,11 @@ class TrainStep:
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, *,
+    def __call__(self, images: torch.Tensor, labels, *,
                  close_window: bool = False) -> torch.Tensor:
         """One micro-batch: forward, backward, and the step when it closes a window (every
-        ``accum_steps``-th, or this one with ``close_window``)."""
+        ``accum_steps``-th, or this one with ``close_window``). ``labels``: a batch's labels,
+        or a detection set's targets (``_loss``)."""
         n = self.micro + 1
         last = close_window or n == self.accum_steps
         if self.channels_last and images.dim() == 4:
@@ -203,15 +207,27 @@ class TrainStep:
             else self.model.no_sync()  # type: ignore[operator]
         with sync:
             with self.autocast():
-                loss = self.loss_fn(self.forward(images), labels)
+                loss = self._loss(images, labels)
             self.scaler.scale(loss / self.accum_steps).backward()
         self.micro = 0 if last else n
         if last:
             self._step(n)
         loss = loss.detach()
-        self.loss_sum += loss.float() * labels.shape[0]
-        self.samples += labels.shape[0]
+        self.loss_sum += loss.float() * len(images)
+        self.samples += len(images)
         return loss
+
+    def _loss(self, images: torch.Tensor, labels) -> torch.Tensor:
+        """``loss_fn(model(images), labels)``; for a detection batch's targets (a list of
+        dicts, or padded in a dict), ``model(images, targets)``, which returns its losses
+        (torchvision's detection models: a dict of them, added up) unless a ``loss_fn`` was
+        given, which then takes ``(model output, targets)``."""
+        if torch.is_tensor(labels) or self._own_loss:
+            return self.loss_fn(self.forward(images), labels)
+        out = self.forward(images, labels)
+        if isinstance(out, dict):
+            return sum(out.values(), torch.zeros((), device=images.device))
+        return out
 
     def _step(self, n: int) -> None:
         opt = self.optimizer

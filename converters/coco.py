@@ -1,0 +1,462 @@
+"""Boxes and instance masks from a COCO annotations file (``fastdata convert SRC OUT --coco
+instances.json``).
+
+Each image of the file's ``images`` is ``SRC/<file_name>``; its class list is the file's
+``categories`` in id order (their names, which must be distinct). What is kept:
+
+* an image of the file that is under SRC, with its valid annotations (none is fine: a
+  negative). Images under SRC the file does not list, and images it lists that SRC lacks, are
+  skipped, as are images with more than ``MAX_BOXES`` annotations;
+* an annotation with a known ``image_id`` and ``category_id`` and a ``bbox`` of four finite
+  numbers with positive width and height; its ``segmentation`` (polygons, or RLE, compressed or
+  not) where the file has any. Others are skipped, each named (``annotation <id>``) with why.
+
+Coordinates are in the frame the file's ``width`` and ``height`` describe: the image upright (its
+EXIF orientation applied, as its pixels are stored), or as stored if that is the frame they
+match (an orientation that swaps the sides); where both match, upright (detectron2's
+convention). An image whose size matches neither keeps its pixels, without boxes (reported).
+Boxes and masks go through the same orientation and fit to the square as the pixels; a box is
+clipped to the square, and dropped (reported) when nothing of it is left. Masks are decoded at
+the image's size exactly as pycocotools decodes them, then resampled (nearest) to each stored
+size. An annotation without a ``segmentation`` in a set with
+masks gets its box as its mask.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from fastdata.converters.labels import _relative
+from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.shards.annotations import encode_masks
+
+#: an annotations file larger than this is refused before it is parsed (COCO 2017's largest,
+#: train instances, is 448 MiB; parsed, JSON takes several times its size in memory)
+MAX_COCO_BYTES = 1 << 30
+#: an image with more annotations than this is skipped (COCO's most: a few hundred)
+MAX_BOXES = 2048
+#: an annotation whose polygons have more points than this in all is skipped
+MAX_POINTS = 100_000
+#: nor one whose outlines, traced at pycocotools' 5x, are longer than this many points in all
+#: (a hostile zigzag of long edges would take GBs to trace)
+MAX_TRACE = 4_000_000
+_EXIF_ORIENTATION = 0x0112
+
+
+@dataclass
+class Coco:
+    """A checked annotations file: ``images`` path -> (id, width, height); ``annotations``
+    image id -> its valid annotations; ``masks``: whether any has a segmentation."""
+    classes: list[str]
+    category_index: dict[int, int]
+    images: dict[str, tuple[int, int, int]]
+    annotations: dict[int, list[dict]]
+    masks: bool
+    digest: str
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _load(path: str) -> tuple[dict, str]:
+    """The file parsed, and its SHA-256 (opened without blocking, checked before a byte is
+    read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"annotations file {path} is not a regular file: refused")
+        if st.st_size > MAX_COCO_BYTES:
+            raise ValueError(f"annotations file {path} is {st.st_size} bytes, more than "
+                             f"{MAX_COCO_BYTES}: refused before it is read")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_COCO_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        d = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"annotations file {path} is not readable JSON ({e})") from None
+    if not isinstance(d, dict) or not all(isinstance(d.get(k), list) for k in
+                                          ("images", "annotations", "categories")):
+        raise ValueError(f"annotations file {path} is not COCO's: it needs lists images, "
+                         f"annotations and categories")
+    return d, hashlib.sha256(data).hexdigest()
+
+
+def _categories(path: str, cats: list) -> tuple[list[str], dict[int, int]]:
+    ok = [c for c in cats if isinstance(c, dict) and isinstance(c.get("id"), int)
+          and isinstance(c.get("name"), str) and c["name"]]
+    if len(ok) != len(cats) or not cats:
+        raise ValueError(f"annotations file {path}: categories must be a non-empty list of "
+                         f"{{id: integer, name: text}}")
+    ok.sort(key=lambda c: c["id"])
+    names = [c["name"] for c in ok]
+    if len(set(names)) != len(names) or len({c["id"] for c in ok}) != len(ok):
+        raise ValueError(f"annotations file {path}: category names and ids must be distinct")
+    return names, {c["id"]: k for k, c in enumerate(ok)}
+
+
+def _images(images: list, skipped: list) -> dict[str, tuple[int, int, int]]:
+    out: dict[str, tuple[int, int, int]] = {}
+    ids = set()
+    for k, im in enumerate(images):
+        ok = isinstance(im, dict) and isinstance(im.get("id"), int) and all(
+            isinstance(im.get(n), int) and 0 < im[n] <= 1 << 16 for n in ("width", "height"))
+        rel = _relative(im["file_name"]) if ok and isinstance(im.get("file_name"), str) else None
+        if rel is None or im["id"] in ids or rel in out:
+            skipped.append({"path": f"images[{k}]", "reason": "annotations file: not an image "
+                            "entry {id, file_name inside the source folder, width, height} "
+                            "(or one listed again)"})
+            continue
+        ids.add(im["id"])
+        out[rel] = (im["id"], im["width"], im["height"])
+    return out
+
+
+def _segmentation_problem(seg, h: int, w: int) -> str | None:
+    """Why ``seg`` is not a usable COCO segmentation of an h x w image, or None."""
+    if isinstance(seg, list):
+        return _polygons_problem(seg, h, w)
+    if isinstance(seg, dict):
+        return _rle_problem(seg, h, w)
+    return "segmentation is neither polygons nor RLE"
+
+
+def _polygons_problem(seg: list, h: int, w: int) -> str | None:
+    if not seg or not all(isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0
+                          for p in seg):
+        return "segmentation is not a list of polygons of 3 or more points"
+    if sum(map(len, seg)) > 2 * MAX_POINTS:
+        return f"polygons of more than {MAX_POINTS} points"
+    trace = 0
+    for p in seg:
+        a = np.asarray(p if all(map(_number, p)) else [np.nan], np.float64)
+        if not np.isfinite(a).all() or (np.abs(a[0::2]) > 2 * w).any() \
+                or (np.abs(a[1::2]) > 2 * h).any():
+            return "a polygon's points are not finite numbers near the image"
+        x, y = np.trunc(5 * a[0::2] + 0.5), np.trunc(5 * a[1::2] + 0.5)
+        trace += int(np.maximum(np.abs(np.roll(x, -1) - x), np.abs(np.roll(y, -1) - y)).sum())
+    return f"polygon outlines of more than {MAX_TRACE} points" if trace > MAX_TRACE else None
+
+
+def _rle_problem(seg: dict, h: int, w: int) -> str | None:
+    counts, size = seg.get("counts"), seg.get("size")
+    if size != [h, w]:
+        return f"RLE size {str(size)[:40]} is not the image's [{h}, {w}]"
+    try:
+        if isinstance(counts, str) and len(counts) <= 8 * (h * w + 1):
+            counts = _string_counts(counts)
+        if isinstance(counts, list) and len(counts) <= h * w + 1 and all(
+                isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == h * w:
+            return None
+    except ValueError:
+        pass
+    return f"RLE counts are not a COCO string or list of counts covering {h}x{w} pixels"
+
+
+def _annotation(a, coco_images: dict[int, tuple[int, int]], cats: dict[int, int]) \
+        -> tuple[dict | None, str | None]:
+    """``(annotation, None)`` if usable, else ``(None, why)``."""
+    if not isinstance(a, dict):
+        return None, "not an object"
+    if a.get("image_id") not in coco_images or isinstance(a.get("image_id"), bool):
+        return None, f"image_id {str(a.get('image_id'))[:40]} is not an image of the file"
+    if a.get("category_id") not in cats or isinstance(a.get("category_id"), bool):
+        return None, f"category_id {str(a.get('category_id'))[:40]} is not a category"
+    box = a.get("bbox")
+    if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))
+            and box[2] > 0 and box[3] > 0):
+        return None, "bbox is not 4 finite numbers [x, y, width, height], width and height > 0"
+    if a.get("iscrowd", 0) not in (0, 1):
+        return None, "iscrowd is not 0 or 1"
+    w, h = coco_images[a["image_id"]]
+    seg = a.get("segmentation")
+    if seg is not None and seg != []:
+        why = _segmentation_problem(seg, h, w)
+        if why is not None:
+            return None, why
+    else:
+        seg = None
+    return {"bbox": [float(v) for v in box], "category": cats[a["category_id"]],
+            "iscrowd": int(a.get("iscrowd", 0)), "segmentation": seg}, None
+
+
+def read_coco(path: str) -> tuple[Coco, list[dict]]:
+    """Parse and check a COCO annotations file: the usable part, and what is skipped.
+
+    Raises:
+        ValueError: not a regular file, too large, not JSON, not COCO's layout, or categories
+            that are not distinct.
+    """
+    d, digest = _load(path)
+    classes, cats = _categories(path, d["categories"])
+    skipped: list[dict] = []
+    images = _images(d["images"], skipped)
+    by_id = {i: (w, h) for i, w, h in images.values()}
+    annotations: dict[int, list[dict]] = {}
+    for k, a in enumerate(d["annotations"]):
+        ann, why = _annotation(a, by_id, cats)
+        name = a.get("id", k) if isinstance(a, dict) else k
+        if ann is None:
+            skipped.append({"path": f"annotation {str(name)[:40]}", "reason": why})
+        else:
+            annotations.setdefault(a["image_id"], []).append(ann)
+    masks = any(x["segmentation"] is not None for v in annotations.values() for x in v)
+    return Coco(classes, cats, images, annotations, masks, digest), skipped
+
+
+def scan_coco(root: str, path: str) -> Scan:
+    """The images under ``root`` that the COCO file ``path`` lists, sorted by path; what
+    either side lacks becomes a skipped entry (``read_coco``'s errors)."""
+    root = os.path.abspath(root)
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
+    coco, skipped = read_coco(path)
+    ignored: dict[str, int] = {}
+    present = set(walk_images(root, "", ignored))
+    skipped += [{"path": p, "reason": "not in the annotations file"}
+                for p in sorted(present - set(coco.images))]
+    skipped += [{"path": p, "reason": "in the annotations file, not an image in the source "
+                 "folder"} for p in sorted(set(coco.images) - present)]
+    paths = []
+    for p in sorted(present & set(coco.images)):
+        n = len(coco.annotations.get(coco.images[p][0], []))
+        if n > MAX_BOXES:
+            skipped.append({"path": p, "reason": f"{n} annotations, more than {MAX_BOXES}"})
+        else:
+            paths.append(p)
+    files = Files()
+    files.extend(paths, 0)
+    return Scan(root, coco.classes, files.freeze(), ignored, skipped=skipped,
+                label_kind="detection", coco=coco)
+
+
+# ---- masks, decoded as pycocotools decodes them ----
+
+def _polygon_toggles(xy: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Column-major positions where a polygon's mask changes value, by pycocotools' rule:
+    the outline traced at 5x, then where it crosses each column's centre."""
+    x = np.trunc(5 * xy[0::2] + 0.5).astype(np.int64)       # C's (int): toward zero
+    y = np.trunc(5 * xy[1::2] + 0.5).astype(np.int64)
+    xe, ye = np.roll(x, -1), np.roll(y, -1)
+    dx, dy = np.abs(xe - x), np.abs(ye - y)
+    flip = ((dx >= dy) & (x > xe)) | ((dx < dy) & (y > ye))
+    xs, xe = np.where(flip, xe, x), np.where(flip, x, xe)
+    ys, ye = np.where(flip, ye, y), np.where(flip, y, ye)
+    along_x = dx >= dy
+    steps = np.maximum(dx, dy)
+    slope = np.where(along_x, ye - ys, xe - xs) / np.maximum(steps, 1)
+    n = steps + 1
+    edge = np.repeat(np.arange(len(n)), n)
+    d = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    t = np.where(flip[edge], steps[edge] - d, d)
+    ax = along_x[edge]
+    u = np.where(ax, t + xs[edge], np.trunc(xs[edge] + slope[edge] * t + 0.5))
+    v = np.where(ax, np.trunc(ys[edge] + slope[edge] * t + 0.5), t + ys[edge])
+    u, v = u.astype(np.int64), v.astype(np.int64)
+    moved = np.flatnonzero(u[1:] != u[:-1]) + 1
+    xd = (np.where(u[moved] < u[moved - 1], u[moved], u[moved] - 1) + 0.5) / 5 - 0.5
+    yd = (np.minimum(v[moved], v[moved - 1]) + 0.5) / 5 - 0.5
+    keep = (np.floor(xd) == xd) & (xd >= 0) & (xd <= w - 1)
+    yd = np.ceil(np.clip(yd[keep], 0, h))
+    return xd[keep].astype(np.int64) * h + yd.astype(np.int64)
+
+
+def _dense(toggles: np.ndarray, h: int, w: int) -> np.ndarray:
+    """(h, w) uint8 mask from column-major toggle positions (two at one place cancel)."""
+    flips = np.bincount(toggles, minlength=h * w + 1)[:h * w]
+    return (np.cumsum(flips) & 1).astype(np.uint8).reshape(w, h).T
+
+
+def _string_counts(s: str) -> list[int]:
+    """pycocotools' compressed RLE counts (6 bits a character, deltas from the count two
+    before after the third). Raises ValueError on a malformed string."""
+    counts: list[int] = []
+    p, n = 0, len(s)
+    while p < n:
+        x = k = 0
+        more = True
+        while more:
+            c = ord(s[p]) - 48 if p < n else -1
+            if not 0 <= c < 64 or k >= 7:
+                raise ValueError("malformed RLE string")
+            x |= (c & 0x1F) << 5 * k
+            more = bool(c & 0x20)
+            p, k = p + 1, k + 1
+            if not more and c & 0x10:
+                x |= -1 << 5 * k
+        counts.append(x + counts[-2] if len(counts) > 2 else x)
+    return counts
+
+
+def _rle(counts: list[int], h: int, w: int) -> np.ndarray:
+    a = np.asarray(counts, np.int64)
+    if (a < 0).any() or a.sum() != h * w:
+        raise ValueError(f"RLE counts do not cover {h}x{w} pixels")
+    values = np.resize(np.array([0, 1], np.uint8), len(a))
+    return np.repeat(values, a).reshape(w, h).T
+
+
+def coco_mask(segmentation, h: int, w: int) -> np.ndarray:
+    """A COCO segmentation (polygons, or RLE with string or list counts) as an ``(h, w)``
+    uint8 mask of 0 and 1: pycocotools' ``annToMask``. Raises ValueError on malformed RLE."""
+    if isinstance(segmentation, dict):
+        c = segmentation["counts"]
+        return _rle(_string_counts(c) if isinstance(c, str) else c, h, w)
+    toggles = [_polygon_toggles(np.asarray(p, np.float64), h, w) for p in segmentation]
+    mask = np.zeros((h, w), np.uint8)
+    for t in toggles:       # several polygons: their union
+        mask |= _dense(np.concatenate([t, [h * w]]), h, w)
+    return mask
+
+
+# ---- geometry: the frame of the annotations → the stored square ----
+
+#: EXIF orientation → (x, y) in the stored frame (width W, height H) → upright, as the
+#: transposes ``ImageOps.exif_transpose`` applies
+_ORIENT = {2: lambda x, y, w, h: (w - x, y), 3: lambda x, y, w, h: (w - x, h - y),
+           4: lambda x, y, w, h: (x, h - y), 5: lambda x, y, w, h: (y, x),
+           6: lambda x, y, w, h: (h - y, x), 7: lambda x, y, w, h: (h - y, w - x),
+           8: lambda x, y, w, h: (y, w - x)}
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+
+
+@dataclass(frozen=True)
+class Frame:
+    """How an annotation's coordinates reach the stored square of side ``size``: the
+    orientation to apply (1: none), then ``x * kx + ox``, ``y * ky + oy`` (upright pixels →
+    square pixels, as ``fit_square`` places them)."""
+    orientation: int
+    width: int              # of the annotations' frame
+    height: int
+    kx: float
+    ky: float
+    ox: float
+    oy: float
+    size: int
+
+    def points(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.orientation in _ORIENT:
+            x, y = _ORIENT[self.orientation](x, y, self.width, self.height)
+        return x * self.kx + self.ox, y * self.ky + self.oy
+
+    def mask(self, mask: np.ndarray, fit: str, sizes) -> dict[int, np.ndarray]:
+        """An ``(height, width)`` mask at each of ``sizes`` (ascending, the largest this
+        frame's), resampled nearest as the pixels are fitted."""
+        img = Image.fromarray(mask * 255)
+        if self.orientation in _TRANSPOSE:
+            img = img.transpose(_TRANSPOSE[self.orientation])
+        w, h, s = *img.size, self.size
+        near = Image.Resampling.NEAREST
+        if fit == "stretch":
+            big = img.resize((s, s), near)
+        elif fit == "crop":
+            side = min(w, h)
+            x, y = (w - side) / 2, (h - side) / 2
+            big = img.resize((s, s), near, box=(x, y, x + side, y + side))
+        else:
+            nw, nh = max(1, round(w * self.kx)), max(1, round(h * self.ky))
+            big = Image.new("L", (s, s), 0)
+            big.paste(img.resize((nw, nh), near), ((s - nw) // 2, (s - nh) // 2))
+        out = {s: np.asarray(big) > 127}
+        for size in sizes[:-1]:
+            out[size] = np.asarray(big.resize((size, size), near)) > 127
+        return out
+
+
+def frame(path: str, coco_size: tuple[int, int], size: int, fit: str) -> Frame:
+    """The frame of an image's annotations (``coco_size``: the file's width, height).
+
+    Raises:
+        ValueError: the image's size, stored or upright, is not ``coco_size``.
+    """
+    with Image.open(path) as img:
+        raw = img.size
+        orientation = img.getexif().get(_EXIF_ORIENTATION, 1) if img.format in (
+            "JPEG", "PNG", "WEBP", "TIFF") else 1
+    orientation = orientation if orientation in _ORIENT else 1
+    upright = raw[::-1] if orientation in (5, 6, 7, 8) else raw
+    if tuple(coco_size) == upright:
+        orientation = 1                 # annotated upright
+    elif tuple(coco_size) != raw:
+        raise ValueError(f"its size in the annotations ({coco_size[0]}x{coco_size[1]}) is not "
+                         f"the image's ({raw[0]}x{raw[1]})")
+    w, h = upright
+    if fit == "stretch":
+        kx, ky, ox, oy = size / w, size / h, 0.0, 0.0
+    elif fit == "crop":
+        side = min(w, h)
+        kx = ky = size / side
+        ox, oy = -(w - side) / 2 * kx, -(h - side) / 2 * ky
+    else:
+        k = size / max(w, h)
+        nw, nh = max(1, round(w * k)), max(1, round(h * k))
+        kx, ky, ox, oy = nw / w, nh / h, float((size - nw) // 2), float((size - nh) // 2)
+    return Frame(orientation, *coco_size, kx, ky, ox, oy, size)
+
+
+def _image_targets(src: str, path: str, coco: Coco, sizes, fit: str, skipped: list):
+    """One image's ``(boxes (k, 4), classes, iscrowd, {size: masks})`` in the square."""
+    image_id, w, h = coco.images[path]
+    anns = coco.annotations.get(image_id, [])
+    f = frame(os.path.join(src, path), (w, h), sizes[-1], fit)
+    b = np.array([a["bbox"] for a in anns], np.float64).reshape(-1, 4)
+    x, y = f.points(np.stack([b[:, 0], b[:, 0] + b[:, 2]]), np.stack([b[:, 1], b[:, 1] + b[:, 3]]))
+    s = sizes[-1]
+    boxes = np.stack([x.min(0), y.min(0), x.max(0), y.max(0)], 1).clip(0, s) / s
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    for k in np.flatnonzero(~keep):
+        skipped.append({"path": path, "reason": f"annotation {k} of the image: its box is "
+                                                f"outside the stored square, dropped"})
+    kept = [a for a, k in zip(anns, keep) if k]
+    masks: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
+    for a in kept if coco.masks else ():
+        seg = a["segmentation"]
+        if seg is None:         # its box, as pycocotools makes a mask of a box
+            x0, y0, bw, bh = a["bbox"]
+            seg = [[x0, y0, x0, y0 + bh, x0 + bw, y0 + bh, x0 + bw, y0]]
+        for size, m in f.mask(coco_mask(seg, h, w), fit, sizes).items():
+            masks[size].append(m)
+    return (boxes[keep].astype(np.float32), [a["category"] for a in kept],
+            [a["iscrowd"] for a in kept],
+            {size: np.asarray(v, np.uint8).reshape(-1, size, size) for size, v in masks.items()})
+
+
+def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fit: str,
+                           skipped: list, progress=None) -> dict:
+    """The annotations of the converted images ``paths`` (in sample order) into
+    ``out_path``; what cannot be used is appended to ``skipped``. Returns the manifest's
+    ``annotations`` entry."""
+    from fastdata.shards.annotations import write_annotations
+
+    offsets, boxes, classes, crowd = [0], [], [], []
+    runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
+    for path in paths:
+        try:
+            b, c, z, m = _image_targets(src, path, coco, sizes, fit, skipped)
+        except (ValueError, OSError) as e:      # its pixels were read: its annotations not
+            skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes"})
+            b, c, z, m = np.zeros((0, 4), np.float32), [], [], {}
+        offsets.append(offsets[-1] + len(b))
+        boxes.append(b)
+        classes += c
+        crowd += z
+        for size in sizes if coco.masks else ():
+            runs[size] += encode_masks(m.get(size, np.zeros((0, size, size), np.uint8)))
+        if progress is not None:
+            progress()
+    return write_annotations(out_path, offsets, np.concatenate(boxes) if boxes else
+                             np.zeros((0, 4)), classes, crowd, runs if coco.masks else None)

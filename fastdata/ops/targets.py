@@ -1,0 +1,124 @@
+"""A detection batch's targets moved with its images: boxes and instance masks through the same
+crop, resize and flip as the pixels, for the whole batch at once (no per-box Python).
+
+A box is kept when at least ``MIN_VISIBLE`` of its area is inside the crop and what is left is
+at least ``MIN_SIDE`` output pixels wide and high (torchvision's ``SanitizeBoundingBoxes``
+rule, with Albumentations' ``min_visibility``); it is clipped to the crop. A mask is resampled
+nearest at the same pixel centres as the image's resize (output pixel ``i`` of a crop of
+``h`` stored pixels from ``top`` reads stored row ``top + floor((i + 0.5) * h / out)``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: the least fraction of a box's area that must stay inside the crop for it to be kept
+MIN_VISIBLE = 0.1
+#: the least width and height, in output pixels, of a kept box
+MIN_SIDE = 1.0
+TARGET_FORMATS = ("list", "padded")
+
+
+def _moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int):
+    """Boxes (M, 4) in stored pixels, each with its image's crop (top, left, h, w) and flip →
+    ``(boxes in output pixels, clipped, (M, 4) float32; kept (M,) bool)``."""
+    top, left, h, w = crop.T.astype(np.float64)
+    sx, sy = out / w, out / h
+    x0, x1 = (xyxy[:, 0] - left) * sx, (xyxy[:, 2] - left) * sx
+    y0, y1 = (xyxy[:, 1] - top) * sy, (xyxy[:, 3] - top) * sy
+    area = (x1 - x0) * (y1 - y0)
+    x0, x1, y0, y1 = (np.clip(v, 0, out) for v in (x0, x1, y0, y1))
+    cw, ch = x1 - x0, y1 - y0
+    keep = (cw >= MIN_SIDE) & (ch >= MIN_SIDE) & (cw * ch >= MIN_VISIBLE * area)
+    x0, x1 = np.where(flip, out - x1, x0), np.where(flip, out - x0, x1)
+    return np.stack([x0, y0, x1, y1], 1).astype(np.float32), keep
+
+
+def sample_grid(crop, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stored rows and columns that nearest resampling of a crop (top, left, h, w) to
+    ``out`` pixels reads: the image's resize's pixel centres."""
+    top, left, h, w = (int(v) for v in crop)
+    centre = np.arange(out) + 0.5
+    rows = top + np.minimum((centre * h / out).astype(np.int64), h - 1)
+    cols = left + np.minimum((centre * w / out).astype(np.int64), w - 1)
+    return rows, cols
+
+
+def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, out: int,
+                 *, masks: bool = True) -> list[dict]:
+    """The targets of the samples ``indices`` of a set whose ``Annotations`` are ``ann``, as
+    their images are cropped (``crops``: (B, 4) top, left, h, w in stored pixels of side
+    ``stored``; None: the whole square) to ``out`` pixels and flipped (``flips``).
+
+    Returns:
+        Per image a dict: ``boxes`` float32 ``(K, 4)`` ``x0, y0, x1, y1`` in output pixels,
+        ``labels`` int64 ``(K,)`` (the class index + 1: 0 is the background, as torchvision's
+        detection models take them), ``iscrowd`` int64 ``(K,)`` and, where the set has
+        masks and ``masks``, ``masks`` uint8 ``(K, out, out)``.
+    """
+    indices = np.asarray(indices, np.int64)
+    b = len(indices)
+    crop = (np.tile([0, 0, stored, stored], (b, 1)) if crops is None
+            else np.asarray(crops, np.int64).reshape(b, 4))
+    flip = np.zeros(b, bool) if flips is None else np.asarray(flips, bool)
+    counts = ann.counts(indices)
+    rows = ann.rows(indices)
+    owner = np.repeat(np.arange(b), counts)
+    boxes, keep = _moved_boxes(ann.boxes[rows].astype(np.float64) * stored, crop[owner],
+                               flip[owner], out)
+    ends = np.cumsum(counts)
+    with_masks = masks and ann.has_masks
+    result = []
+    for k in range(b):
+        sel = slice(ends[k] - counts[k], ends[k])
+        keep_k = keep[sel]
+        target = {"boxes": torch.from_numpy(boxes[sel][keep_k]),
+                  "labels": torch.from_numpy(ann.classes[rows[sel][keep_k]] + 1),
+                  "iscrowd": torch.from_numpy(ann.iscrowd[rows[sel][keep_k]].astype(np.int64))}
+        if with_masks:
+            target["masks"] = torch.from_numpy(_masks(ann, int(indices[k]), keep_k, crop[k],
+                                                      bool(flip[k]), stored, out))
+        result.append(target)
+    return result
+
+
+def _masks(ann, index: int, keep: np.ndarray, crop, flip: bool, stored: int,
+           out: int) -> np.ndarray:
+    """Sample ``index``'s kept instance masks through its crop and flip: (K, out, out)."""
+    if not keep.any():
+        return np.zeros((0, out, out), np.uint8)
+    m = ann.masks(index, stored)[keep]
+    r, c = sample_grid(crop, out)
+    if flip:
+        c = c[::-1]
+    return np.ascontiguousarray(m[:, r][:, :, c])
+
+
+def padded(targets: list[dict], out: int) -> dict:
+    """List targets as padded tensors: ``boxes`` (B, K, 4), ``labels`` and ``iscrowd``
+    (B, K) with -1 where there is no box, ``counts`` (B,) and, with masks, ``masks``
+    (B, K, out, out); K is the batch's most boxes in one image."""
+    b = len(targets)
+    counts = torch.tensor([len(t["labels"]) for t in targets], dtype=torch.int64)
+    k = int(counts.max()) if b else 0
+    result = {"boxes": torch.zeros((b, k, 4), dtype=torch.float32),
+              "labels": torch.full((b, k), -1, dtype=torch.int64),
+              "iscrowd": torch.full((b, k), -1, dtype=torch.int64), "counts": counts}
+    if targets and "masks" in targets[0]:
+        result["masks"] = torch.zeros((b, k, out, out), dtype=torch.uint8)
+    for i, t in enumerate(targets):
+        n = len(t["labels"])
+        for name in ("boxes", "labels", "iscrowd", "masks"):
+            if name in result:
+                result[name][i, :n] = t[name]
+    return result
+
+
+def map_tensors(fn, labels):
+    """``fn`` applied to each tensor of a batch's labels: a tensor, a dict of them or a list of
+    such dicts (detection targets)."""
+    if torch.is_tensor(labels):
+        return fn(labels)
+    if isinstance(labels, dict):
+        return {k: fn(v) for k, v in labels.items()}
+    return [{k: fn(v) for k, v in t.items()} for t in labels]

@@ -1,0 +1,213 @@
+"""A detection set's boxes, their classes and instance masks: one file beside the shards.
+
+``annotations.bin`` is a sequence of ``.npy`` records (NumPy's format, no pickles) in this
+order, ``N`` samples holding ``M`` boxes in all:
+
+* ``offsets`` int64 ``(N + 1,)``: sample ``i``'s boxes are ``offsets[i]:offsets[i + 1]``;
+* ``boxes`` float32 ``(M, 4)``: ``x0, y0, x1, y1`` as fractions of the stored square (0 to 1,
+  the same for every stored size), ``x0 < x1``, ``y0 < y1``;
+* ``classes`` int64 ``(M,)``: each box's index into the manifest's ``classes``;
+* ``iscrowd`` uint8 ``(M,)``: 1 for a crowd region (COCO's ``iscrowd``), else 0;
+* with masks, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(M + 1,)`` and
+  ``runs`` uint32: box ``j``'s mask at ``S x S``, row-major, as the lengths of alternating runs
+  of 0 and 1 starting with 0 (``runs[run_offsets[j]:run_offsets[j + 1]]``, an even number of
+  them, summing to ``S * S``).
+
+The manifest's ``annotations`` entry holds the file's size and SHA-256 and whether it has masks.
+The file is memory-mapped: the page cache holds one copy for every process that reads it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import mmap
+import os
+import stat
+
+import numpy as np
+
+from fastdata.format import ANNOTATIONS, ShardFormatError
+
+
+def _record(out, array: np.ndarray) -> None:
+    np.lib.format.write_array(out, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def encode_masks(masks: np.ndarray) -> list[np.ndarray]:
+    """``(k, S, S)`` masks (nonzero = inside) → each one's runs (uint32, even count, starting
+    with the 0-run)."""
+    out = []
+    for m in masks.reshape(len(masks), -1):
+        flat = m != 0
+        cuts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+        edges = np.concatenate([[0], cuts, [flat.size]])
+        runs = np.diff(edges)
+        if flat.size and flat[0]:       # starts inside: an empty 0-run first
+            runs = np.concatenate([[0], runs])
+        if len(runs) % 2:
+            runs = np.concatenate([runs, [0]])
+        out.append(runs.astype(np.uint32))
+    return out
+
+
+def write_annotations(path: str, offsets, boxes, classes, iscrowd,
+                      masks: dict[int, list[np.ndarray]] | None = None) -> dict:
+    """Write a detection set's annotations to ``path`` (through a temporary file renamed into
+    place); ``masks``: per stored size, each box's runs (``encode_masks``). Returns the
+    manifest's ``annotations`` entry."""
+    from fastdata.outdir import temp_path
+
+    tmp = temp_path(path)
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            buf = io.BytesIO()
+            _record(buf, np.asarray(offsets, np.int64))
+            _record(buf, np.asarray(boxes, np.float32).reshape(-1, 4))
+            _record(buf, np.asarray(classes, np.int64))
+            _record(buf, np.asarray(iscrowd, np.uint8))
+            for size in sorted(masks or {}):
+                runs = masks[size]  # type: ignore[index]
+                starts = np.cumsum([0] + [len(r) for r in runs], dtype=np.int64)
+                _record(buf, starts)
+                _record(buf, np.concatenate(runs) if runs else np.zeros(0, np.uint32))
+            data = buf.getvalue()
+            h.update(data)
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return {"file": ANNOTATIONS, "bytes": len(data), "sha256": h.hexdigest(),
+            "masks": masks is not None}
+
+
+class _Records:
+    """The ``.npy`` records of a buffer, each checked for its dtype and for fitting in the
+    bytes left before it is viewed (a header cannot make it allocate)."""
+
+    def __init__(self, data, path: str):
+        self.data, self.pos, self.path = data, 0, path
+
+    def take(self, name: str, dtype, ndim: int) -> np.ndarray:
+        f = io.BytesIO(self.data[self.pos:self.pos + 65536])
+        try:
+            read = {(1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(f)]
+            shape, fortran, got = read(f)
+        except (ValueError, SyntaxError, TypeError, KeyError) as e:
+            raise self.damaged(f"record {name}: {e}") from None
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        start = self.pos + f.tell()
+        if got != np.dtype(dtype) or fortran or len(shape) != ndim or \
+                count * got.itemsize > len(self.data) - start:
+            raise self.damaged(f"record {name} is not {ndim}-d {np.dtype(dtype)} in the bytes "
+                               f"left")
+        self.pos = start + count * got.itemsize
+        return np.frombuffer(self.data, got, count, start).reshape(shape)
+
+    def damaged(self, why: str) -> ShardFormatError:
+        return ShardFormatError(f"{self.path}: damaged ({why}); convert again")
+
+
+class Annotations:
+    """A detection set's annotations (see the module's docstring), checked as they are opened.
+
+    Raises:
+        ShardFormatError: the file is missing, not what the manifest says, or inconsistent
+            (boxes outside the square, classes out of range, masks of the wrong area...).
+    """
+
+    def __init__(self, root: str, entry: dict, *, num_samples: int, num_classes: int,
+                 sizes: tuple[int, ...]):
+        self.path = path = os.path.join(root, ANNOTATIONS)
+        self.has_masks = bool(entry["masks"])
+        data = _mapped(path, entry)
+        r = _Records(data, path)
+        self.offsets = r.take("offsets", np.int64, 1)
+        self.boxes = r.take("boxes", np.float32, 2)
+        self.classes = r.take("classes", np.int64, 1)
+        self.iscrowd = r.take("iscrowd", np.uint8, 1)
+        self.runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for size in sizes if self.has_masks else ():
+            self.runs[size] = (r.take(f"run_offsets/{size}", np.int64, 1),
+                               r.take(f"runs/{size}", np.uint32, 1))
+        if r.pos != len(data):
+            raise r.damaged(f"{len(data) - r.pos} bytes after its last record")
+        problem = self._problem(num_samples, num_classes)
+        if problem:
+            raise r.damaged(problem)
+
+    def _problem(self, n: int, classes: int) -> str | None:
+        """What is inconsistent, or None."""
+        o, m = self.offsets, len(self.boxes)
+        if len(o) != n + 1 or o[0] != 0 or o[-1] != m or (np.diff(o) < 0).any():
+            return f"offsets are not {n + 1} ascending positions from 0 to {m}"
+        b = self.boxes
+        if b.shape != (m, 4) or not np.isfinite(b).all() or (b < 0).any() or (b > 1).any() \
+                or (b[:, 2] <= b[:, 0]).any() or (b[:, 3] <= b[:, 1]).any():
+            return "boxes outside the square or empty"
+        if len(self.classes) != m or (self.classes < 0).any() or (self.classes >= classes).any():
+            return f"box classes not {m} indices below {classes}"
+        if len(self.iscrowd) != m or (self.iscrowd > 1).any():
+            return "iscrowd not 0 or 1 per box"
+        return self._masks_problem(m)
+
+    def _masks_problem(self, m: int) -> str | None:
+        """What is inconsistent in the masks of ``m`` boxes, or None."""
+        for size, (starts, runs) in self.runs.items():
+            d = np.diff(starts)
+            if len(starts) != m + 1 or starts[0] != 0 or starts[-1] != len(runs) \
+                    or (d < 2).any() or (d % 2).any():
+                return f"masks at {size}: run offsets inconsistent"
+            if m and (np.add.reduceat(runs.astype(np.int64), starts[:-1]) != size * size).any():
+                return f"masks at {size}: a mask's runs do not cover {size}x{size}"
+        return None
+
+    def counts(self, indices) -> np.ndarray:
+        """The number of boxes of each of ``indices``."""
+        indices = np.asarray(indices)
+        return self.offsets[indices + 1] - self.offsets[indices]
+
+    def rows(self, indices) -> np.ndarray:
+        """The box rows of ``indices``, sample after sample."""
+        indices = np.asarray(indices, np.int64)
+        counts = self.counts(indices)
+        first = np.repeat(self.offsets[indices] - np.cumsum(counts) + counts, counts)
+        return first + np.arange(counts.sum())
+
+    def masks(self, index: int, size: int) -> np.ndarray:
+        """Sample ``index``'s instance masks at ``size``: uint8 ``(k, size, size)``, 0 or 1."""
+        starts, runs = self.runs[size]
+        a, b = self.offsets[index], self.offsets[index + 1]
+        r = runs[starts[a]:starts[b]]
+        values = np.resize(np.array([0, 1], np.uint8), len(r))
+        return np.repeat(values, r).reshape(b - a, size, size)
+
+    def __getstate__(self):
+        raise TypeError("Annotations are opened in the process that reads them")
+
+
+def _mapped(path: str, entry: dict):
+    """The file's bytes, memory-mapped and checked against the manifest's size and SHA-256
+    (a link or a special file refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ShardFormatError(f"{path}: cannot open the set's annotations "
+                               f"({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != entry["bytes"]:
+            raise ShardFormatError(f"{path}: not the regular file of {entry['bytes']} bytes "
+                                   f"the manifest names; convert again")
+        data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise ShardFormatError(f"{path}: damaged (its checksum is not the manifest's); convert "
+                               f"again")
+    return data

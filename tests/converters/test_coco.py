@@ -1,0 +1,242 @@
+"""Detection sets from COCO annotations: masks decoded as pycocotools decodes them, the
+converter's rules for what it keeps, EXIF orientation, the annotations file's checks, and
+hostile annotations refused or skipped with a reason."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastdata
+from fastdata.cli import main as cli
+from fastdata.converters.coco import MAX_BOXES, MAX_POINTS, coco_mask
+from fastdata.converters.convert import convert
+from fastdata.format import ShardFormatError
+from fastdata.shards.annotations import write_annotations
+from fastdata.shards.verify import verify
+from tests.helpers import colour_regions, detection_folder
+
+mask_api = pytest.importorskip("pycocotools.mask")
+
+
+def test_polygons_decode_to_pycocotools_masks():
+    rng = np.random.default_rng(0)
+    for it in range(200):
+        h, w = (int(v) for v in rng.integers(4, 90, 2))
+        polygons = []
+        for _ in range(int(rng.integers(1, 4))):
+            k = int(rng.integers(3, 14))
+            pts = np.stack([rng.uniform(-4, w + 4, k), rng.uniform(-4, h + 4, k)], 1)
+            if it % 3 == 0:             # vertices on pixel corners, repeated points
+                pts = np.round(pts)
+            polygons.append(pts.ravel().tolist())
+        want = mask_api.decode(mask_api.merge(mask_api.frPyObjects(polygons, h, w)))
+        assert np.array_equal(coco_mask(polygons, h, w), want), it
+
+
+def test_rle_strings_and_counts_decode_to_pycocotools_masks():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        h, w = (int(v) for v in rng.integers(1, 70, 2))
+        m = (rng.random((h, w)) < rng.uniform(0.05, 0.95)).astype(np.uint8)
+        rle = mask_api.encode(np.asfortranarray(m))
+        assert np.array_equal(coco_mask({"counts": rle["counts"].decode(), "size": [h, w]},
+                                        h, w), m)
+        flat = m.T.ravel()                          # COCO's uncompressed form: counts
+        edges = np.flatnonzero(np.diff(flat)) + 1
+        counts = np.diff(np.concatenate([[0], edges, [flat.size]])).tolist()
+        if flat[0]:
+            counts = [0] + counts
+        want = mask_api.decode(mask_api.frPyObjects({"counts": counts, "size": [h, w]}, h, w))
+        assert np.array_equal(coco_mask({"counts": counts, "size": [h, w]}, h, w), want)
+
+
+@pytest.mark.parametrize("container", ["hdf5", "lmdb"])
+def test_convert_keeps_what_the_file_and_folder_share(tmp_path, container):
+    src, ann = detection_folder(tmp_path / "src", n=6)
+    d = json.load(open(ann))
+    d["images"].append({"id": 99, "file_name": "img/gone.png", "width": 10, "height": 10})
+    d["annotations"] += [
+        {"id": 500, "image_id": 12345, "category_id": 3, "bbox": [1, 1, 5, 5]},
+        {"id": 501, "image_id": 1, "category_id": 999, "bbox": [1, 1, 5, 5]},
+        {"id": 502, "image_id": 1, "category_id": 3, "bbox": [1, 1, -5, 5]},
+        {"id": 503, "image_id": 1, "category_id": 3, "bbox": [1, float("nan"), 5, 5]},
+        {"id": 504, "image_id": 1, "category_id": 3, "bbox": [1, 1, 5, 5],
+         "segmentation": {"counts": "not an rle", "size": [3, 3]}},
+        {"id": 505, "image_id": 2, "category_id": 7, "bbox": [-500, -500, 10, 10],
+         "segmentation": [[-500, -500, -490, -500, -490, -490]]},
+    ]
+    with open(ann, "w") as f:
+        json.dump(d, f)         # NaN written as JSON's NaN, which Python reads
+    shutil.copy(os.path.join(src, "img", "0.png"), os.path.join(src, "img", "extra.png"))
+    out = str(tmp_path / "out")
+    m = convert(src, out, container=container, sizes=[32, 64], coco=ann, progress=False)
+    assert m["version"] == 3 and m["label_kind"] == "detection" and m["classes"] == ["cat", "dog"]
+    reasons = {s["path"]: s["reason"] for s in m["skipped"]}
+    assert "not in the annotations file" in reasons["img/extra.png"]
+    assert "not an image in the source folder" in reasons["img/gone.png"]
+    assert "not an image of the file" in reasons["annotation 500"]
+    assert "not a category" in reasons["annotation 501"]
+    assert "bbox" in reasons["annotation 502"] and "bbox" in reasons["annotation 503"]
+    assert "RLE" in reasons["annotation 504"]
+    assert "near the image" in reasons["annotation 505"]
+    ds = fastdata.open(out)
+    a = ds.annotations
+    assert len(ds) == 6 and a.has_masks and len(a.boxes) == len(json.load(open(
+        tmp_path / "src" / "instances.json"))["annotations"]) - 6
+    assert verify(out) == []
+    again = convert(src, out, container=container, sizes=[32, 64], coco=ann, progress=False,
+                    resume=True)
+    assert again["annotations"] == m["annotations"]        # finished: recognised
+
+
+def test_boxes_and_masks_land_on_their_pixels_in_the_stored_squares(tmp_path):
+    src, ann = detection_folder(tmp_path / "src", n=6)
+    out = str(tmp_path / "out")
+    convert(src, out, sizes=[64], coco=ann, progress=False)
+    ds = fastdata.open(out)
+    images = ds.read_batch(np.arange(len(ds)))
+    regions = colour_regions(images)
+    a = ds.annotations
+    for i in range(len(ds)):
+        masks = a.masks(i, 64)
+        for j, row in enumerate(a.rows([i])):
+            colour = j      # the fixture's k-th box has the k-th colour
+            ys, xs = np.nonzero(regions[i] == colour)
+            box = a.boxes[row] * 64
+            assert np.abs(box - (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)).max() <= 0.75
+            assert ((masks[j] == 1) == (regions[i] == colour)).mean() > 0.98
+
+
+@pytest.mark.parametrize("orientation", [6, 3])
+def test_annotations_of_a_rotated_photo_follow_its_pixels(tmp_path, orientation):
+    """Annotated as stored (6), the boxes turn with the pixels; where the sizes cannot tell
+    the frame (3), the annotations are taken as upright."""
+    src, ann = detection_folder(tmp_path / "src", n=4, fmt="jpg", orientation=orientation)
+    out = str(tmp_path / "out")
+    convert(src, out, sizes=[64], fit="stretch", coco=ann, progress=False)
+    ds = fastdata.open(out)
+    regions = colour_regions(ds.read_batch(np.arange(len(ds))))
+    a = ds.annotations
+    for i in range(len(ds)):
+        for j, row in enumerate(a.rows([i])):
+            ys, xs = np.nonzero(regions[i] == j)
+            box = a.boxes[row] * 64
+            assert np.abs(box - (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)).max() <= 1.5
+
+
+def test_cli_convert_info_and_a_damaged_annotations_file(tmp_path, capsys):
+    src, ann = detection_folder(tmp_path / "src", n=3)
+    out = str(tmp_path / "out")
+    assert cli(["-q", "convert", src, out, "--coco", ann, "--size", "32"]) == 0
+    assert cli(["info", out]) == 0
+    shown = capsys.readouterr().out
+    assert "detection" in shown and "with instance masks" in shown
+    path = os.path.join(out, "annotations.bin")
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(bytes(data))
+    problems = verify(out)
+    assert [p.shard for p in problems] == ["annotations.bin"] and "checksum" in problems[0].message
+    with pytest.raises(ShardFormatError, match="checksum"):
+        _ = fastdata.open(out).annotations
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"boxes": [[0.5, 0.1, 0.2, 0.9]]}, "boxes outside the square or empty"),
+    ({"boxes": [[0.1, 0.1, 1.5, 0.9]]}, "boxes outside the square or empty"),
+    ({"classes": [7]}, "box classes"),
+    ({"offsets": [0, 99]}, "offsets"),
+    ({"runs": [np.array([10, 5], np.uint32)]}, "do not cover"),
+])
+def test_an_inconsistent_annotations_file_is_refused(tmp_path, bad, why):
+    """Checksummed as the manifest says, yet wrong: refused, naming what is wrong."""
+    src, ann = detection_folder(tmp_path / "src", n=1)
+    out = str(tmp_path / "out")
+    m = convert(src, out, sizes=[8], coco=ann, progress=False)
+    a = fastdata.open(out).annotations
+    k = len(a.boxes)
+    fields = {"offsets": [0, k], "boxes": a.boxes.copy(), "classes": a.classes.copy(),
+              "iscrowd": a.iscrowd.copy(), "runs": [np.array([0, 64], np.uint32)] * k}
+    if "boxes" in bad:
+        fields["boxes"][0] = bad["boxes"][0]
+    if "classes" in bad:
+        fields["classes"][0] = bad["classes"][0]
+    if "offsets" in bad:
+        fields["offsets"] = bad["offsets"]
+    if "runs" in bad:
+        fields["runs"] = bad["runs"] * k
+    entry = write_annotations(os.path.join(out, "annotations.bin"), fields["offsets"],
+                              fields["boxes"], fields["classes"], fields["iscrowd"],
+                              {8: fields["runs"]})
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({**m, "annotations": entry}, f)
+    with pytest.raises(ShardFormatError, match=why):
+        _ = fastdata.open(out).annotations
+
+
+def _coco_with(path, images, annotations):
+    with open(path, "w") as f:
+        json.dump({"images": images, "annotations": annotations,
+                   "categories": [{"id": 1, "name": "thing"}]}, f)
+    return str(path)
+
+
+def test_hostile_annotations_are_skipped_or_refused(tmp_path):
+    src, ann = detection_folder(tmp_path / "src", n=2)
+    d = json.load(open(ann))
+    box = {"image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5]}
+    many = [{**box, "id": k} for k in range(MAX_BOXES + 1)]
+    zigzag = [float(v) for _ in range((MAX_POINTS + 2) // 2) for v in (0, 0, 80, 80)]
+    path = _coco_with(tmp_path / "a.json", d["images"], many + [
+        {**box, "image_id": 2, "id": -1, "segmentation": [zigzag]},
+        {**box, "image_id": 2, "id": -2, "segmentation": [[0, 0, 80, 80] * 20000 + [0, 0]]}])
+    m = convert(src, str(tmp_path / "out"), sizes=[16], coco=path, progress=False)
+    reasons = {s["path"]: s["reason"] for s in m["skipped"]}
+    assert f"more than {MAX_BOXES}" in reasons["img/0.png"]
+    assert f"more than {MAX_POINTS} points" in reasons["annotation -1"]
+    assert "outlines of more than" in reasons["annotation -2"]
+    assert m["num_samples"] == 1
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:         # 2 GiB, sparse: refused before a byte is read
+        f.truncate(2 << 30)
+    with pytest.raises(ValueError, match="refused before it is read"):
+        convert(src, str(tmp_path / "o2"), sizes=[16], coco=str(huge), progress=False)
+    for text, match in (("[1, 2]", "not COCO's"), ("{", "not readable JSON"),
+                        ('{"images": [], "annotations": [], "categories": [{"id": 1, '
+                         '"name": "a"}, {"id": 2, "name": "a"}]}', "distinct")):
+        p = tmp_path / "bad.json"
+        p.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            convert(src, str(tmp_path / "o3"), sizes=[16], coco=str(p), progress=False)
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        convert(src, str(tmp_path / "o4"), sizes=[16], coco=str(tmp_path / "fifo.json"),
+                progress=False)
+
+
+def test_a_ten_million_point_polygon_is_skipped_in_bounded_memory(tmp_path):
+    """10^7 points (a 50 MB file): skipped, the conversion's peak memory under 1.5 GiB."""
+    src, ann = detection_folder(tmp_path / "src", n=1)
+    path = tmp_path / "big.json"
+    with open(path, "w") as f:
+        f.write('{"images": ' + json.dumps(json.load(open(ann))["images"]) +
+                ', "categories": [{"id": 1, "name": "thing"}], "annotations": [{"id": 1, '
+                '"image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5], "segmentation": [[' +
+                ",".join(["1,2"] * 10_000_000) + "]]}]}")
+    script = (f"import json, resource; from fastdata.converters.convert import convert; "
+              f"m = convert({src!r}, {str(tmp_path / 'out')!r}, sizes=[16], "
+              f"coco={str(path)!r}, progress=False); "
+              f"print(json.dumps([m['skipped'], resource.getrusage("
+              f"resource.RUSAGE_SELF).ru_maxrss]))")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300, check=True)
+    skipped, peak_kib = json.loads(r.stdout.splitlines()[-1])
+    assert any("more than" in s["reason"] for s in skipped if s["path"] == "annotation 1")
+    assert peak_kib < 1.5 * 2 ** 20

@@ -1,0 +1,60 @@
+"""Training on a detection set: TrainStep and fit hand the targets to a model that returns its
+losses (the built-in TinyDetector; torchvision's Faster R-CNN where torchvision imports)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fastdata
+from fastdata.cli import main as cli
+from fastdata.converters.convert import convert
+from fastdata.train import TrainStep, build_model, fit
+from tests.helpers import detection_folder
+
+
+@pytest.fixture(scope="module")
+def det_set(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dettrain")
+    src, ann = detection_folder(tmp / "src", n=16)
+    convert(src, str(tmp / "set"), sizes=[64], coco=ann, workers=1, progress=False)
+    return str(tmp / "set")
+
+
+def test_fit_trains_a_detector_that_returns_its_losses(det_set, tmp_path):
+    torch.manual_seed(0)
+    loader = fastdata.Loader(det_set, batch_size=8, device="cpu", num_workers=0, seed=0,
+                             scale=(0.5, 1.0))
+    model = build_model("tiny_detector", len(loader.dataset.classes))
+    step = TrainStep(model, torch.optim.Adam(model.parameters(), lr=3e-3))
+    hist = fit(step, loader, epochs=12, checkpoint_dir=str(tmp_path / "ck"), progress=False,
+               log_every=0)
+    assert len(hist) == 12 and hist[-1]["loss"] < 0.7 * hist[0]["loss"]
+    model.eval()
+    images, _ = next(iter(fastdata.Loader(det_set, batch_size=4, train=False, device="cpu",
+                                          num_workers=0)))
+    out = model(images)
+    assert len(out) == 4 and out[0]["boxes"].shape == (10, 4)
+    again = fit(TrainStep(model, torch.optim.Adam(model.parameters(), lr=3e-3)), loader, epochs=12,
+                checkpoint_dir=str(tmp_path / "ck"), progress=False, log_every=0)
+    assert again == []          # resumed from its checkpoint: nothing left to train
+
+
+def test_train_command_on_a_detection_set(det_set, capsys, caplog):
+    assert cli(["-q", "train", det_set, "--model", "tiny_detector", "--epochs", "1",
+                "--batch-size", "4", "--device", "cpu", "--optimizer", "adamw",
+                "--lr", "0.001"]) == 0
+    assert "trained tiny_detector" in capsys.readouterr().out
+    assert cli(["-q", "train", det_set, "--model", "tiny_detector", "--auto-augment",
+                "ta_wide", "--epochs", "1", "--device", "cpu"]) != 0
+    assert "moves pixels" in caplog.text
+
+
+def test_torchvision_faster_rcnn_takes_the_targets(det_set):
+    detection = pytest.importorskip("torchvision.models.detection")
+    loader = fastdata.Loader(det_set, batch_size=2, device="cpu", num_workers=0)
+    model = detection.fasterrcnn_mobilenet_v3_large_fpn(
+        weights=None, weights_backbone=None, num_classes=len(loader.dataset.classes) + 1,
+        min_size=64, max_size=64)
+    step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.01))
+    images, targets = next(iter(loader))
+    assert torch.isfinite(step(images, targets))
