@@ -13,8 +13,8 @@ from pycocotools' ``annToMask``, RandomResizedCrop (PIL bilinear for the image, 
 the masks), boxes shifted, scaled, clipped and filtered, flip, to float and normalised; the
 targets collated as a list of dicts. Batch 32, 2 workers each (threads for fastdata,
 processes for the DataLoader, their start in the timed epoch); each run a fresh interpreter,
-an untimed pass of 3 batches, then one timed epoch; the runs interleaved round by round; medians of img/s and CPU ms per
-image.
+an untimed pass of 3 batches, then one timed epoch; the runs interleaved round by round;
+medians of img/s and CPU ms per image.
 """
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ class Detection(torch.utils.data.Dataset):
         target = {"boxes": boxes, "labels": labels}
         if with_masks:
             m = np.stack([mask_api.decode(mask_api.merge(mask_api.frPyObjects(
-                a["segmentation"], h, w))) for a in anns]) if anns else np.zeros((0, h, w), np.uint8)
+                a["segmentation"], h, w))) for a in anns]) if anns else \
+                np.zeros((0, h, w), np.uint8)
             m = torch.from_numpy(m)[:, top:top + ch, left:left + cw]
             m = F.interpolate(m[None].float(), size=(224, 224), mode="nearest")[0].to(torch.uint8)
             target["masks"] = m[keep]
