@@ -5,13 +5,13 @@ against the per-sample pipeline a user writes today, with boxes and with instanc
 
 Photos (any folder of JPEGs, e.g. ``make_photos.py``'s) with generated COCO annotations: ~7
 instances an image, each a random star-shaped polygon of 8 to 16 points (its box and
-polygon; ``--images`` of them). fastdata converts them once at 256 px (raw HDF5), once with
-the boxes only and once with masks, and reads them with RandomResizedCrop 224 + flip +
-normalise to float32, targets moved with the pixels. The baseline is a ``DataLoader`` over a
-``Dataset`` that does what torchvision's v2 transforms do per sample: PIL decode, the masks
-from pycocotools' ``annToMask``, RandomResizedCrop (PIL bilinear for the image, nearest for
-the masks), boxes shifted, scaled, clipped and filtered, flip, to float and normalised; the
-targets collated as a list of dicts. Batch 32, 2 workers each (threads for fastdata,
+polygon). fastdata converts them at 256 px (raw HDF5) three times, timed: without
+annotations (class folders), with the boxes only and with masks; and reads the last two with
+RandomResizedCrop 224 + flip + normalise to float32, targets moved with the pixels. The
+baseline is a ``DataLoader`` over a ``Dataset`` that does what torchvision's v2 transforms
+do per sample: PIL decode, the masks from pycocotools' ``annToMask``, RandomResizedCrop (PIL
+bilinear for the image, nearest for the masks), boxes shifted, scaled, clipped and filtered,
+flip, to float and normalised; the targets collated as a list of dicts. Batch 32, 2 workers each (threads for fastdata,
 processes for the DataLoader, their start in the timed epoch); each run a fresh interpreter,
 an untimed pass of 3 batches, then one timed epoch; the runs interleaved round by round;
 medians of img/s and CPU ms per image.
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -143,13 +144,13 @@ def star(rng, cx, cy, r) -> list[float]:
     return np.stack([cx + radii * np.cos(angles), cy + radii * np.sin(angles)], 1).ravel().tolist()
 
 
-def annotate(root: str, count: int, dest: str, seed: int = 0) -> tuple[str, str]:
+def annotate(root: str, count: int | None, dest: str, seed: int = 0) -> tuple[str, str]:
     """COCO files (masks, boxes only) in ``dest`` for ``count`` of the JPEGs under ``root``."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
     paths = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root)
-                   for f in fs if f.lower().endswith((".jpg", ".jpeg")))[:count]
+                   for f in fs if f.lower().endswith((".jpg", ".jpeg")))[:count or None]
     images, anns = [], []
     for i, p in enumerate(paths):
         with Image.open(os.path.join(root, p)) as im:
@@ -182,18 +183,26 @@ def run(code: str, *args: str) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
-    p.add_argument("--images", type=int, default=1000)
+    p.add_argument("--images", type=int, default=None, help="annotate this many (default: all)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None, help="write the results here as JSON")
     a = p.parse_args()
+    import fastdata
     from fastdata.converters.convert import convert
 
     with tempfile.TemporaryDirectory() as tmp:
         masks_json, boxes_json = annotate(a.photos, a.images, tmp)
-        sets = {}
-        for what, ann in (("boxes", boxes_json), ("masks", masks_json)):
+        sets, seconds = {}, {}
+        for what, ann in (("plain", None), ("boxes", boxes_json), ("masks", masks_json)):
             sets[what] = os.path.join(tmp, what)
+            t = time.perf_counter()
             convert(a.photos, sets[what], sizes=[256], coco=ann, progress=False)
+            seconds[what] = time.perf_counter() - t
+        n = fastdata.open(sets["masks"]).manifest["num_samples"]
+        print("convert, s: " + ", ".join(f"{k} {v:.1f}" for k, v in seconds.items()) +
+              f"; annotations: boxes {1000 * (seconds['boxes'] - seconds['plain']) / n:.2f}, "
+              f"masks {1000 * (seconds['masks'] - seconds['plain']) / n:.2f} ms an image "
+              f"({n} images)", flush=True)
         results: dict = {f"{who} {what}": [] for what in ("boxes", "masks")
                          for who in ("fastdata", "baseline")}
         for r in range(a.rounds):
@@ -202,9 +211,9 @@ def main() -> None:
                 results[f"baseline {what}"].append(run(BASELINE, a.photos, ann, what))
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1][0]:.0f} img/s"
                                                 for k, v in results.items()), flush=True)
-    table = {k: {"img_per_s": statistics.median(x[0] for x in v),
-                 "cpu_ms_per_img": statistics.median(x[1] for x in v), "runs": v}
-             for k, v in results.items()}
+    table: dict = {k: {"img_per_s": statistics.median(x[0] for x in v),
+                       "cpu_ms_per_img": statistics.median(x[1] for x in v), "runs": v}
+                   for k, v in results.items()}
     for what in ("boxes", "masks"):
         f, b = table[f"fastdata {what}"], table[f"baseline {what}"]
         print(f"{what}: fastdata {f['img_per_s']:.0f} img/s ({f['cpu_ms_per_img']:.2f} CPU "
@@ -212,7 +221,7 @@ def main() -> None:
               f"ms/img): {f['img_per_s'] / b['img_per_s']:.1f}x")
     if a.out:
         with open(a.out, "w") as fh:
-            json.dump(table, fh, indent=1)
+            json.dump({**table, "convert_seconds": seconds}, fh, indent=1)
 
 
 if __name__ == "__main__":

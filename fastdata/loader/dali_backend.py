@@ -15,7 +15,9 @@ A CPU ``device`` runs DALI's CPU-only mode (``device_id=None``).
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import functools
 import itertools
 import os
 import queue
@@ -30,6 +32,7 @@ from fastdata.loader.buffers import BufferPool
 from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.ops.boxes import center_boxes
 from fastdata.ops.sample import apply_sample_transform
+from fastdata.ops.targets import batch_targets, map_tensors
 from fastdata.shards.mapped import page_aligned
 
 # A fork child inherits this process's DALI pipelines but not their threads: destroying one
@@ -56,9 +59,14 @@ class _Source:
     32 MiB up (a batch of 171 at 256 px), and its pages fault in at every batch."""
 
     def __init__(self, ds, size: int, encoded: bool, pool: cf.Executor, depth: int,
-                 sample_transform=None):
+                 sample_transform=None, crops=None):
         self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
         self.sample_transform = sample_transform
+        #: a detection set's: ``(indices, seed) -> (targets, crops, flips)``, the crops drawn
+        #: as the torch backend draws them, given to DALI's resize; the targets wait in
+        #: ``pending`` (DALI returns batches in the order it asks for them)
+        self.crops = crops
+        self.pending: collections.deque = collections.deque()
         self.batches = iter(())
         self._spare: queue.SimpleQueue = queue.SimpleQueue()     # raw arrays DALI has copied
         self._given = None                  # the array the last call returned
@@ -67,6 +75,7 @@ class _Source:
         """``seeds``: each batch's (``Order.batch_seed``), for the sample transform;
         ``timeout``, ``late``: a batch's deadline and its error (``ordered``)."""
         self._recycle(None)
+        self.pending.clear()
         self.batches = ordered(self.pool, self._read, zip(batches, seeds), self.depth,
                                timeout, late)
 
@@ -76,6 +85,10 @@ class _Source:
         self._given = given
 
     def _read(self, idx: np.ndarray, seed: int):
+        images, labels, buf = self._pixels(idx, seed)
+        return images, labels, buf, None if self.crops is None else self.crops(idx, seed)
+
+    def _pixels(self, idx: np.ndarray, seed: int):
         labels = self.ds.labels_of(idx)
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(idx, self.size)], \
@@ -93,9 +106,25 @@ class _Source:
         return images, labels, buf
 
     def __call__(self):
-        images, labels, buf = next(self.batches)    # StopIteration at the epoch's end
+        images, labels, buf, crops = next(self.batches)   # StopIteration at the epoch's end
         self._recycle(buf)
-        return images, labels
+        if crops is None:
+            return images, labels
+        targets, boxes, flips = crops
+        self.pending.append(targets)
+        top, left, h, w = boxes.to(torch.float32).unbind(1)
+        return (images, labels, torch.stack([top, left], 1).numpy(),
+                torch.stack([top + h, left + w], 1).numpy(),
+                np.asarray(flips, np.int32))
+
+
+def _crops(spec, size: int, indices, seed: int) -> tuple:
+    """A detection batch's ``(targets, crops, flips)``: the crops drawn from the batch's seed
+    as the torch backend draws them (the same targets from both backends)."""
+    t = spec.crop_stage
+    params = t.params(len(indices), size, size, torch.Generator().manual_seed(seed))
+    return (batch_targets(spec.dataset.annotations, indices, params, size, spec.crop,
+                          spec.targets), *params)
 
 
 class DaliBackend(Backend):
@@ -126,19 +155,22 @@ class DaliBackend(Backend):
         if self._reads is None:
             self._reads = cf.ThreadPoolExecutor(max(1, min(4, spec.num_workers)),
                                                 thread_name_prefix="fastdata-dali")
+        detection = spec.dataset.label_kind == "detection"
         source = _Source(spec.dataset, size, encoded, self._reads, depth=spec.prefetch + 1,
-                         sample_transform=spec.sample_hook)
+                         sample_transform=spec.sample_hook,
+                         crops=functools.partial(_crops, spec, size) if detection else None)
         pipe = self.dali.Pipeline(
             batch_size=spec.order.batch_size, num_threads=self.threads,
             device_id=(spec.device.index or 0) if self.gpu else None,
             seed=int(np.random.SeedSequence([spec.order.seed, spec.order.rank]).generate_state(1)[0]
                      % 2**31), prefetch_queue_depth=spec.prefetch)
         with pipe:
-            images, labels = fn.external_source(
-                source=source, num_outputs=2, batch=True, layout=[None if encoded else "HWC",
-                                                                 None],
-                dtype=[types.UINT8, types.INT64 if spec.dataset.label_kind == "class"
-                       else types.FLOAT])
+            images, labels, *crops = fn.external_source(
+                source=source, num_outputs=5 if detection else 2, batch=True,
+                layout=[None if encoded else "HWC"] + [None] * (4 if detection else 1),
+                dtype=[types.UINT8, types.INT64 if spec.dataset.label_kind in (
+                    "class", "detection") else types.FLOAT] + (
+                    [types.FLOAT, types.FLOAT, types.INT32] if detection else []))
             if encoded:
                 images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",
                                            output_type=types.RGB)
@@ -146,18 +178,24 @@ class DaliBackend(Backend):
                 images = images.gpu()
             if self.gpu:    # a host batch would reach torch as pageable memory, and copying
                 labels = labels.gpu()   # that makes the host wait for the training step
-            images = self._augment(spec, images, size)
+            images = self._augment(spec, images, size, crops)
             pipe.set_outputs(images, labels)
         pipe.build()
         _PIPELINES.add(pipe)
         return pipe, source
 
-    def _augment(self, spec, images, size: int):
-        """The built-in crop, resize, flip and normalisation of the pipeline's images."""
+    def _augment(self, spec, images, size: int, crops):
+        """The built-in crop, resize, flip and normalisation of the pipeline's images;
+        ``crops``: a detection set's, drawn by the source (roi start, roi end, mirror)."""
         fn, types = self.fn, self.types
         t = spec.crop_stage
         out = spec.crop or size
-        if t.train:
+        if crops:
+            start, end, mirror = crops
+            images = fn.resize(images, size=[out, out], roi_start=start, roi_end=end,
+                               roi_relative=False, interp_type=types.INTERP_LINEAR,
+                               antialias=True)
+        elif t.train:
             images = fn.random_resized_crop(
                 images, size=[out, out], random_area=list(t.scale),
                 random_aspect_ratio=list(t.ratio), num_attempts=10, antialias=True)
@@ -200,6 +238,9 @@ class DaliBackend(Backend):
                     raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
                                        f"names any damaged shard and sample\n{e}") from e
                 images, labels = self._to_torch(spec, images), self._to_torch(spec, labels)
+                if source.crops is not None:    # a detection set's targets, made by the source
+                    labels = map_tensors(lambda t: t.to(spec.device, non_blocking=True),
+                                         source.pending.popleft())
                 seed = next(hook_seeds)
                 yield (images, labels) if hook is None else hook(images, labels, seed)
         finally:

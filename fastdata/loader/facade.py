@@ -197,10 +197,6 @@ class Loader:
                                                 "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
         self.targets = choice("targets", targets, TARGET_FORMATS)
-        if self.dataset.label_kind == "detection" and backend != "torch":
-            raise ValueError(f"backend={backend!r} reads class, multi-label and regression "
-                             f"sets; the boxes of this detection set go through "
-                             f"backend='torch'")
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():

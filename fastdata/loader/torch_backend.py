@@ -28,7 +28,7 @@ from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
 from fastdata.ops.boxes import packed_params
 from fastdata.ops.sample import apply_sample_transform
-from fastdata.ops.targets import crop_targets, map_tensors, padded
+from fastdata.ops.targets import batch_targets, map_tensors
 from fastdata.shards.mapped import guard_faults
 
 
@@ -126,10 +126,8 @@ class _BatchReader:
     def _targets(self, indices, params) -> list[dict] | dict:
         """A detection batch's targets through its crops and flips (``params``; None: the
         stored squares as they are)."""
-        out = (self.crop_stage.crop or self.size) if params is not None else self.size
-        boxes, flips = params if params is not None else (None, None)
-        t = crop_targets(self.ds.annotations, indices, boxes, flips, self.size, out)
-        return padded(t, out) if self.targets == "padded" else t
+        return batch_targets(self.ds.annotations, indices, params, self.size,
+                             self.crop_stage.crop, self.targets)
 
     def _read(self, indices, seed, hold, ring):
         s = self.size

@@ -82,6 +82,16 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, o
     return result
 
 
+def batch_targets(ann, indices, params, stored: int, crop: int | None, form: str):
+    """A batch's targets in the loader's ``form`` (``TARGET_FORMATS``): through ``params``,
+    its crops and flips in stored pixels (``CropStage.params``), to ``crop`` pixels (None: the
+    stored size); without ``params``, the stored squares as they are."""
+    out = (crop or stored) if params is not None else stored
+    boxes, flips = params if params is not None else (None, None)
+    t = crop_targets(ann, indices, boxes, flips, stored, out)
+    return padded(t, out) if form == "padded" else t
+
+
 def _masks(ann, index: int, keep: np.ndarray, crop, flip: bool, stored: int,
            out: int) -> np.ndarray:
     """Sample ``index``'s kept instance masks through its crop and flip: (K, out, out)."""
