@@ -11,10 +11,10 @@ RandomResizedCrop 224 + flip + normalise to float32, targets moved with the pixe
 baseline is a ``DataLoader`` over a ``Dataset`` that does what torchvision's v2 transforms
 do per sample: PIL decode, the masks from pycocotools' ``annToMask``, RandomResizedCrop (PIL
 bilinear for the image, nearest for the masks), boxes shifted, scaled, clipped and filtered,
-flip, to float and normalised; the targets collated as a list of dicts. Batch 32, 2 workers each (threads for fastdata,
-processes for the DataLoader, their start in the timed epoch); each run a fresh interpreter,
-an untimed pass of 3 batches, then one timed epoch; the runs interleaved round by round;
-medians of img/s and CPU ms per image.
+flip, to float and normalised; the targets collated as a list of dicts. Batch 32, 2 workers
+each (threads for fastdata, processes for the DataLoader, their start in the timed epoch);
+each run a fresh interpreter, an untimed pass of 3 batches, then one timed epoch; the runs
+interleaved round by round; medians of img/s and CPU ms per image.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ masks gets its box as its mask.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -272,10 +273,32 @@ def _polygon_toggles(xy: np.ndarray, h: int, w: int) -> np.ndarray:
     return xd[keep].astype(np.int64) * h + yd.astype(np.int64)
 
 
-def _dense(toggles: np.ndarray, h: int, w: int) -> np.ndarray:
-    """(h, w) uint8 mask from column-major toggle positions (two at one place cancel)."""
-    flips = np.bincount(toggles, minlength=h * w + 1)[:h * w]
-    return (np.cumsum(flips) & 1).astype(np.uint8).reshape(w, h).T
+def _columns(toggles: np.ndarray, h: int, w: int) -> tuple[int, np.ndarray]:
+    """From column-major toggle positions (two at one place cancel), the mask's columns
+    that hold any of it: ``(first column, (columns, h) uint8)``, column-major."""
+    inside = toggles[toggles < h * w]
+    if not len(inside):
+        return 0, np.zeros((0, h), np.uint8)
+    first, last = int(inside.min()) // h, int(inside.max()) // h
+    flips = np.bincount(inside - first * h, minlength=(last - first + 1) * h)
+    return first, (np.cumsum(flips) & 1).astype(np.uint8).reshape(-1, h)
+
+
+def _mask_columns(segmentation, h: int, w: int) -> tuple[int, np.ndarray]:
+    """A COCO segmentation as ``_columns`` gives it: its polygons' union, or its RLE."""
+    if isinstance(segmentation, dict):
+        c = segmentation["counts"]
+        return 0, _rle(_string_counts(c) if isinstance(c, str) else c, h, w).T
+    parts = [_columns(_polygon_toggles(np.asarray(p, np.float64), h, w), h, w)
+             for p in segmentation]
+    parts = [(x, m) for x, m in parts if len(m)]
+    if not parts:
+        return 0, np.zeros((0, h), np.uint8)
+    first = min(x for x, _ in parts)
+    out = np.zeros((max(x + len(m) for x, m in parts) - first, h), np.uint8)
+    for x, m in parts:      # several polygons: their union
+        out[x - first:x - first + len(m)] |= m
+    return first, out
 
 
 def _string_counts(s: str) -> list[int]:
@@ -310,14 +333,10 @@ def _rle(counts: list[int], h: int, w: int) -> np.ndarray:
 def coco_mask(segmentation, h: int, w: int) -> np.ndarray:
     """A COCO segmentation (polygons, or RLE with string or list counts) as an ``(h, w)``
     uint8 mask of 0 and 1: pycocotools' ``annToMask``. Raises ValueError on malformed RLE."""
-    if isinstance(segmentation, dict):
-        c = segmentation["counts"]
-        return _rle(_string_counts(c) if isinstance(c, str) else c, h, w)
-    toggles = [_polygon_toggles(np.asarray(p, np.float64), h, w) for p in segmentation]
-    mask = np.zeros((h, w), np.uint8)
-    for t in toggles:       # several polygons: their union
-        mask |= _dense(np.concatenate([t, [h * w]]), h, w)
-    return mask
+    first, columns = _mask_columns(segmentation, h, w)
+    mask = np.zeros((w, h), np.uint8)
+    mask[first:first + len(columns)] = columns
+    return mask.T
 
 
 # ---- geometry: the frame of the annotations → the stored square ----
@@ -353,28 +372,50 @@ class Frame:
             x, y = _ORIENT[self.orientation](x, y, self.width, self.height)
         return x * self.kx + self.ox, y * self.ky + self.oy
 
-    def mask(self, mask: np.ndarray, fit: str, sizes) -> dict[int, np.ndarray]:
-        """An ``(height, width)`` mask at each of ``sizes`` (ascending, the largest this
-        frame's), resampled nearest as the pixels are fitted."""
-        img = Image.fromarray(mask * 255)
-        if self.orientation in _TRANSPOSE:
-            img = img.transpose(_TRANSPOSE[self.orientation])
-        w, h, s = *img.size, self.size
-        near = Image.Resampling.NEAREST
-        if fit == "stretch":
-            big = img.resize((s, s), near)
-        elif fit == "crop":
-            side = min(w, h)
-            x, y = (w - side) / 2, (h - side) / 2
-            big = img.resize((s, s), near, box=(x, y, x + side, y + side))
-        else:
-            nw, nh = max(1, round(w * self.kx)), max(1, round(h * self.ky))
-            big = Image.new("L", (s, s), 0)
-            big.paste(img.resize((nw, nh), near), ((s - nw) // 2, (s - nh) // 2))
-        out = {s: np.asarray(big) > 127}
-        for size in sizes[:-1]:
-            out[size] = np.asarray(big.resize((size, size), near)) > 127
+    def sources(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """For the square of side ``size``: the annotation frame's column (x) that each of
+        its rows reads, and the row (y) that each of its columns reads, where the orientation
+        swaps the axes; else the row each square row reads and the column each square column
+        reads (nearest, at pixel centres, as the pixels are resampled; -1 off the picture)."""
+        k = self.size / size
+        centre = (np.arange(size) + 0.5) * k
+        up_w, up_h = (self.height, self.width) if self.orientation in (5, 6, 7, 8) else (
+            self.width, self.height)
+        xu = np.floor((centre - self.ox) / self.kx).astype(np.int64)    # upright column
+        yu = np.floor((centre - self.oy) / self.ky).astype(np.int64)    # upright row
+        xu[(xu < 0) | (xu >= up_w)] = -1
+        yu[(yu < 0) | (yu >= up_h)] = -1
+        w, h = self.width, self.height          # upright index → the stored frame's
+        flip = lambda v, n: np.where(v >= 0, n - 1 - v, -1)  # noqa: E731
+        o = self.orientation
+        rows, cols = {1: (yu, xu), 2: (yu, flip(xu, w)), 3: (flip(yu, h), flip(xu, w)),
+                      4: (flip(yu, h), xu), 5: (yu, xu), 6: (yu, flip(xu, h)),
+                      7: (flip(yu, w), flip(xu, h)), 8: (flip(yu, w), xu)}[o]
+        return rows, cols
+
+    def mask(self, columns: tuple[int, np.ndarray], sizes) -> dict[int, np.ndarray]:
+        """A mask (``_mask_columns``: its first column and its columns) at each of
+        ``sizes``, resampled nearest as the pixels are fitted."""
+        first, cols = columns
+        out = {}
+        for size in sizes:
+            a, b = self.sources(size)
+            if self.orientation in (5, 6, 7, 8):    # square rows read stored columns
+                square = _pick(cols, a - first, b)
+            else:
+                square = _pick(cols, b - first, a).T
+            out[size] = square
         return out
+
+
+def _pick(columns: np.ndarray, along: np.ndarray, across: np.ndarray) -> np.ndarray:
+    """``columns[along[i], across[j]]`` as an array, 0 where either index is off them."""
+    out = np.zeros((len(along), len(across)), np.uint8)
+    i = np.flatnonzero((along >= 0) & (along < len(columns)))
+    j = np.flatnonzero(across >= 0)
+    if len(i) and len(j):
+        out[np.ix_(i, j)] = columns[along[i]][:, across[j]]
+    return out
 
 
 def frame(path: str, coco_size: tuple[int, int], size: int, fit: str) -> Frame:
@@ -408,10 +449,11 @@ def frame(path: str, coco_size: tuple[int, int], size: int, fit: str) -> Frame:
     return Frame(orientation, *coco_size, kx, ky, ox, oy, size)
 
 
-def _image_targets(src: str, path: str, coco: Coco, sizes, fit: str, skipped: list):
-    """One image's ``(boxes (k, 4), classes, iscrowd, {size: masks})`` in the square."""
-    image_id, w, h = coco.images[path]
-    anns = coco.annotations.get(image_id, [])
+def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], masks: bool, sizes,
+                   fit: str, skipped: list):
+    """One image's ``(boxes (k, 4), classes, iscrowd, {size: each mask's runs})`` in the
+    square; ``entry``: its (id, width, height) in the file."""
+    _, w, h = entry
     f = frame(os.path.join(src, path), (w, h), sizes[-1], fit)
     b = np.array([a["bbox"] for a in anns], np.float64).reshape(-1, 4)
     x, y = f.points(np.stack([b[:, 0], b[:, 0] + b[:, 2]]), np.stack([b[:, 1], b[:, 1] + b[:, 3]]))
@@ -422,41 +464,68 @@ def _image_targets(src: str, path: str, coco: Coco, sizes, fit: str, skipped: li
         skipped.append({"path": path, "reason": f"annotation {k} of the image: its box is "
                                                 f"outside the stored square, dropped"})
     kept = [a for a, k in zip(anns, keep) if k]
-    masks: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
-    for a in kept if coco.masks else ():
+    runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
+    for a in kept if masks else ():
         seg = a["segmentation"]
         if seg is None:         # its box, as pycocotools makes a mask of a box
             x0, y0, bw, bh = a["bbox"]
             seg = [[x0, y0, x0, y0 + bh, x0 + bw, y0 + bh, x0 + bw, y0]]
-        for size, m in f.mask(coco_mask(seg, h, w), fit, sizes).items():
-            masks[size].append(m)
+        for size, m in f.mask(_mask_columns(seg, h, w), sizes).items():
+            runs[size] += encode_masks(m[None])
     return (boxes[keep].astype(np.float32), [a["category"] for a in kept],
-            [a["iscrowd"] for a in kept],
-            {size: np.asarray(v, np.uint8).reshape(-1, size, size) for size, v in masks.items()})
+            [a["iscrowd"] for a in kept], runs)
+
+
+def _chunk_targets(job: tuple) -> list[tuple]:
+    """A pool task: ``_image_targets`` of each image of a chunk, with what it skipped."""
+    src, images, masks, sizes, fit = job
+    out = []
+    for path, entry, anns in images:
+        skipped: list[dict] = []
+        try:
+            result = _image_targets(src, path, entry, anns, masks, sizes, fit, skipped)
+        except (ValueError, OSError) as e:      # its pixels were read: its annotations not
+            skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes"})
+            result = (np.zeros((0, 4), np.float32), [], [], {size: [] for size in sizes})
+        out.append((*result, skipped))
+    return out
+
+
+#: images a pool task makes the annotations of
+CHUNK = 64
 
 
 def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fit: str,
-                           skipped: list, progress=None) -> dict:
+                           skipped: list, *, workers: int = 1, progress=None) -> dict:
     """The annotations of the converted images ``paths`` (in sample order) into
-    ``out_path``; what cannot be used is appended to ``skipped``. Returns the manifest's
-    ``annotations`` entry."""
+    ``out_path``, made by ``workers`` processes (each sent its images' annotations only);
+    what cannot be used is appended to ``skipped``. Returns the manifest's ``annotations``
+    entry."""
+    import concurrent.futures as cf
+    import multiprocessing
+
     from fastdata.shards.annotations import write_annotations
 
+    jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))
+                   for p in paths[i:i + CHUNK]], coco.masks, tuple(sizes), fit)
+            for i in range(0, len(paths), CHUNK))
     offsets, boxes, classes, crowd = [0], [], [], []
     runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
-    for path in paths:
-        try:
-            b, c, z, m = _image_targets(src, path, coco, sizes, fit, skipped)
-        except (ValueError, OSError) as e:      # its pixels were read: its annotations not
-            skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes"})
-            b, c, z, m = np.zeros((0, 4), np.float32), [], [], {}
-        offsets.append(offsets[-1] + len(b))
-        boxes.append(b)
-        classes += c
-        crowd += z
-        for size in sizes if coco.masks else ():
-            runs[size] += encode_masks(m.get(size, np.zeros((0, size, size), np.uint8)))
-        if progress is not None:
-            progress()
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
+            "fork" if fork else "spawn")) if workers > 1 else contextlib.nullcontext() as pool:
+        results = pool.map(_chunk_targets, jobs) if pool is not None else map(
+            _chunk_targets, jobs)
+        for chunk in results:
+            for b, c, z, r, why in chunk:
+                offsets.append(offsets[-1] + len(b))
+                boxes.append(b)
+                classes += c
+                crowd += z
+                skipped += why
+                for size in sizes:
+                    runs[size] += r.get(size, [])
+                if progress is not None:
+                    progress()
     return write_annotations(out_path, offsets, np.concatenate(boxes) if boxes else
                              np.zeros((0, 4)), classes, crowd, runs if coco.masks else None)

@@ -222,7 +222,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         scan = scan.shuffled()
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
-               labels=labels, coco=coco, shuffle=shuffle, bucket=bucket, progress=progress)
+               labels=labels, coco=coco, shuffle=shuffle, bucket=bucket, progress=progress,
+               workers=workers)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -280,6 +281,7 @@ class _Job:
     labels: str | None = None       # the labels file, if labels do not come from folders
     coco: str | None = None         # the COCO annotations file of a detection set
     progress: bool = False
+    workers: int = 1                # processes that make a detection set's annotations
     shuffle: bool = False           # the files in a seeded order, not the folder's
     bucket: Any = None              # a store's folder the shards go up to (converters.bucket)
     fp: str = ""
@@ -439,7 +441,7 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
                   dynamic_ncols=True) as bar:
             manifest["annotations"] = write_coco_annotations(
                 os.path.join(job.out, ANNOTATIONS), job.src, paths, scan.coco, opts.sizes,
-                opts.fit, manifest["skipped"], lambda: bar.update(1))
+                opts.fit, manifest["skipped"], workers=job.workers, progress=lambda: bar.update(1))
     return manifest
 
 

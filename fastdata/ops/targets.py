@@ -97,11 +97,15 @@ def _masks(ann, index: int, keep: np.ndarray, crop, flip: bool, stored: int,
     """Sample ``index``'s kept instance masks through its crop and flip: (K, out, out)."""
     if not keep.any():
         return np.zeros((0, out, out), np.uint8)
-    m = ann.masks(index, stored)[keep]
+    m = ann.masks(index, stored)
+    if not keep.all():
+        m = m[keep]
     r, c = sample_grid(crop, out)
     if flip:
         c = c[::-1]
-    return np.ascontiguousarray(m[:, r][:, :, c])
+    # one gather of every output pixel's stored position, each mask's in one row
+    at = (r[:, None] * stored + c).ravel()
+    return np.take(m.reshape(len(m), -1), at, axis=1).reshape(len(m), out, out)
 
 
 def padded(targets: list[dict], out: int) -> dict:

@@ -132,6 +132,7 @@ class Annotations:
         self.classes = r.take("classes", np.int64, 1)
         self.iscrowd = r.take("iscrowd", np.uint8, 1)
         self.runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._alternating = np.zeros(0, np.uint8)      # 0, 1, 0, 1...: the runs' values
         for size in sizes if self.has_masks else ():
             self.runs[size] = (r.take(f"run_offsets/{size}", np.int64, 1),
                                r.take(f"runs/{size}", np.uint32, 1))
@@ -184,8 +185,9 @@ class Annotations:
         starts, runs = self.runs[size]
         a, b = self.offsets[index], self.offsets[index + 1]
         r = runs[starts[a]:starts[b]]
-        values = np.resize(np.array([0, 1], np.uint8), len(r))
-        return np.repeat(values, r).reshape(b - a, size, size)
+        if len(self._alternating) < len(r):
+            self._alternating = (np.arange(2 * len(r)) & 1).astype(np.uint8)
+        return np.repeat(self._alternating[:len(r)], r).reshape(b - a, size, size)
 
     def __getstate__(self):
         raise TypeError("Annotations are opened in the process that reads them")
