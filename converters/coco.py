@@ -32,8 +32,8 @@ import stat
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
+from fastdata.converters.geometry import frame
 from fastdata.converters.labels import _relative
 from fastdata.converters.scan import Files, Scan, walk_images
 from fastdata.shards.annotations import encode_masks
@@ -48,7 +48,6 @@ MAX_POINTS = 100_000
 #: nor one whose outlines, traced at pycocotools' 5x, are longer than this many points in all
 #: (a hostile zigzag of long edges would take GBs to trace)
 MAX_TRACE = 4_000_000
-_EXIF_ORIENTATION = 0x0112
 
 
 @dataclass
@@ -337,116 +336,6 @@ def coco_mask(segmentation, h: int, w: int) -> np.ndarray:
     mask = np.zeros((w, h), np.uint8)
     mask[first:first + len(columns)] = columns
     return mask.T
-
-
-# ---- geometry: the frame of the annotations → the stored square ----
-
-#: EXIF orientation → (x, y) in the stored frame (width W, height H) → upright, as the
-#: transposes ``ImageOps.exif_transpose`` applies
-_ORIENT = {2: lambda x, y, w, h: (w - x, y), 3: lambda x, y, w, h: (w - x, h - y),
-           4: lambda x, y, w, h: (x, h - y), 5: lambda x, y, w, h: (y, x),
-           6: lambda x, y, w, h: (h - y, x), 7: lambda x, y, w, h: (h - y, w - x),
-           8: lambda x, y, w, h: (y, w - x)}
-_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-              8: Image.Transpose.ROTATE_90}
-
-
-@dataclass(frozen=True)
-class Frame:
-    """How an annotation's coordinates reach the stored square of side ``size``: the
-    orientation to apply (1: none), then ``x * kx + ox``, ``y * ky + oy`` (upright pixels →
-    square pixels, as ``fit_square`` places them)."""
-    orientation: int
-    width: int              # of the annotations' frame
-    height: int
-    kx: float
-    ky: float
-    ox: float
-    oy: float
-    size: int
-
-    def points(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.orientation in _ORIENT:
-            x, y = _ORIENT[self.orientation](x, y, self.width, self.height)
-        return x * self.kx + self.ox, y * self.ky + self.oy
-
-    def sources(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """For the square of side ``size``: the annotation frame's column (x) that each of
-        its rows reads, and the row (y) that each of its columns reads, where the orientation
-        swaps the axes; else the row each square row reads and the column each square column
-        reads (nearest, at pixel centres, as the pixels are resampled; -1 off the picture)."""
-        k = self.size / size
-        centre = (np.arange(size) + 0.5) * k
-        up_w, up_h = (self.height, self.width) if self.orientation in (5, 6, 7, 8) else (
-            self.width, self.height)
-        xu = np.floor((centre - self.ox) / self.kx).astype(np.int64)    # upright column
-        yu = np.floor((centre - self.oy) / self.ky).astype(np.int64)    # upright row
-        xu[(xu < 0) | (xu >= up_w)] = -1
-        yu[(yu < 0) | (yu >= up_h)] = -1
-        w, h = self.width, self.height          # upright index → the stored frame's
-        flip = lambda v, n: np.where(v >= 0, n - 1 - v, -1)  # noqa: E731
-        o = self.orientation
-        rows, cols = {1: (yu, xu), 2: (yu, flip(xu, w)), 3: (flip(yu, h), flip(xu, w)),
-                      4: (flip(yu, h), xu), 5: (yu, xu), 6: (yu, flip(xu, h)),
-                      7: (flip(yu, w), flip(xu, h)), 8: (flip(yu, w), xu)}[o]
-        return rows, cols
-
-    def mask(self, columns: tuple[int, np.ndarray], sizes) -> dict[int, np.ndarray]:
-        """A mask (``_mask_columns``: its first column and its columns) at each of
-        ``sizes``, resampled nearest as the pixels are fitted."""
-        first, cols = columns
-        out = {}
-        for size in sizes:
-            a, b = self.sources(size)
-            if self.orientation in (5, 6, 7, 8):    # square rows read stored columns
-                square = _pick(cols, a - first, b)
-            else:
-                square = _pick(cols, b - first, a).T
-            out[size] = square
-        return out
-
-
-def _pick(columns: np.ndarray, along: np.ndarray, across: np.ndarray) -> np.ndarray:
-    """``columns[along[i], across[j]]`` as an array, 0 where either index is off them."""
-    out = np.zeros((len(along), len(across)), np.uint8)
-    i = np.flatnonzero((along >= 0) & (along < len(columns)))
-    j = np.flatnonzero(across >= 0)
-    if len(i) and len(j):
-        out[np.ix_(i, j)] = columns[along[i]][:, across[j]]
-    return out
-
-
-def frame(path: str, coco_size: tuple[int, int], size: int, fit: str) -> Frame:
-    """The frame of an image's annotations (``coco_size``: the file's width, height).
-
-    Raises:
-        ValueError: the image's size, stored or upright, is not ``coco_size``.
-    """
-    with Image.open(path) as img:
-        raw = img.size
-        orientation = img.getexif().get(_EXIF_ORIENTATION, 1) if img.format in (
-            "JPEG", "PNG", "WEBP", "TIFF") else 1
-    orientation = orientation if orientation in _ORIENT else 1
-    upright = raw[::-1] if orientation in (5, 6, 7, 8) else raw
-    if tuple(coco_size) == upright:
-        orientation = 1                 # annotated upright
-    elif tuple(coco_size) != raw:
-        raise ValueError(f"its size in the annotations ({coco_size[0]}x{coco_size[1]}) is not "
-                         f"the image's ({raw[0]}x{raw[1]})")
-    w, h = upright
-    if fit == "stretch":
-        kx, ky, ox, oy = size / w, size / h, 0.0, 0.0
-    elif fit == "crop":
-        side = min(w, h)
-        kx = ky = size / side
-        ox, oy = -(w - side) / 2 * kx, -(h - side) / 2 * ky
-    else:
-        k = size / max(w, h)
-        nw, nh = max(1, round(w * k)), max(1, round(h * k))
-        kx, ky, ox, oy = nw / w, nh / h, float((size - nw) // 2), float((size - nh) // 2)
-    return Frame(orientation, *coco_size, kx, ky, ox, oy, size)
 
 
 def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], masks: bool, sizes,

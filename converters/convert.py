@@ -22,6 +22,7 @@ from fastdata.checks import choice, flag, integer, printable
 from fastdata.converters.coco import scan_coco, write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
 from fastdata.converters.labels import scan_labeled
+from fastdata.converters.masks import scan_masks, write_class_maps_of
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
     changed_shards,
@@ -112,6 +113,27 @@ def _nothing_found(scan: Scan) -> str:
                                                 ": they are empty"))
 
 
+def _scan(src: str, *, labels: str | None, coco: str | None, masks: str | None,
+          progress: bool) -> Scan:
+    """The files to convert and their labels: from class folders, or a labels file, COCO
+    annotations or class maps (one at most). Raises ConversionError where there are none."""
+    given = [n for n, v in (("labels", labels), ("coco", coco), ("masks", masks)) if v]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)} exclude each other: a set has one kind of "
+                         f"label")
+    if not given:
+        scan = scan_folder(src, progress=progress)
+        if not scan.files:
+            raise ConversionError(_nothing_found(scan))
+        return scan
+    what = os.path.abspath(str(labels or coco or masks))
+    scan = (scan_labeled if labels else scan_coco if coco else scan_masks)(src, what)
+    if not scan.files:
+        raise ConversionError(f"none of the images under {src!r} has its labels in {what} ("
+                              f"{len(scan.skipped)} left out, e.g. {scan.skipped[:1]})")
+    return scan
+
+
 def _validated(*, engine, address, container, sizes, encoding, quality, fit, workers,
              shard_size, on_error, overwrite, resume) -> tuple:
     """``convert()``'s arguments checked: ``(sizes, quality, workers, shard_size)`` as used;
@@ -143,7 +165,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,
             engine: str = "local", address: str | None = None, shuffle: bool = False,
-            coco: str | None = None) -> dict:
+            coco: str | None = None, masks: str | None = None) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``.
 
     Args:
@@ -174,6 +196,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         coco: a COCO annotations file (``fastdata.converters.coco``): a detection set of the
             images it lists under ``src``, with their boxes (and instance masks where it has
             segmentations).
+        masks: a folder of PNG class maps parallel to the images
+            (``fastdata.converters.masks``): a segmentation set of the images that have one.
 
     Returns:
         The manifest written to ``out/manifest.json``.
@@ -197,33 +221,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
-    if labels is not None and coco is not None:
-        raise ValueError("labels and coco exclude each other: a set has one kind of label")
-    if coco is not None:
-        coco = os.path.abspath(coco)
-        scan = scan_coco(src, coco)
-        if not scan.files:
-            raise ConversionError(f"none of the images {coco} lists is in {src!r} ("
-                                  f"{len(scan.skipped)} entries left out, e.g. "
-                                  f"{scan.skipped[:1]})")
-    elif labels is not None:
-        labels = os.path.abspath(labels)
-        scan = scan_labeled(src, labels)
-        if not scan.files:
-            raise ConversionError(f"none of the images {labels} lists is in {src!r} ("
-                                  f"{len(scan.skipped)} rows or images left out, e.g. "
-                                  f"{scan.skipped[:1]})")
-    else:
-        scan = scan_folder(src, progress=progress)
-        if not scan.files:
-            raise ConversionError(_nothing_found(scan))
+    scan = _scan(src, labels=labels, coco=coco, masks=masks, progress=progress)
+    labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,
+                                                                             masks))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
     if flag("shuffle", shuffle):
         scan = scan.shuffled()
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
-               labels=labels, coco=coco, shuffle=shuffle, bucket=bucket, progress=progress,
-               workers=workers)
+               labels=labels, coco=coco, masks=masks, shuffle=shuffle, bucket=bucket,
+               progress=progress, workers=workers)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -280,6 +287,7 @@ class _Job:
     opts: DecodeOptions
     labels: str | None = None       # the labels file, if labels do not come from folders
     coco: str | None = None         # the COCO annotations file of a detection set
+    masks: str | None = None        # the class maps' folder of a segmentation set
     progress: bool = False
     workers: int = 1                # processes that make a detection set's annotations
     shuffle: bool = False           # the files in a seeded order, not the folder's
@@ -296,6 +304,7 @@ class _Job:
         return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
                 "shard_size": self.shard_size, "labels": self.labels, "coco": self.coco,
+                "masks": self.masks,
                 "shuffle": self.shuffle}
 
 
@@ -433,16 +442,28 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
-    if scan.coco is not None:
-        manifest["version"] = DETECTION_VERSION
-        manifest["coco_file"] = job.coco
-        paths = [path for path, _ in scan.files if path not in dropped]
-        with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
-                  dynamic_ncols=True) as bar:
-            manifest["annotations"] = write_coco_annotations(
-                os.path.join(job.out, ANNOTATIONS), job.src, paths, scan.coco, opts.sizes,
-                opts.fit, manifest["skipped"], workers=job.workers, progress=lambda: bar.update(1))
+    if scan.coco is not None or scan.masks is not None:
+        manifest.update(_spatial_labels(job, [path for path, _ in scan.files
+                                              if path not in dropped], manifest["skipped"]))
     return manifest
+
+
+def _spatial_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
+    """A detection or segmentation set's manifest fields, its annotations written (those
+    ``paths`` could not have appended to ``skipped``)."""
+    scan, opts, out = job.scan, job.opts, os.path.join(job.out, ANNOTATIONS)
+    with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
+              dynamic_ncols=True) as bar:
+        if scan.coco is not None:
+            return {"version": DETECTION_VERSION, "coco_file": job.coco,
+                    "annotations": write_coco_annotations(
+                        out, job.src, paths, scan.coco, opts.sizes, opts.fit, skipped,
+                        workers=job.workers, progress=lambda: bar.update(1))}
+        entry, top = write_class_maps_of(out, job.src, scan.masks[0], paths, opts.sizes,
+                                         opts.fit, skipped, workers=job.workers,
+                                         progress=lambda: bar.update(1))
+    return {"version": DETECTION_VERSION, "masks_dir": job.masks, "annotations": entry,
+            "classes": [str(k) for k in range(max(top, 0) + 1)]}
 
 
 def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:

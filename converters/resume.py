@@ -42,6 +42,8 @@ def fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> s
         h.update(scan.targets.tobytes())
     if scan.coco is not None:
         h.update(scan.coco.digest.encode())
+    if scan.masks is not None:
+        h.update(scan.masks[1].encode())
     return h.hexdigest()
 
 

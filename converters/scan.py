@@ -99,6 +99,8 @@ class Scan:
     targets: np.ndarray | None = None
     #: a detection set's annotations (``fastdata.converters.coco.Coco``), else None
     coco: Any = None
+    #: a segmentation set's class maps: (their folder, a digest of their sizes and times)
+    masks: tuple[str, str] | None = None
 
     def shuffled(self, seed: int = 0) -> Scan:
         """This scan with its files (and targets) in an order drawn from ``seed`` (shards

@@ -26,6 +26,8 @@ def manifest_options(done: dict) -> dict | None:
         found["labels"] = done["labels_file"]
     if done.get("coco_file") is not None:       # a detection set's annotations file
         found["coco"] = done["coco_file"]
+    if done.get("masks_dir") is not None:       # a segmentation set's class maps
+        found["masks"] = done["masks_dir"]
     if done.get("shuffle"):
         found["shuffle"] = True
     return found

@@ -20,7 +20,9 @@ the writer avoids a second full pass over the pixels.
 Labels (``label_kind``, version 2): class indices in ``labels``; or, for multi-label and
 regression sets, one float32 ``(N, K)`` array for the whole set in ``TARGETS`` beside the
 shards (its shape and SHA-256 in the manifest; the shards' ``labels`` are then 0), read once
-when the set's labels are first asked for, as the shards' labels are.
+when the set's labels are first asked for, as the shards' labels are. Detection and
+segmentation sets (version 3) keep their boxes or class maps in ``ANNOTATIONS``
+(``fastdata.shards.annotations``).
 """
 from __future__ import annotations
 
@@ -42,17 +44,19 @@ from zlib_ng.zlib_ng import crc32  # noqa: F401 - zlib's CRC-32 (same values), i
 
 FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 2
-#: the version of a set with boxes (``label_kind="detection"``): older readers refuse it, while
-#: every other set is still written as version 2
+#: the version of a set with boxes or class maps (``SPATIAL_KINDS``): older readers refuse it,
+#: while every other set is still written as version 2
 DETECTION_VERSION = 3
 #: version 1 sets (no ``label_kind``: class labels) read as they are
 READ_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 #: what a sample's label is: a class index (int64), a multi-hot row over the classes or a row
 #: of regression targets (both float32, (K,), in ``TARGETS``, one array for the whole set), or
-#: boxes with their classes (and instance masks) in ``ANNOTATIONS`` (``fastdata.shards.
-#: annotations``)
-LABEL_KINDS = ("class", "multi_label", "regression", "detection")
+#: boxes with their classes (and instance masks), or a class map, in ``ANNOTATIONS``
+#: (``fastdata.shards.annotations``)
+LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation")
+#: the label kinds whose labels are places in the picture: they move with its pixels
+SPATIAL_KINDS = ("detection", "segmentation")
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
@@ -251,19 +255,20 @@ def _check_targets(m: dict, f) -> None:
     """``check_manifest`` of ``label_kind`` and ``targets``."""
     kind = label_kind(m)
     f("label_kind", kind, kind in LABEL_KINDS, f"one of {', '.join(LABEL_KINDS)}")
-    f("version", m.get("version"), (kind == "detection") == (m.get("version") == 3),
-      f"{DETECTION_VERSION} exactly for a detection set")
+    spatial = kind in SPATIAL_KINDS
+    f("version", m.get("version"), spatial == (m.get("version") == DETECTION_VERSION),
+      f"{DETECTION_VERSION} exactly for a detection or segmentation set")
     a = m.get("annotations")
-    if kind == "detection":
+    if spatial:
         f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
           and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
           and re.fullmatch(r"[0-9a-f]{64}", a["sha256"]) is not None
           and isinstance(a.get("masks"), bool),
           f"{{file: {ANNOTATIONS}, bytes, sha256, masks}}")
     else:
-        f("annotations", a, a is None, "absent but for a detection set")
+        f("annotations", a, a is None, "absent but for a detection or segmentation set")
     t = m.get("targets")
-    if kind in ("class", "detection"):
+    if kind in ("class", *SPATIAL_KINDS):
         f("targets", t, t is None, f"absent for {kind} labels")
         return
     shape = [m["num_samples"], len(m["classes"])]

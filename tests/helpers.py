@@ -352,13 +352,15 @@ BACKGROUND = (255, 255, 255)     # as fit="pad"'s borders: no blend of two backg
 
 
 def detection_folder(root, n: int = 8, seed: int = 0, *, fmt: str = "png",
-                     orientation: int | None = None) -> tuple[str, str]:
+                     orientation: int | None = None, maps: bool = False) -> tuple[str, str]:
     """``root/img/<i>.<fmt>``: pictures of up to three solid rectangles in ``BOX_COLOURS``,
     side by side (never overlapping), and ``root/instances.json``, their COCO annotations
     (bbox and a polygon each; categories 3 and 7, named). With ``orientation``, each image is
     stored under that EXIF orientation: annotated as stored where it swaps width and height
     (5 to 8), else (2 to 4: the frame the sizes cannot tell) annotated upright, its pixels
-    stored turned back. Returns the folder and the annotations file."""
+    stored turned back. With ``maps``, ``<root>-maps/img/<i>.png`` too: its class map (0 for
+    the background, k + 1 for the k-th box), made and stored as the picture is. Returns the
+    folder and the annotations file."""
     import json
 
     rng = np.random.default_rng(seed)
@@ -368,6 +370,7 @@ def detection_folder(root, n: int = 8, seed: int = 0, *, fmt: str = "png",
         w, h = int(rng.integers(90, 170)), int(rng.integers(90, 170))
         a = np.empty((h, w, 3), np.uint8)
         a[:] = BACKGROUND
+        classes = np.zeros((h, w), np.uint8)
         k_boxes = int(rng.integers(1, 4))
         strip = w // k_boxes
         for k in range(k_boxes):
@@ -376,17 +379,21 @@ def detection_folder(root, n: int = 8, seed: int = 0, *, fmt: str = "png",
             bh = int(rng.integers(h // 3, h - 6))
             y0 = int(rng.integers(2, h - bh - 2))
             a[y0:y0 + bh, x0:x0 + bw] = BOX_COLOURS[k]
+            classes[y0:y0 + bh, x0:x0 + bw] = k + 1
             anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": (3, 7)[k % 2],
                          "bbox": [x0, y0, bw, bh], "iscrowd": 0, "area": bw * bh,
                          "segmentation": [[x0, y0, x0 + bw, y0, x0 + bw, y0 + bh,
                                            x0, y0 + bh]]})
-        img = Image.fromarray(a)
+        img, class_map = Image.fromarray(a), Image.fromarray(classes)
         name = f"img/{i}.{fmt}"
         kw: dict = {"quality": 95} if fmt == "jpg" else {}
         if orientation in (2, 3, 4):    # each its own inverse
-            img = img.transpose({2: Image.Transpose.FLIP_LEFT_RIGHT,
-                                 3: Image.Transpose.ROTATE_180,
-                                 4: Image.Transpose.FLIP_TOP_BOTTOM}[orientation])
+            back = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+                    4: Image.Transpose.FLIP_TOP_BOTTOM}[orientation]
+            img, class_map = img.transpose(back), class_map.transpose(back)
+        if maps:
+            os.makedirs(os.path.join(f"{root}-maps", "img"), exist_ok=True)
+            class_map.save(os.path.join(f"{root}-maps", "img", f"{i}.png"))
         if orientation is not None:
             exif = Image.Exif()
             exif[0x0112] = orientation

@@ -13,7 +13,7 @@ HELP = "pack an image folder (root/<class>/...) into shards"
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
-                    "fit": "crop", "shard_size": None, "labels": None, "coco": None,
+                    "fit": "crop", "shard_size": None, "labels": None, "coco": None, "masks": None,
                     "shuffle": None}
 
 
@@ -35,6 +35,7 @@ def _convert_options(a) -> dict:
                              ("quality", saved.get("quality")), ("fit", saved.get("fit")),
                              ("shard_size", saved.get("shard_size")),
                              ("labels", saved.get("labels")), ("coco", saved.get("coco")),
+                             ("masks", saved.get("masks")),
                              ("shuffle", saved.get("shuffle"))) if v not in (None, False)))
             return {k: v for k, v in saved.items() if v is not None}
     o = {**CONVERT_DEFAULTS, **given}
@@ -44,7 +45,7 @@ def _convert_options(a) -> dict:
     return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
             "shard_size": o["shard_size"], "labels": o["labels"], "coco": o["coco"],
-            "shuffle": bool(o["shuffle"])}
+            "masks": o["masks"], "shuffle": bool(o["shuffle"])}
 
 
 def run(a) -> int:
@@ -83,6 +84,9 @@ def add_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--coco", default=None, metavar="FILE.json",
                    help="a detection set: the images a COCO annotations file lists under SRC, "
                         "with their boxes and, where it has segmentations, instance masks")
+    c.add_argument("--masks", default=None, metavar="DIR",
+                   help="a segmentation set: the class map of SRC/<path>/<name>.<ext> is "
+                        "DIR/<path>/<name>.png (8-bit class indices, 255: none)")
     c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
                    "the cores this process may use)")
     c.add_argument("--engine", choices=("local", "ray"), default="local",

@@ -17,24 +17,29 @@ def info_dict(path: str) -> dict:
     import numpy as np
 
     from fastdata.shards import ShardSet
+    from fastdata.shards.annotations import IGNORE, Annotations, ClassMaps
 
     ds = ShardSet(path)
     m = ds.manifest
     labels = ds.labels
     ann = ds.annotations
     counts: np.ndarray
+    extra: dict = {}
     if ds.label_kind == "class":
         counts = np.bincount(labels, minlength=len(ds.classes))
-    elif ann is not None:                       # detection: the boxes of each class
+    elif isinstance(ann, Annotations):          # detection: the boxes of each class
         counts = np.bincount(ann.classes, minlength=len(ds.classes))
+        extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
+                 "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum())}
+    elif isinstance(ann, ClassMaps):            # segmentation: the pixels of each class
+        _, runs, values = ann.maps[ds.sizes[-1]]
+        pixels = np.bincount(values, weights=runs, minlength=256)
+        counts = pixels[:len(ds.classes)]
+        extra = {"ignored_pixels": int(pixels[IGNORE]), "map_size": ds.sizes[-1]}
     elif ds.label_kind == "multi_label":        # the images holding each class
         counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
     else:                                       # regression: no count per target
         counts = np.full(len(ds.classes), len(labels))
-    extra = {}
-    if ann is not None:
-        extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
-                 "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum())}
     return {
         **extra,
         "label_kind": ds.label_kind,
@@ -61,10 +66,15 @@ def print_info(d: dict) -> None:
     what = {"class": ("class", "classes", ": samples each"),
             "multi_label": ("class", "classes", ", multi-label: samples holding each"),
             "regression": ("regression target", "regression targets", ""),
-            "detection": ("class", "classes", ", detection: boxes of each")}[kind]
+            "detection": ("class", "classes", ", detection: boxes of each"),
+            "segmentation": ("class", "classes", f", segmentation: pixels of each at "
+                                                 f"{d.get('map_size')} px")}[kind]
     if kind == "detection":
         echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}; "
              f"{d['images_without_boxes']} images without any")
+    if kind == "segmentation":
+        echo(f"  class maps; {d['ignored_pixels']} pixels of no class (255) at "
+             f"{d['map_size']} px")
     echo(f"  {len(d['classes'])} {what[many]}{what[2]}:")
     names = {p(name): n for name, n in d["classes"].items()}
     width = max(map(len, names), default=0)

@@ -20,6 +20,7 @@ def _held_out(last: dict, ds) -> str:
     if "val_acc" not in last:
         return ""
     chance = (f"chance {1 / len(ds.classes):.1%}" if ds.label_kind == "class" else
+              "of the labelled pixels" if ds.label_kind == "segmentation" else
               "each label counted")
     return f", held-out accuracy {last['val_acc']:.1%} ({chance})"
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from fastdata._optional import require
+from fastdata.format import SPATIAL_KINDS
 from fastdata.loader.buffers import BufferPool
 from fastdata.loader.spec import Backend, ordered, past_deadline
 from fastdata.ops.boxes import center_boxes
@@ -155,7 +156,7 @@ class DaliBackend(Backend):
         if self._reads is None:
             self._reads = cf.ThreadPoolExecutor(max(1, min(4, spec.num_workers)),
                                                 thread_name_prefix="fastdata-dali")
-        detection = spec.dataset.label_kind == "detection"
+        detection = spec.dataset.label_kind in SPATIAL_KINDS       # targets made by _crops
         source = _Source(spec.dataset, size, encoded, self._reads, depth=spec.prefetch + 1,
                          sample_transform=spec.sample_hook,
                          crops=functools.partial(_crops, spec, size) if detection else None)
@@ -169,7 +170,7 @@ class DaliBackend(Backend):
                 source=source, num_outputs=5 if detection else 2, batch=True,
                 layout=[None if encoded else "HWC"] + [None] * (4 if detection else 1),
                 dtype=[types.UINT8, types.INT64 if spec.dataset.label_kind in (
-                    "class", "detection") else types.FLOAT] + (
+                    "class", *SPATIAL_KINDS) else types.FLOAT] + (
                     [types.FLOAT, types.FLOAT, types.INT32] if detection else []))
             if encoded:
                 images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",

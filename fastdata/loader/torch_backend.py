@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 import torch
 
+from fastdata.format import SPATIAL_KINDS
 from fastdata.kernels import jpeg
 from fastdata.loader.buffers import BufferPool, tensor_in
 from fastdata.loader.decode import decode_regions
@@ -68,8 +69,9 @@ class _BatchReader:
         self.pin = spec.device.type == "cuda"
         self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
         self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
-        #: a detection set's: its boxes (and masks) go through each image's crop and flip
-        self.ann = getattr(spec.dataset, "label_kind", "class") == "detection"
+        #: a detection or segmentation set's: its boxes, masks or class maps go through each
+        #: image's crop and flip
+        self.ann = getattr(spec.dataset, "label_kind", "class") in SPATIAL_KINDS
         self.targets = spec.targets
         # JPEG records decoded only where their crops need them: on the host, into the
         # crop stage's CPU kernels (which take images of any size; "batched" stacks them)
@@ -124,8 +126,8 @@ class _BatchReader:
         return batch
 
     def _targets(self, indices, params) -> list[dict] | dict:
-        """A detection batch's targets through its crops and flips (``params``; None: the
-        stored squares as they are)."""
+        """A detection or segmentation batch's targets through its crops and flips
+        (``params``; None: the stored squares as they are)."""
         return batch_targets(self.ds.annotations, indices, params, self.size,
                              self.crop_stage.crop, self.targets)
 

@@ -1,5 +1,6 @@
 """A detection batch's targets moved with its images: boxes and instance masks through the same
-crop, resize and flip as the pixels, for the whole batch at once (no per-box Python).
+crop, resize and flip as the pixels, for the whole batch at once (no per-box Python); a
+segmentation batch's class maps likewise.
 
 A box is kept when at least ``MIN_VISIBLE`` of its area is inside the crop and what is left is
 at least ``MIN_SIDE`` output pixels wide and high (torchvision's ``SanitizeBoundingBoxes``
@@ -83,13 +84,31 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, o
 
 
 def batch_targets(ann, indices, params, stored: int, crop: int | None, form: str):
-    """A batch's targets in the loader's ``form`` (``TARGET_FORMATS``): through ``params``,
-    its crops and flips in stored pixels (``CropStage.params``), to ``crop`` pixels (None: the
-    stored size); without ``params``, the stored squares as they are."""
+    """A batch's targets in the loader's ``form`` (``TARGET_FORMATS``; a segmentation set's
+    are its class maps whatever the form): through ``params``, its crops and flips in stored
+    pixels (``CropStage.params``), to ``crop`` pixels (None: the stored size); without
+    ``params``, the stored squares as they are."""
     out = (crop or stored) if params is not None else stored
     boxes, flips = params if params is not None else (None, None)
+    if ann.kind == "segmentation":
+        return crop_class_maps(ann, indices, boxes, flips, stored, out)
     t = crop_targets(ann, indices, boxes, flips, stored, out)
     return padded(t, out) if form == "padded" else t
+
+
+def crop_class_maps(maps, indices, crops, flips, stored: int, out: int) -> torch.Tensor:
+    """The class maps of the samples ``indices`` through their crops and flips (as
+    ``crop_targets``): int64 ``(B, out, out)``, class indices and ``IGNORE``."""
+    b = len(indices)
+    result = np.empty((b, out, out), np.int64)
+    for k, index in enumerate(np.asarray(indices, np.int64).tolist()):
+        crop = (0, 0, stored, stored) if crops is None else crops[k].tolist()
+        r, c = sample_grid(crop, out)
+        if flips is not None and flips[k]:
+            c = c[::-1]
+        m = maps.class_map(index, stored).ravel()
+        result[k] = np.take(m, (r[:, None] * stored + c).ravel()).reshape(out, out)
+    return torch.from_numpy(result)
 
 
 def _masks(ann, index: int, keep: np.ndarray, crop, flip: bool, stored: int,

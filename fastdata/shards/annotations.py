@@ -1,7 +1,8 @@
-"""A detection set's boxes, their classes and instance masks: one file beside the shards.
+"""A detection set's boxes, their classes and instance masks, or a segmentation set's class
+maps: one file beside the shards.
 
-``annotations.bin`` is a sequence of ``.npy`` records (NumPy's format, no pickles) in this
-order, ``N`` samples holding ``M`` boxes in all:
+``annotations.bin`` is a sequence of ``.npy`` records (NumPy's format, no pickles). A detection
+set's, in this order, ``N`` samples holding ``M`` boxes in all:
 
 * ``offsets`` int64 ``(N + 1,)``: sample ``i``'s boxes are ``offsets[i]:offsets[i + 1]``;
 * ``boxes`` float32 ``(M, 4)``: ``x0, y0, x1, y1`` as fractions of the stored square (0 to 1,
@@ -12,6 +13,11 @@ order, ``N`` samples holding ``M`` boxes in all:
   ``runs`` uint32: box ``j``'s mask at ``S x S``, row-major, as the lengths of alternating runs
   of 0 and 1 starting with 0 (``runs[run_offsets[j]:run_offsets[j + 1]]``, an even number of
   them, summing to ``S * S``).
+
+A segmentation set's, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
+``runs`` uint32 and ``values`` uint8: sample ``i``'s class map at ``S x S``, row-major, is
+``values[a:b]`` repeated ``runs[a:b]`` times (``a, b = run_offsets[i], run_offsets[i + 1]``);
+each value is a class index or ``IGNORE``.
 
 The manifest's ``annotations`` entry holds the file's size and SHA-256 and whether it has masks.
 The file is memory-mapped: the page cache holds one copy for every process that reads it.
@@ -27,6 +33,10 @@ import stat
 import numpy as np
 
 from fastdata.format import ANNOTATIONS, ShardFormatError
+
+#: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
+#: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
+IGNORE = 255
 
 
 def _record(out, array: np.ndarray) -> None:
@@ -50,29 +60,52 @@ def encode_masks(masks: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+def encode_class_map(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A class map (any shape, uint8) → its ``(runs uint32, values uint8)``, row-major."""
+    flat = m.ravel()
+    starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
+    return np.diff(np.append(starts, flat.size)).astype(np.uint32), flat[starts]
+
+
+def _packed(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged ``parts`` as (their offsets, int64 (len + 1,); their concatenation)."""
+    starts = np.cumsum([0] + [len(p) for p in parts], dtype=np.int64)
+    return starts, np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+
 def write_annotations(path: str, offsets, boxes, classes, iscrowd,
                       masks: dict[int, list[np.ndarray]] | None = None) -> dict:
     """Write a detection set's annotations to ``path`` (through a temporary file renamed into
     place); ``masks``: per stored size, each box's runs (``encode_masks``). Returns the
     manifest's ``annotations`` entry."""
+    records: list = [np.asarray(offsets, np.int64), np.asarray(boxes, np.float32).reshape(-1, 4),
+               np.asarray(classes, np.int64), np.asarray(iscrowd, np.uint8)]
+    for size in sorted(masks or {}):
+        records += _packed(masks[size], np.uint32)  # type: ignore[index]
+    return _write(path, records, masks is not None)
+
+
+def write_class_maps(path: str, maps: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> dict:
+    """Write a segmentation set's class maps (per stored size, each sample's
+    ``encode_class_map``) to ``path``; returns the manifest's ``annotations`` entry."""
+    records = []
+    for size in sorted(maps):
+        starts, runs = _packed([r for r, _ in maps[size]], np.uint32)
+        records += [starts, runs, _packed([v for _, v in maps[size]], np.uint8)[1]]
+    return _write(path, records, True)
+
+
+def _write(path: str, records: list, masks: bool) -> dict:
+    """``records`` into ``path`` through a temporary file renamed into place."""
     from fastdata.outdir import temp_path
 
+    buf = io.BytesIO()
+    for r in records:
+        _record(buf, r)
+    data = buf.getvalue()
     tmp = temp_path(path)
-    h = hashlib.sha256()
     try:
         with open(tmp, "wb") as f:
-            buf = io.BytesIO()
-            _record(buf, np.asarray(offsets, np.int64))
-            _record(buf, np.asarray(boxes, np.float32).reshape(-1, 4))
-            _record(buf, np.asarray(classes, np.int64))
-            _record(buf, np.asarray(iscrowd, np.uint8))
-            for size in sorted(masks or {}):
-                runs = masks[size]  # type: ignore[index]
-                starts = np.cumsum([0] + [len(r) for r in runs], dtype=np.int64)
-                _record(buf, starts)
-                _record(buf, np.concatenate(runs) if runs else np.zeros(0, np.uint32))
-            data = buf.getvalue()
-            h.update(data)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -81,8 +114,8 @@ def write_annotations(path: str, offsets, boxes, classes, iscrowd,
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return {"file": ANNOTATIONS, "bytes": len(data), "sha256": h.hexdigest(),
-            "masks": masks is not None}
+    return {"file": ANNOTATIONS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "masks": masks}
 
 
 class _Records:
@@ -115,6 +148,7 @@ class _Records:
 
 class Annotations:
     """A detection set's annotations (see the module's docstring), checked as they are opened.
+    ``kind``: ``"detection"``.
 
     Raises:
         ShardFormatError: the file is missing, not what the manifest says, or inconsistent
@@ -123,6 +157,7 @@ class Annotations:
 
     def __init__(self, root: str, entry: dict, *, num_samples: int, num_classes: int,
                  sizes: tuple[int, ...]):
+        self.kind = "detection"
         self.path = path = os.path.join(root, ANNOTATIONS)
         self.has_masks = bool(entry["masks"])
         data = _mapped(path, entry)
@@ -191,6 +226,61 @@ class Annotations:
 
     def __getstate__(self):
         raise TypeError("Annotations are opened in the process that reads them")
+
+
+class ClassMaps:
+    """A segmentation set's class maps (see the module's docstring), checked as they are
+    opened. ``kind``: ``"segmentation"``.
+
+    Raises:
+        ShardFormatError: the file is missing, not what the manifest says, or inconsistent
+            (a map not covering its square, a value that is no class).
+    """
+
+    def __init__(self, root: str, entry: dict, *, num_samples: int, num_classes: int,
+                 sizes: tuple[int, ...]):
+        self.kind = "segmentation"
+        self.path = path = os.path.join(root, ANNOTATIONS)
+        data = _mapped(path, entry)
+        r = _Records(data, path)
+        self.maps: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
+            size: (r.take(f"run_offsets/{size}", np.int64, 1),
+                   r.take(f"runs/{size}", np.uint32, 1), r.take(f"values/{size}", np.uint8, 1))
+            for size in sizes}
+        if r.pos != len(data):
+            raise r.damaged(f"{len(data) - r.pos} bytes after its last record")
+        for size, (starts, runs, values) in self.maps.items():
+            problem = _maps_problem(size, starts, runs, values, num_samples, num_classes)
+            if problem:
+                raise r.damaged(problem)
+
+    def class_map(self, index: int, size: int) -> np.ndarray:
+        """Sample ``index``'s class map at ``size``: uint8 ``(size, size)``."""
+        starts, runs, values = self.maps[size]
+        a, b = starts[index], starts[index + 1]
+        return np.repeat(values[a:b], runs[a:b]).reshape(size, size)
+
+    def __getstate__(self):
+        raise TypeError("ClassMaps are opened in the process that reads them")
+
+
+def _maps_problem(size: int, starts, runs, values, n: int, classes: int) -> str | None:
+    """What is inconsistent in the class maps of ``n`` samples at ``size``, or None."""
+    if len(starts) != n + 1 or starts[0] != 0 or starts[-1] != len(runs) \
+            or len(values) != len(runs) or (np.diff(starts) < 1).any():
+        return f"class maps at {size}: run offsets inconsistent"
+    if n and (np.add.reduceat(runs.astype(np.int64), starts[:-1]) != size * size).any():
+        return f"class maps at {size}: a map's runs do not cover {size}x{size}"
+    if ((values >= classes) & (values != IGNORE)).any():
+        return f"class maps at {size}: a value that is neither a class below {classes} nor " \
+               f"{IGNORE}"
+    return None
+
+
+def open_annotations(root: str, entry: dict, kind: str, **kw) -> Annotations | ClassMaps:
+    """A set's ``Annotations`` (``kind`` "detection") or ``ClassMaps`` ("segmentation");
+    ``kw``: ``num_samples``, ``num_classes``, ``sizes``."""
+    return (Annotations if kind == "detection" else ClassMaps)(root, entry, **kw)
 
 
 def _mapped(path: str, entry: dict):

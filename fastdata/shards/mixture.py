@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fastdata.checks import choice, flag, integer
+from fastdata.format import SPATIAL_KINDS
 from fastdata.shards.mapped import guard_faults
 from fastdata.shards.set import ShardSet, batch_buffer, stored_size
 
@@ -96,9 +97,9 @@ class Mixture:
 
     def _check_alike(self) -> None:
         first = self.sets[0]
-        if any(s.label_kind == "detection" for s in self.sets):
-            raise ValueError("detection sets are read one at a time: a Mixture mixes class, "
-                             "multi-label and regression sets")
+        if any(s.label_kind in SPATIAL_KINDS for s in self.sets):
+            raise ValueError("detection and segmentation sets are read one at a time: a "
+                             "Mixture mixes class, multi-label and regression sets")
         for other in self.sets[1:]:
             for what in ("encoding", "label_kind"):
                 if getattr(other, what) != getattr(first, what):

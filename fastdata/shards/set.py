@@ -10,13 +10,14 @@ import numpy as np
 
 from fastdata.env import available_memory
 from fastdata.format import (
+    SPATIAL_KINDS,
     ShardFormatError,
     check_size,
     label_kind,
     read_manifest,
     read_targets,
 )
-from fastdata.shards.annotations import Annotations
+from fastdata.shards.annotations import Annotations, ClassMaps, open_annotations
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
@@ -52,7 +53,8 @@ class ShardSet:
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
         #: "class" (``labels`` int64 (N,)), "multi_label" or "regression" (float32 (N, K);
-        #: ``classes`` then names the K columns), or "detection" (``annotations``)
+        #: ``classes`` then names the K columns), or "detection" or "segmentation"
+        #: (``annotations``)
         self.label_kind = label_kind(m)
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
@@ -77,7 +79,7 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
-        self._annotations: Annotations | None = None
+        self._annotations: Annotations | ClassMaps | None = None
         # half the memory available: the rest is room for what the program holds later (its
         # loader's buffers, its model), which the page cache cannot have
         memory = available_memory()
@@ -130,8 +132,8 @@ class ShardSet:
     @property
     def labels(self) -> np.ndarray:
         """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
-        rows or regression targets (``label_kind``); a detection set's are 0 (its boxes are
-        in ``annotations``)."""
+        rows or regression targets (``label_kind``); a detection or segmentation set's are 0
+        (its boxes or class maps are in ``annotations``)."""
         if self._labels is None and self.label_kind in ("multi_label", "regression"):
             self._labels = read_targets(self.root, self.manifest["targets"])
         if self._labels is None:        # each checked: else a loss fails far from here
@@ -140,13 +142,13 @@ class ShardSet:
         return self._labels
 
     @property
-    def annotations(self) -> Annotations | None:
-        """A detection set's boxes, classes and masks (opened and checked on first use, in
-        each process), else None."""
-        if self._annotations is None and self.label_kind == "detection":
-            self._annotations = Annotations(self.root, self.manifest["annotations"],
-                                            num_samples=self._n, num_classes=len(self.classes),
-                                            sizes=self.sizes)
+    def annotations(self) -> Annotations | ClassMaps | None:
+        """A detection set's boxes, classes and masks, or a segmentation set's class maps
+        (opened and checked on first use, in each process), else None."""
+        if self._annotations is None and self.label_kind in SPATIAL_KINDS:
+            self._annotations = open_annotations(
+                self.root, self.manifest["annotations"], self.label_kind, num_samples=self._n,
+                num_classes=len(self.classes), sizes=self.sizes)
         return self._annotations
 
     def __getstate__(self):
@@ -155,7 +157,7 @@ class ShardSet:
     def labels_of(self, indices) -> np.ndarray:
         """``labels[indices]``, reading only the shards of ``indices`` where the labels are
         not all read yet (a remote set fetches no other shard for them)."""
-        if self._labels is not None or self.label_kind not in ("class", "detection") \
+        if self._labels is not None or self.label_kind not in ("class", *SPATIAL_KINDS) \
                 or self.url is None:
             return self.labels[indices]
         shard, local = self.locate(indices)

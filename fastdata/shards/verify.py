@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from fastdata.format import ANNOTATIONS, TARGETS, ShardFormatError
+from fastdata.format import ANNOTATIONS, SPATIAL_KINDS, TARGETS, ShardFormatError
 from fastdata.shards.check import Problem, verify_shard
 from fastdata.shards.set import ShardSet
 
@@ -38,12 +38,12 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
             problems += verify_shard(reader, entry, len(ds.classes))
         bar.update(entry["count"])
     bar.close()
-    if ds.label_kind not in ("class", "detection"):
+    if ds.label_kind not in ("class", *SPATIAL_KINDS):
         try:
             _ = ds.labels   # the targets file, checked against the manifest as it is read
         except ShardFormatError as e:
             problems.append(Problem(TARGETS, None, str(e).split(": ", 1)[-1]))
-    if ds.label_kind == "detection":
+    if ds.label_kind in SPATIAL_KINDS:
         try:
             _ = ds.annotations      # checked whole as it is opened
         except ShardFormatError as e:

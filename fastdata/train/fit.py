@@ -97,7 +97,8 @@ def evaluate(step: TrainStep, loader: Loader) -> float:
 
     Returns:
         Top-1 accuracy for class labels, the share of labels right (logit > 0 for 1) for
-        multi-label targets, the mean squared error for regression targets.
+        multi-label targets, the mean squared error for regression targets, the share of
+        labelled pixels right for class maps.
     """
     model = step.module
     was_training = model.training
@@ -108,6 +109,11 @@ def evaluate(step: TrainStep, loader: Loader) -> float:
             images = images.contiguous(memory_format=torch.channels_last)
         with step.autocast():
             out = model(images)
+        if labels.dim() == 3:       # class maps: the share of labelled pixels right
+            labelled = labels != 255
+            sums[0] += ((out.argmax(1) == labels) & labelled).sum()
+            sums[1] += labelled.sum()
+            continue
         if labels.dim() == 1:
             sums[0] += (out.argmax(1) == labels).sum()
         elif loader.dataset.label_kind == "multi_label":
@@ -129,7 +135,7 @@ def _count(seen: torch.Tensor, labels: torch.Tensor) -> None:
         seen.index_add_(0, (k - 1).clamp(min=0).flatten(), (k >= 1).flatten().to(seen.dtype))
     elif labels.dim() == 1:
         seen.index_add_(0, labels, torch.ones_like(labels, dtype=seen.dtype))
-    elif labels.shape[1] == len(seen):
+    elif labels.dim() == 2 and labels.shape[1] == len(seen):     # not a class map's pixels
         seen += labels.sum(0)
 
 

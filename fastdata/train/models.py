@@ -111,11 +111,31 @@ class TinyDetector(nn.Module):
                 for i in range(b)]
 
 
+class TinySegmenter(nn.Module):
+    """A small fully convolutional net for segmentation sets: per pixel, a logit per class,
+    ``(B, num_classes, H, W)`` from ``(B, 3, H, W)`` (a stride 4 encoder, upsampled)."""
+
+    def __init__(self, num_classes: int, *, width: int = 16):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, 2, 1), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, 2, 1), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
+            nn.Conv2d(width, width, 3, 1, 1), nn.ReLU(inplace=True))
+        self.head = nn.Conv2d(width, num_classes, 1)
+
+    def forward(self, x):
+        """(B, 3, H, W) images → (B, num_classes, H, W) logits."""
+        y = self.head(self.features(x))
+        return nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear",
+                                         align_corners=False)
+
+
 BUILTIN = {
     "tiny": lambda n: SmallResNet(n, width=8, blocks=(1,)),
     "resnet8": lambda n: SmallResNet(n, width=16, blocks=(1, 1, 1)),
     "resnet14": lambda n: SmallResNet(n, width=32, blocks=(2, 2, 2)),
     "tiny_detector": lambda n: TinyDetector(n),
+    "tiny_segmenter": lambda n: TinySegmenter(n),
 }
 
 
@@ -137,7 +157,8 @@ def build_model(name: str, num_classes: int) -> nn.Module:
 
     Args:
         name: a built-in (``tiny``, ``resnet8``, ``resnet14``: small ResNets for small images;
-            ``tiny_detector``: ``TinyDetector``, for detection sets),
+            ``tiny_detector``: ``TinyDetector``, for detection sets; ``tiny_segmenter``:
+            ``TinySegmenter``, for segmentation sets),
             a torchvision model name where torchvision imports, or ``module:callable`` (called
             with ``num_classes=``).
         num_classes: the size of the model's output.

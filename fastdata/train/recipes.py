@@ -15,9 +15,10 @@ def train_recipe(a, classes: int, label_kind: str):
     if label_kind != "class" and (a.mixup_alpha or a.cutmix_alpha or a.label_smoothing):
         raise ValueError(f"--mixup-alpha, --cutmix-alpha and --label-smoothing work on class "
                          f"labels; this set's labels are {label_kind}")
-    if label_kind == "detection" and a.auto_augment:
-        raise ValueError("--auto-augment moves pixels (shear, rotate, translate) without this "
-                         "detection set's boxes: leave it out")
+    if label_kind in ("detection", "segmentation") and a.auto_augment:
+        raise ValueError(f"--auto-augment moves pixels (shear, rotate, translate) without this "
+                         f"{label_kind} set's {'boxes' if label_kind == 'detection' else 'maps'}"
+                         f": leave it out")
     ops: list = []
     if a.color_jitter:
         ops.append(T.ColorJitter(a.color_jitter, a.color_jitter, a.color_jitter))

@@ -64,19 +64,23 @@ def loss_for(label_kind: str, *, label_smoothing: float = 0.0) -> nn.Module:
     """The loss for a shard set's ``label_kind``.
 
     Args:
-        label_kind: ``"class"``, ``"multi_label"`` or ``"regression"`` (``ShardSet.label_kind``).
-        label_smoothing: for class labels.
+        label_kind: ``"class"``, ``"multi_label"``, ``"regression"`` or ``"segmentation"``
+            (``ShardSet.label_kind``).
+        label_smoothing: for class labels and class maps.
 
     Returns:
-        Cross-entropy for class labels (indices or soft targets), BCE-with-logits for
-        multi-label targets, MSE for regression targets.
+        Cross-entropy for class labels (indices or soft targets) and for class maps (per
+        pixel, 255 ignored), BCE-with-logits for multi-label targets, MSE for regression
+        targets.
 
     Raises:
         ValueError: another ``label_kind``.
     """
-    choice("label_kind", label_kind, ("class", "multi_label", "regression"))
+    choice("label_kind", label_kind, ("class", "multi_label", "regression", "segmentation"))
     if label_kind == "class":
         return nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    if label_kind == "segmentation":       # per pixel; 255: no class
+        return nn.CrossEntropyLoss(ignore_index=255, label_smoothing=label_smoothing)
     return nn.BCEWithLogitsLoss() if label_kind == "multi_label" else nn.MSELoss()
 
 

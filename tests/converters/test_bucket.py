@@ -11,10 +11,11 @@ import sys
 import time
 
 import pytest
+import torch
 
 import fastdata
 from fastdata.converters.convert import convert
-from tests.helpers import REPO, children, plain_folder, running, s3_server
+from tests.helpers import REPO, children, detection_folder, plain_folder, running, s3_server
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
@@ -66,6 +67,22 @@ def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
                                                     for i in range(len(ds))]
     # the staging folder went with the shards: nothing left on the disk
     assert os.listdir(tmp_path / "cache" / "uploads") == []
+
+
+def test_a_detection_set_in_a_bucket_reads_as_from_a_folder(s3, tmp_path):
+    """The annotations go up before the manifest; a reader fetches and checks them."""
+    src, ann = detection_folder(tmp_path / "src", n=6)
+    url = f"s3://{BUCKET}/detection"
+    up = convert(src, url, coco=ann, **OPTIONS)
+    local = convert(src, str(tmp_path / "local"), coco=ann, **OPTIONS)
+    assert _objects(s3, "detection")["annotations.bin"] == \
+        (tmp_path / "local" / "annotations.bin").read_bytes()
+    assert up["annotations"] == local["annotations"]
+    kw = {"batch_size": 3, "crop": 16, "device": "cpu", "num_workers": 0, "seed": 1}
+    remote = fastdata.Loader(url, cache_dir=tmp_path / "read", **kw)
+    for (_, a), (_, b) in zip(remote, fastdata.Loader(str(tmp_path / "local"), **kw),
+                              strict=True):
+        assert all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
 
 
 def test_a_large_shard_goes_up_in_parts(s3, tmp_path, monkeypatch):

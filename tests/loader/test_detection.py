@@ -1,5 +1,6 @@
-"""Detection sets through the loader: boxes and masks move with their pixels through every crop,
-flip and resize, in threads and processes, from both containers and both encodings."""
+"""Detection and segmentation sets through the loader: boxes, masks and class maps move with
+their pixels through every crop, flip and resize, in threads and processes, from both
+containers and both encodings, on both backends."""
 from __future__ import annotations
 
 import math
@@ -17,8 +18,10 @@ from tests.helpers import colour_regions, detection_folder
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("det")
-    src, ann = detection_folder(tmp / "src", n=10)
-    out = {}
+    src, ann = detection_folder(tmp / "src", n=10, maps=True)
+    out = {"segmentation": str(tmp / "segmentation")}
+    convert(src, out["segmentation"], sizes=[64, 128], masks=f"{src}-maps", shard_size=4,
+            workers=1, progress=False)
     for container, encoding, fit in (("hdf5", "raw", "crop"), ("lmdb", "raw", "crop"),
                                      ("hdf5", "raw", "pad"), ("hdf5", "raw", "stretch"),
                                      ("hdf5", "jpeg", "crop")):
@@ -209,6 +212,43 @@ def test_the_dali_backend_gives_the_torch_backends_targets(sets, key, train):
 
 
 def test_a_mixture_refuses_a_detection_set(sets):
-    with pytest.raises(ValueError, match="detection sets are read one at a time"):
+    with pytest.raises(ValueError, match="segmentation sets are read one at a time"):
         fastdata.Loader([sets["hdf5-raw-crop"], sets["lmdb-raw-crop"]], batch_size=2,
                         device="cpu")
+
+
+def test_class_maps_follow_crops_and_flips(sets):
+    r = math.ceil(64 / math.sqrt(0.25 * 128 ** 2 * 0.75))
+    for workers in ("thread", "process"):
+        ld = fastdata.Loader(sets["segmentation"], batch_size=5, crop=64, dtype="uint8",
+                             device="cpu", num_workers=2, workers=workers, seed=1,
+                             scale=(0.25, 1.0))
+        for epoch in range(2):
+            ld.set_epoch(epoch)
+            for images, maps in ld:
+                assert maps.shape == (5, 64, 64) and maps.dtype == torch.int64
+                regions = colour_regions(images.permute(0, 2, 3, 1).numpy())
+                for region, m in zip(regions, maps.numpy()):
+                    for c in range(4):      # away from its edges, a class is its colour
+                        assert (region[eroded(m == c, r)] == c - 1).all()
+
+
+def test_both_backends_give_the_same_class_maps(sets):
+    pytest.importorskip("nvidia.dali", reason="DALI not installed")
+    kw = {"batch_size": 4, "crop": 48, "device": "cpu", "num_workers": 2, "seed": 2}
+    pairs = list(zip(fastdata.Loader(sets["segmentation"], **kw),
+                     fastdata.Loader(sets["segmentation"], backend="dali", **kw), strict=True))
+    assert pairs and all(torch.equal(a, b) for (_, a), (_, b) in pairs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", ["hdf5-raw-crop", "segmentation"])
+def test_targets_reach_a_cuda_device_as_on_the_cpu(sets, key):
+    kw = {"batch_size": 4, "crop": 64, "num_workers": 2, "seed": 6}
+    for (_, a), (_, b) in zip(fastdata.Loader(sets[key], device="cpu", **kw),
+                              fastdata.Loader(sets[key], device="cuda", **kw), strict=True):
+        if torch.is_tensor(a):
+            assert b.is_cuda and torch.equal(a, b.cpu())
+            continue
+        for x, y in zip(a, b):
+            assert all(y[k].is_cuda and torch.equal(x[k], y[k].cpu()) for k in x)

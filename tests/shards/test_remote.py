@@ -356,7 +356,9 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
             before = sum(server.gets.get(f, 0) for f in _shards(out))
             assert sorted(i for batch in seen(loader, ids) for i in batch) == list(range(60))
             fetched = sum(server.gets.get(f, 0) for f in _shards(out)) - before
-            assert fetched <= 16, fetched       # a few twice, now and then: no thrashing
+            # 12 at best; a few twice, by the timing of the readers: no thrashing (which
+            # fetches each shard twice or more)
+            assert fetched <= 18, fetched
         loader.close()
     finally:
         done.set()

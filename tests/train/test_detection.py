@@ -1,6 +1,9 @@
-"""Training on a detection set: TrainStep and fit hand the targets to a model that returns its
-losses (the built-in TinyDetector; torchvision's Faster R-CNN where torchvision imports)."""
+"""Training on detection and segmentation sets: TrainStep and fit hand a detection set's targets
+to a model that returns its losses (the built-in TinyDetector; torchvision's Faster R-CNN
+where torchvision imports), and a segmentation set's class maps to a per-pixel loss."""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -9,14 +12,16 @@ import fastdata
 from fastdata.cli import main as cli
 from fastdata.converters.convert import convert
 from fastdata.train import TrainStep, build_model, fit
+from fastdata.train.step import loss_for
 from tests.helpers import detection_folder
 
 
 @pytest.fixture(scope="module")
 def det_set(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dettrain")
-    src, ann = detection_folder(tmp / "src", n=16)
+    src, ann = detection_folder(tmp / "src", n=16, maps=True)
     convert(src, str(tmp / "set"), sizes=[64], coco=ann, workers=1, progress=False)
+    convert(src, str(tmp / "seg"), sizes=[64], masks=f"{src}-maps", workers=1, progress=False)
     return str(tmp / "set")
 
 
@@ -58,3 +63,16 @@ def test_torchvision_faster_rcnn_takes_the_targets(det_set):
     step = TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.01))
     images, targets = next(iter(loader))
     assert torch.isfinite(step(images, targets))
+
+
+def test_fit_trains_and_scores_a_segmenter(det_set):
+    seg = os.path.join(os.path.dirname(det_set), "seg")
+    torch.manual_seed(0)
+    loader = fastdata.Loader(seg, batch_size=8, device="cpu", num_workers=0, crop=32)
+    val = fastdata.Loader(seg, batch_size=8, train=False, device="cpu", num_workers=0, crop=32)
+    model = build_model("tiny_segmenter", len(loader.dataset.classes))
+    step = TrainStep(model, torch.optim.Adam(model.parameters(), lr=1e-2),
+                     loss_fn=loss_for("segmentation"))
+    hist = fit(step, loader, epochs=15, eval_loader=val, progress=False, log_every=0)
+    assert hist[-1]["loss"] < 0.6 * hist[0]["loss"]
+    assert hist[-1]["val_acc"] > 0.8        # of the labelled pixels; the background is ~half
