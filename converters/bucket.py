@@ -174,8 +174,8 @@ class Bucket:
         self.remote.put(JOURNAL, json.dumps({**self._header, "shards": self.journal}).encode())
 
     def finish(self, folder: str, manifest: dict) -> None:
-        """The targets (if any) and the manifest from ``folder`` into the store, the manifest
-        last."""
+        """The targets or annotations (if any) and the manifest from ``folder`` into the
+        store, the manifest last."""
         for name, key in ((TARGETS, "targets"), (ANNOTATIONS, "annotations")):
             if key in manifest:
                 self.remote.put_file(name, os.path.join(folder, name))

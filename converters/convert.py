@@ -42,13 +42,13 @@ from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
 from fastdata.format import (
     ANNOTATIONS,
     CONTAINERS,
-    DETECTION_VERSION,
     ENCODINGS,
     FITS,
     FORMAT_NAME,
     FORMAT_VERSION,
     IMAGE_EXTENSIONS,
     MANIFEST,
+    SPATIAL_VERSION,
     TARGETS,
     ShardMeta,
     check_size,
@@ -455,14 +455,14 @@ def _spatial_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
     with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
               dynamic_ncols=True) as bar:
         if scan.coco is not None:
-            return {"version": DETECTION_VERSION, "coco_file": job.coco,
+            return {"version": SPATIAL_VERSION, "coco_file": job.coco,
                     "annotations": write_coco_annotations(
                         out, job.src, paths, scan.coco, opts.sizes, opts.fit, skipped,
                         workers=job.workers, progress=lambda: bar.update(1))}
         entry, top = write_class_maps_of(out, job.src, scan.masks[0], paths, opts.sizes,
                                          opts.fit, skipped, workers=job.workers,
                                          progress=lambda: bar.update(1))
-    return {"version": DETECTION_VERSION, "masks_dir": job.masks, "annotations": entry,
+    return {"version": SPATIAL_VERSION, "masks_dir": job.masks, "annotations": entry,
             "classes": [str(k) for k in range(max(top, 0) + 1)]}
 
 

@@ -46,7 +46,7 @@ FORMAT_NAME = "fastdata-shards"
 FORMAT_VERSION = 2
 #: the version of a set with boxes or class maps (``SPATIAL_KINDS``): older readers refuse it,
 #: while every other set is still written as version 2
-DETECTION_VERSION = 3
+SPATIAL_VERSION = 3
 #: version 1 sets (no ``label_kind``: class labels) read as they are
 READ_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
@@ -256,8 +256,8 @@ def _check_targets(m: dict, f) -> None:
     kind = label_kind(m)
     f("label_kind", kind, kind in LABEL_KINDS, f"one of {', '.join(LABEL_KINDS)}")
     spatial = kind in SPATIAL_KINDS
-    f("version", m.get("version"), spatial == (m.get("version") == DETECTION_VERSION),
-      f"{DETECTION_VERSION} exactly for a detection or segmentation set")
+    f("version", m.get("version"), spatial == (m.get("version") == SPATIAL_VERSION),
+      f"{SPATIAL_VERSION} exactly for a detection or segmentation set")
     a = m.get("annotations")
     if spatial:
         f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS

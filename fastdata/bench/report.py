@@ -26,8 +26,11 @@ def table(report: dict) -> str:
     lines += [head, "-" * len(head)]
     lines += [_row(r, report, w, cores, gpu) for r in report["results"]]
     if report["ceiling"]:
-        lines.append(f"ceiling = {report['ceiling']['model']} on one fixed on-device batch, "
-                     f"run before and after each backend's loader")
+        compiled = c.get("compile")
+        how = "" if not compiled else " (torch.compile" + (
+            f", backend {compiled}" if isinstance(compiled, str) else "") + ", fed and ceiling)"
+        lines.append(f"ceiling = {report['ceiling']['model']}{how} on one fixed on-device "
+                     f"batch, run before and after each backend's loader")
         lines += [note for r in report["results"] if r.get("model")
                   for note in [_ceiling_note(r["label"], r["model"])] if note]
     return "\n".join(lines)

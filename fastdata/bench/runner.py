@@ -150,14 +150,17 @@ class Bench:
                  model: str = "none", batch_size: int = 64, size: int | None = None,
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,
-                 seed: int = 0, channels_last: bool | None = None, profile: str | None = None):
+                 seed: int = 0, channels_last: bool | None = None, profile: str | None = None,
+                 compile: bool | str = False):
         """``out``: a shard set's path, or several (the fastdata backends run on each; they
         must share the stored ``size``, by default the largest they all hold).
         ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
         the layout the step runs it in; without one, the device's default).
         ``profile``: a folder for a ``torch.profiler`` trace of a few batches of each row
         (each fed to the step where there is a model), ``<row>.pt.trace.json``: TensorBoard's
-        profiler plugin and Perfetto read it."""
+        profiler plugin and Perfetto read it.
+        ``compile``: the model through ``torch.compile`` (a backend's name, or True for its
+        default), fed and ceiling alike: what a compiled training run has to be fed."""
         from fastdata.train.step import default_precision, input_dtype
 
         backends = _valid_backends(backends, batch_size=batch_size, batches=batches, repeat=repeat,
@@ -179,6 +182,9 @@ class Bench:
             else channels_last
         self._latch = SigintLatch(enabled=False)        # run() installs one
         self.profile = profile
+        self.compile = compile
+        if compile and model == "none":
+            raise ValueError("compile applies to a model: give one (--model)")
         if profile is not None:
             os.makedirs(profile, exist_ok=True)
 
@@ -248,7 +254,7 @@ class Bench:
         # every backend and the ceiling then run the same computation (the baseline's NCHW
         # batches are converted per step)
         return TrainStep(model, opt, precision=self.precision,
-                         channels_last=bool(self.channels_last))
+                         channels_last=bool(self.channels_last), compile=self.compile)
 
     @functools.cached_property
     def _fixed_batch(self):
@@ -435,6 +441,7 @@ class Bench:
                                        "encoding": d.encoding, "sizes": list(d.sizes)}
                                       for d in self.sets], "size": self.size, "crop": self.crop,
                        "source": self.source, "model": self.model_name,
+                       "compile": self.compile,
                        "batch_size": self.batch_size, "warmup": self.warmup,
                        "batches": self.batches, "repeat": self.repeat,
                        "device": str(self.device), "precision": self.precision,

@@ -27,7 +27,8 @@ def bench_run(a) -> dict:
     bench = Bench(a.shards, source=a.source, backends=[b for b in a.backends.split(",") if b],
                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
-                  precision=a.precision, num_workers=a.workers, profile=a.profile)
+                  precision=a.precision, num_workers=a.workers, profile=a.profile,
+                  compile=a.compile or False)
     if bench.device.type == "cpu":
         keep_freed_memory()
     report = bench.run(progress=not a.quiet)
@@ -82,6 +83,9 @@ def add_args(b: argparse.ArgumentParser) -> None:
                    "node (default: every core this process may use)")
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata-shards[plot])")
+    b.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",
+                   help="torch.compile the model, fed and ceiling alike (default backend: "
+                   "inductor; `--compile eager` only traces it)")
     b.add_argument("--profile", metavar="DIR", help="write a torch.profiler trace of a few "
                    "batches of each row here (<row>.pt.trace.json: TensorBoard's profiler "
                    "plugin or Perfetto show where a step waits)")

@@ -63,9 +63,9 @@ class _Source:
                  sample_transform=None, crops=None):
         self.ds, self.size, self.encoded, self.pool, self.depth = ds, size, encoded, pool, depth
         self.sample_transform = sample_transform
-        #: a detection set's: ``(indices, seed) -> (targets, crops, flips)``, the crops drawn
-        #: as the torch backend draws them, given to DALI's resize; the targets wait in
-        #: ``pending`` (DALI returns batches in the order it asks for them)
+        #: a detection or segmentation set's: ``(indices, seed) -> (targets, crops, flips)``,
+        #: the crops drawn as the torch backend draws them, given to DALI's resize; the
+        #: targets wait in ``pending`` (DALI returns batches in the order it asks for them)
         self.crops = crops
         self.pending: collections.deque = collections.deque()
         self.batches = iter(())
@@ -120,8 +120,8 @@ class _Source:
 
 
 def _crops(spec, size: int, indices, seed: int) -> tuple:
-    """A detection batch's ``(targets, crops, flips)``: the crops drawn from the batch's seed
-    as the torch backend draws them (the same targets from both backends)."""
+    """A detection or segmentation batch's ``(targets, crops, flips)``: the crops drawn from
+    the batch's seed as the torch backend draws them (the same targets from both backends)."""
     t = spec.crop_stage
     params = t.params(len(indices), size, size, torch.Generator().manual_seed(seed))
     return (batch_targets(spec.dataset.annotations, indices, params, size, spec.crop,
@@ -156,10 +156,10 @@ class DaliBackend(Backend):
         if self._reads is None:
             self._reads = cf.ThreadPoolExecutor(max(1, min(4, spec.num_workers)),
                                                 thread_name_prefix="fastdata-dali")
-        detection = spec.dataset.label_kind in SPATIAL_KINDS       # targets made by _crops
+        spatial = spec.dataset.label_kind in SPATIAL_KINDS       # targets made by _crops
         source = _Source(spec.dataset, size, encoded, self._reads, depth=spec.prefetch + 1,
                          sample_transform=spec.sample_hook,
-                         crops=functools.partial(_crops, spec, size) if detection else None)
+                         crops=functools.partial(_crops, spec, size) if spatial else None)
         pipe = self.dali.Pipeline(
             batch_size=spec.order.batch_size, num_threads=self.threads,
             device_id=(spec.device.index or 0) if self.gpu else None,
@@ -167,11 +167,11 @@ class DaliBackend(Backend):
                      % 2**31), prefetch_queue_depth=spec.prefetch)
         with pipe:
             images, labels, *crops = fn.external_source(
-                source=source, num_outputs=5 if detection else 2, batch=True,
-                layout=[None if encoded else "HWC"] + [None] * (4 if detection else 1),
+                source=source, num_outputs=5 if spatial else 2, batch=True,
+                layout=[None if encoded else "HWC"] + [None] * (4 if spatial else 1),
                 dtype=[types.UINT8, types.INT64 if spec.dataset.label_kind in (
                     "class", *SPATIAL_KINDS) else types.FLOAT] + (
-                    [types.FLOAT, types.FLOAT, types.INT32] if detection else []))
+                    [types.FLOAT, types.FLOAT, types.INT32] if spatial else []))
             if encoded:
                 images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",
                                            output_type=types.RGB)
@@ -187,7 +187,8 @@ class DaliBackend(Backend):
 
     def _augment(self, spec, images, size: int, crops):
         """The built-in crop, resize, flip and normalisation of the pipeline's images;
-        ``crops``: a detection set's, drawn by the source (roi start, roi end, mirror)."""
+        ``crops``: a detection or segmentation set's, drawn by the source (roi start, roi
+        end, mirror)."""
         fn, types = self.fn, self.types
         t = spec.crop_stage
         out = spec.crop or size
@@ -239,7 +240,7 @@ class DaliBackend(Backend):
                     raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
                                        f"names any damaged shard and sample\n{e}") from e
                 images, labels = self._to_torch(spec, images), self._to_torch(spec, labels)
-                if source.crops is not None:    # a detection set's targets, made by the source
+                if source.crops is not None:    # the targets the source made
                     labels = map_tensors(lambda t: t.to(spec.device, non_blocking=True),
                                          source.pending.popleft())
                 seed = next(hook_seeds)

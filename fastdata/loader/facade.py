@@ -159,11 +159,12 @@ class Loader:
             (and, with reader threads, the one the hook has not returned on). None: no
             limit. A reader thread cannot be stopped and runs on; worker processes are.
             Without workers (``num_workers=0``) the calling thread reads: no limit.
-        targets: a detection set's labels (``docs/format.md``, "Detection targets"):
-            ``"list"``, a dict per image as torchvision's detection models take (``boxes``
-            x0, y0, x1, y1 in output pixels, ``labels`` = class index + 1, ``iscrowd``,
-            ``masks``), moved by each image's crop and flip; or ``"padded"``, one dict of
-            tensors padded to the batch's most boxes with ``counts``.
+        targets: the form of a detection set's labels (``docs/format.md``, "Detection and
+            segmentation sets"): ``"list"``, a dict per image as torchvision's detection
+            models take (``boxes`` x0, y0, x1, y1 in output pixels, ``labels`` = class index
+            + 1, ``iscrowd``, ``masks``), moved by each image's crop and flip; or
+            ``"padded"``, one dict of tensors padded to the batch's most boxes, with
+            ``counts``. A segmentation set's labels are its class maps, int64 (B, H, W).
 
     Raises:
         ValueError: an argument out of its range or choices (the message names the valid

@@ -75,7 +75,7 @@ class Spec:
     jpeg_decode: str
     #: seconds an image may take to be read, decoded and hooked (None: no limit)
     timeout: float | None = None
-    #: a detection set's targets: "list" of per-image dicts, or "padded" tensors
+    #: the form of a detection set's targets: "list" of per-image dicts, or "padded"
     targets: str = "list"
 
     @property

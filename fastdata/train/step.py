@@ -99,7 +99,9 @@ class TrainStep:
         clip_grad_norm: clip the gradients' norm to this (after unscaling), or None.
         scheduler: a learning-rate scheduler stepped once per optimizer step.
         channels_last: run the model channels_last (default: on CUDA).
-        compile: run the forward pass through ``torch.compile``.
+        compile: run the forward pass through ``torch.compile``: True (its default backend,
+            inductor), or a backend's name (e.g. ``"eager"``, which traces without
+            generating code: a quick check that the model compiles).
 
     Raises:
         ValueError: a bad argument, named with the valid choices.
@@ -110,7 +112,7 @@ class TrainStep:
                  label_smoothing: float = 0.0, precision: str | None = None, accum_steps: int = 1,
                  clip_grad_norm: float | None = None,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-                 channels_last: bool | None = None, compile: bool = False):
+                 channels_last: bool | None = None, compile: bool | str = False):
         self.device = _device_of(model)
         precision = default_precision(self.device) if precision is None else precision
         choice("precision", precision, PRECISIONS)
@@ -135,7 +137,8 @@ class TrainStep:
                               stacklevel=2)
             model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.model = model                                  # DDP-wrapped or plain
-        self.forward = torch.compile(model) if compile else model
+        self.forward = torch.compile(model, backend=compile if isinstance(compile, str)
+                                     else "inductor") if compile else model
         self.optimizer, self.scheduler = optimizer, scheduler
         if not isinstance(label_smoothing, (int, float)) or not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing={label_smoothing!r} is not valid; use a number "

@@ -347,6 +347,27 @@ def test_profile_writes_a_trace_per_row_of_its_batches(bench_set, tmp_path, mode
     assert sorted(os.listdir(traces)) == ["baseline.pt.trace.json", "torch.pt.trace.json"]
 
 
+def test_compile_runs_the_model_compiled_fed_and_ceiling(bench_set, tmp_path, capsys):
+    """`--compile BACKEND`: the step's model through torch.compile (the eager backend traces
+    it without generating code, quick enough for a test), in the ceiling and fed alike."""
+    import torch._dynamo
+
+    src, shards = bench_set
+    js = tmp_path / "b.json"
+    torch._dynamo.reset()
+    assert main(["-q", "bench", shards, "--model", "tiny", "--backends", "torch",
+                 "--batch-size", "4", "--warmup", "1", "--batches", "2", "--repeat", "1",
+                 "--num-workers", "1", "--device", "cpu", "--compile", "eager",
+                 "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    assert rep["config"]["compile"] == "eager"
+    assert rep["results"][0]["model"]["img_per_s"]["median"] > 0
+    assert "torch.compile, backend eager" in capsys.readouterr().out
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0      # it was traced
+    with pytest.raises(ValueError, match="compile applies to a model"):
+        Bench(shards, model="none", compile=True)
+
+
 def test_the_table_shows_peak_gpu_memory_where_rows_have_it():
     from fastdata.bench import table
 

@@ -22,6 +22,8 @@ from fastdata.shards.verify import verify
 from tests.helpers import colour_regions, detection_folder
 
 mask_api = pytest.importorskip("pycocotools.mask")
+# pycocotools' decode passes copy=False to NumPy 2's __array__: a warning per call, not ours
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
 def test_polygons_decode_to_pycocotools_masks():
