@@ -9,7 +9,11 @@ set's size. Every upload is recorded in a journal object beside the shards
 goes up last, with ``file_sha256`` for every shard. ``resume`` keeps the journal's shards that
 the store holds at their recorded size and continues after them; ``overwrite`` removes the
 objects at the names fastdata writes, and nothing else. One conversion per URL at a time:
-two on one node are refused (the staging folder's lock), two on two nodes are not detected.
+two on one node are refused by the staging folder's lock, two on two nodes by a lock object
+(``convert-lock.json``, created only where there is none, which the store decides; renewed at
+every upload, removed at the end). A lock left by a conversion that was killed is taken over
+once it is stale: at once on the node that wrote it where its process is gone, else after
+``STALE_SECONDS`` without renewal.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ import hashlib
 import json
 import logging
 import os
+import secrets
+import socket
+import time
 
 from fastdata.converters.units import manifest_options
 from fastdata.format import (
@@ -27,7 +34,7 @@ from fastdata.format import (
     ShardFormatError,
     ShardMeta,
 )
-from fastdata.outdir import FINAL_NAMES
+from fastdata.outdir import FINAL_NAMES, FolderBusyError
 from fastdata.shards.cache import default_cache_dir
 from fastdata.shards.remote import Remote
 
@@ -38,6 +45,9 @@ JOURNAL_FORMAT = "fastdata-convert-journal"
 #: the most bytes of a journal read back (a shard's entry is a few hundred bytes, more with
 #: skipped files)
 MAX_JOURNAL_BYTES = 256 << 20
+LOCK = "convert-lock.json"
+#: a lock not renewed for this long is a stopped conversion's (one renews it at every upload)
+STALE_SECONDS = 600
 
 
 def staging_folder(url: str) -> str:
@@ -68,6 +78,45 @@ class Bucket:
         self.url, self.shown = self.remote.url, self.remote.shown
         self.journal: list[dict] = []       # the uploaded shards' entries, in order
         self._header: dict = {}
+        self._lock: dict | None = None      # this run's lock object, while it holds it
+
+    def lock(self) -> None:
+        """Hold the URL for this conversion (``convert-lock.json``, see the module).
+
+        Raises:
+            FolderBusyError: another conversion holds it (the message names its node,
+                process and when it was last active).
+        """
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8)}
+        for _ in range(3):
+            try:
+                self.remote.create(LOCK, json.dumps({**me, "beat": time.time()}).encode())
+                self._lock = me
+                return
+            except FileExistsError:
+                held = self._read_json(LOCK, 4096)
+            why = _stopped(held)
+            if why is None:
+                raise FolderBusyError(
+                    f"{self.shown}: another conversion is writing there ({_holder(held)}); "
+                    f"wait for it to finish, or stop it (its lock is taken over "
+                    f"{STALE_SECONDS // 60} minutes after it was last active, at once on "
+                    f"its node once it is gone)")
+            log.warning("%s: taking over the lock of a conversion that stopped (%s: %s)",
+                        self.shown, _holder(held), why)
+            self.remote.delete([LOCK])
+        raise FolderBusyError(f"{self.shown}: the lock {LOCK} keeps being taken")
+
+    def _beat(self) -> None:
+        """Renew this run's lock (it is active)."""
+        if self._lock is not None:
+            self.remote.put(LOCK, json.dumps({**self._lock, "beat": time.time()}).encode())
+
+    def unlock(self) -> None:
+        """Let the URL go (a no-op where this run holds no lock)."""
+        if self._lock is not None:
+            self._lock = None
+            self.remote.delete([LOCK])
 
     def prepare(self, *, overwrite: bool, resume: bool) -> None:
         """Check the store's folder for this run: empty, or resumable, or emptied of what
@@ -78,7 +127,7 @@ class Bucket:
         """
         if resume:
             return
-        present = self.remote.objects()
+        present = {k: v for k, v in self.remote.objects().items() if k != LOCK}    # this run's
         if not present:
             return
         if not overwrite:
@@ -172,6 +221,7 @@ class Bucket:
         """An uploaded shard (its manifest ``entry``, with ``file_sha256``) into the journal."""
         self.journal.append({**entry, "meta": json.loads(meta.to_json())})
         self.remote.put(JOURNAL, json.dumps({**self._header, "shards": self.journal}).encode())
+        self._beat()
 
     def finish(self, folder: str, manifest: dict) -> None:
         """The targets or annotations (if any) and the manifest from ``folder`` into the
@@ -181,6 +231,34 @@ class Bucket:
                 self.remote.put_file(name, os.path.join(folder, name))
         with open(os.path.join(folder, MANIFEST), "rb") as f:
             self.remote.put(MANIFEST, f.read())
+
+
+def _holder(held: dict | None) -> str:
+    """Who holds a lock, in words."""
+    if held is None:
+        return "its lock is unreadable"
+    beat = held.get("beat")
+    ago = f", last active {time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) \
+        else ""
+    return f"process {held.get('pid')} on {str(held.get('host'))[:100]}{ago}"
+
+
+def _stopped(held: dict | None) -> str | None:
+    """Why the conversion holding a lock has stopped, or None while it may be running."""
+    if held is None:
+        return "its lock is gone or unreadable"
+    beat = held.get("beat")
+    if not isinstance(beat, (int, float)) or time.time() - beat > STALE_SECONDS:
+        return f"not active for {STALE_SECONDS // 60} minutes"
+    pid = held.get("pid")
+    if held.get("host") == socket.gethostname() and isinstance(pid, int) and pid > 0:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "its process is gone"
+        except PermissionError:         # another user's: running
+            return None
+    return None
 
 
 def _recorded(shards, present: dict[str, int], container: str) -> list[dict]:

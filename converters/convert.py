@@ -238,6 +238,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     lock = FolderLock(out, "fastdata convert")
     try:
         lock.acquire()
+        if bucket is not None:      # another node's conversion into the same URL
+            bucket.lock()
         done, kept = _start(job, overwrite=overwrite, resume=resume)
         if done is not None:
             return done
@@ -258,6 +260,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         if bucket is not None:      # the staging folder, emptied as the shards went up
             with contextlib.suppress(OSError):
                 os.rmdir(out)
+            _unlock(bucket)
+
+
+def _unlock(bucket) -> None:
+    """Let the bucket's URL go; where the store cannot be reached, say what that leaves."""
+    try:
+        bucket.unlock()
+    except OSError as e:
+        log.warning("%s: its lock could not be removed (%s); another node's conversion into it "
+                    "waits until the lock is stale", bucket.shown, e)
 
 
 def _start(job: _Job, *, overwrite: bool, resume: bool) -> tuple[dict | None, list[ShardMeta]]:

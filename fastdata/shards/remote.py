@@ -109,7 +109,7 @@ class Remote:
             return fn()
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
-        except ImportError:
+        except (ImportError, FileExistsError):
             raise
         except Exception as e:      # noqa: BLE001 - obstore's errors, and the network's
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -177,6 +177,24 @@ class Remote:
 
         self._call(name, "upload", lambda: obstore.put(self.store, name, data,
                                                        use_multipart=False))
+
+    def create(self, name: str, data: bytes) -> None:
+        """Store ``data`` as the object ``name`` only if there is none (the store decides:
+        of two processes creating it at once, one does).
+
+        Raises:
+            FileExistsError: the object exists.
+        """
+        import obstore
+
+        def create():
+            try:
+                obstore.put(self.store, name, data, use_multipart=False, mode="create")
+            except Exception as e:      # noqa: BLE001 - obstore's AlreadyExistsError
+                if type(e).__name__ == "AlreadyExistsError":
+                    raise FileExistsError(f"{self.shown}/{name} exists") from None
+                raise
+        self._call(name, "create", create)
 
     def put_file(self, name: str, path: str) -> str:
         """Upload the local file ``path`` as ``name``, in parts of ``PART`` bytes where it is

@@ -177,3 +177,42 @@ def test_a_conversion_killed_midway_resumes_into_the_uninterrupted_set(s3, sourc
     assert json.loads(resumed.pop("manifest.json")) == json.loads(whole.pop("manifest.json"))
     assert resumed == whole         # every shard, and the journal, byte for byte
     assert main(["verify", url]) == 0
+
+
+def test_two_nodes_converting_into_one_url_are_refused(s3, source, tmp_path, monkeypatch,
+                                                       caplog):
+    """A conversion on another node (its own cache, so its own staging lock) is refused while
+    one is writing; once that one is killed, its lock is taken over (its process is gone)."""
+    from fastdata.converters import bucket
+    from fastdata.outdir import FolderBusyError
+
+    url = f"s3://{BUCKET}/busy"
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, source, url], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": REPO}, stderr=err)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None and _journaled(s3, "busy") < 1:
+            time.sleep(0.05)
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "other-node"))
+        with pytest.raises(FolderBusyError, match=f"another conversion is writing there "
+                                                  f"\\(process {proc.pid} on "):
+            convert(source, url, **OPTIONS, resume=True)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert bucket.LOCK in _objects(s3, "busy")          # left by the killed run
+    convert(source, url, **OPTIONS, resume=True)
+    assert "taking over the lock of a conversion that stopped" in caplog.text
+    assert bucket.LOCK not in _objects(s3, "busy")
+    s3.put_object(Bucket=BUCKET, Key=f"busy/{bucket.LOCK}", Body=json.dumps(
+        {"host": "another-node", "pid": 1, "token": "x", "beat": time.time()}).encode())
+    with pytest.raises(FolderBusyError, match="process 1 on another-node, last active"):
+        convert(source, url, **OPTIONS, overwrite=True)
+    s3.put_object(Bucket=BUCKET, Key=f"busy/{bucket.LOCK}", Body=json.dumps(
+        {"host": "another-node", "pid": 1, "token": "x",
+         "beat": time.time() - bucket.STALE_SECONDS - 1}).encode())
+    convert(source, url, **OPTIONS, overwrite=True)     # a stale lock: taken over
+    assert sorted(_objects(s3, "busy")) == sorted(
+        ["manifest.json", bucket.JOURNAL] + [f"shard-{k:05d}.h5" for k in range(6)])
