@@ -193,6 +193,10 @@ class Bench:
         if backend == "baseline":
             from fastdata.bench.baseline import baseline_loader
 
+            if self.ds.annotations is not None:
+                raise _Skip(f"the baseline reads class folders, not a {self.ds.label_kind} "
+                            f"set's labels (benchmarks/detection_cpu.py compares a "
+                            f"per-sample detection pipeline)")
             if self.source is None:
                 raise _Skip(f"no source image folder: give --source (the manifest's "
                             f"{self.ds.manifest.get('source')!r} is not there)")
@@ -221,7 +225,10 @@ class Bench:
         return loader, f"{ds.container} {ds.encoding} {self.size}px {layout}"
 
     def _to_device(self, x, y):
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        from fastdata.ops.targets import map_tensors
+
+        return x.to(self.device, non_blocking=True), map_tensors(
+            lambda t: t.to(self.device, non_blocking=True), y)
 
     def loader_only(self, it, bar) -> dict:
         for _ in range(self.warmup):
@@ -248,12 +255,16 @@ class Bench:
         torch.manual_seed(self.seed)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True       # as `fit` trains: fixed shapes here
+        from fastdata.train.step import loss_for
+
         model = build_model(self.model_name, len(self.ds.classes)).to(self.device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        kind = self.ds.label_kind       # a detection model computes its own losses
+        loss = None if kind in ("class", "detection") else loss_for(kind)
         # the loaders' layout (by default channels_last on every device, as `fastdata train`):
         # every backend and the ceiling then run the same computation (the baseline's NCHW
         # batches are converted per step)
-        return TrainStep(model, opt, precision=self.precision,
+        return TrainStep(model, opt, loss_fn=loss, precision=self.precision,
                          channels_last=bool(self.channels_last), compile=self.compile)
 
     @functools.cached_property
@@ -263,13 +274,18 @@ class Bench:
         layout matters: an NCHW batch here against channels_last loader batches made fed runs
         read 120-130% of the ceiling on this project's CPU.)"""
         from fastdata.ops.crop import CropStage
+        from fastdata.ops.targets import batch_targets
 
         idx = [k % len(self.ds) for k in range(self.batch_size)]
         raw = torch.from_numpy(self.ds.read_batch(idx, size=self.size))
-        x = CropStage(train=False, crop=self.crop, dtype=self.dtype,
-                    channels_last=bool(self.channels_last))(raw)
-        y = torch.from_numpy(self.ds.labels[idx]).long()
-        return x.to(self.device), y.to(self.device)
+        stage = CropStage(train=False, crop=self.crop, dtype=self.dtype,
+                          channels_last=bool(self.channels_last))
+        params = stage.params(len(idx), self.size, self.size, None)
+        x = stage(raw, params=params)
+        if self.ds.annotations is not None:     # a detection or segmentation set's targets
+            return self._to_device(x, batch_targets(self.ds.annotations, idx, params,
+                                                    self.size, self.crop, "list"))
+        return self._to_device(x, torch.from_numpy(self.ds.labels[idx]).long())
 
     def ceiling(self, step, bar, warmup: int = 0) -> list[float]:
         """``step`` on one fixed on-device batch, run while no loader runs: a loader's

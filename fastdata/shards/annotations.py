@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import mmap
 import os
 import stat
@@ -133,7 +134,7 @@ class _Records:
             shape, fortran, got = read(f)
         except (ValueError, SyntaxError, TypeError, KeyError) as e:
             raise self.damaged(f"record {name}: {e}") from None
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        count = math.prod(shape)            # Python's integers: a hostile shape cannot wrap
         start = self.pos + f.tell()
         if got != np.dtype(dtype) or fortran or len(shape) != ndim or \
                 count * got.itemsize > len(self.data) - start:

@@ -368,6 +368,27 @@ def test_compile_runs_the_model_compiled_fed_and_ceiling(bench_set, tmp_path, ca
         Bench(shards, model="none", compile=True)
 
 
+@pytest.mark.parametrize("kind, model", [("detection", "tiny_detector"),
+                                         ("segmentation", "tiny_segmenter")])
+def test_bench_reads_detection_and_segmentation_sets(tmp_path, kind, model):
+    """Their targets reach the step (fed and ceiling); the class-folder baseline says why it
+    cannot run."""
+    from tests.helpers import detection_folder
+
+    src, ann = detection_folder(tmp_path / "src", n=8, maps=True)
+    out = str(tmp_path / "set")
+    convert(src, out, sizes=[32], workers=1, progress=False,
+            **({"coco": ann} if kind == "detection" else {"masks": f"{src}-maps"}))
+    js = tmp_path / "b.json"
+    assert main(["-q", "bench", out, "--model", model, "--backends", "baseline,torch",
+                 "--batch-size", "4", "--warmup", "1", "--batches", "2", "--repeat", "1",
+                 "--num-workers", "1", "--device", "cpu", "--json", str(js)]) == 0
+    base, fed = json.loads(js.read_text())["results"]
+    assert base["status"] == "skipped" and f"a {kind} set's labels" in base["reason"]
+    assert fed["status"] == "ok" and fed["model"]["img_per_s"]["median"] > 0
+    assert fed["model"]["ceiling"]["median"] > 0
+
+
 def test_the_table_shows_peak_gpu_memory_where_rows_have_it():
     from fastdata.bench import table
 

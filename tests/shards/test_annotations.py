@@ -1,0 +1,41 @@
+"""The annotations file's records: masks and class maps round-trip through their runs, and a
+record whose header lies is refused before anything is allocated or viewed."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from fastdata.format import ShardFormatError
+from fastdata.shards.annotations import _Records, encode_class_map, encode_masks
+
+
+def test_masks_and_class_maps_round_trip_through_their_runs():
+    rng = np.random.default_rng(0)
+    masks = (rng.random((5, 16, 16)) < 0.4).astype(np.uint8)
+    masks[0] = 1                                # starts inside: an empty first run
+    masks[1] = 0
+    for m, runs in zip(masks, encode_masks(masks)):
+        assert len(runs) % 2 == 0 and runs.sum() == 256 and runs.dtype == np.uint32
+        values = np.arange(len(runs)) & 1
+        assert np.array_equal(np.repeat(values, runs).reshape(16, 16), m)
+    cmap = rng.integers(0, 4, (16, 16)).astype(np.uint8)
+    cmap[3:9] = 255
+    runs, values = encode_class_map(cmap)
+    assert np.array_equal(np.repeat(values, runs).reshape(16, 16), cmap)
+
+
+@pytest.mark.parametrize("shape, dtype, ndim", [
+    ((2 ** 62, 4), "<i8", 2),                   # its size wraps a 64-bit product
+    ((1000,), "<i8", 1),                        # more than the bytes left
+    ((3,), "<f8", 1),                           # another dtype
+    ((3,), "|O", 1),                            # objects: never unpickled
+])
+def test_a_record_whose_header_lies_is_refused(shape, dtype, ndim):
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False,
+                                               "shape": shape})
+    buf.write(np.zeros(3, np.int64).tobytes())
+    with pytest.raises(ShardFormatError, match="damaged"):
+        _Records(buf.getvalue(), "a.bin").take("offsets", np.int64, ndim)
