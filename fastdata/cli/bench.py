@@ -61,7 +61,8 @@ def add_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--backends", default="baseline,torch,dali",
                    help="comma-separated: baseline, torch, dali")
     b.add_argument("--model", default="none", help="none, a built-in (tiny, resnet8, "
-                   "resnet14), a torchvision name (resnet18, resnet50...) or module:callable")
+                   "resnet14; tiny_detector, tiny_segmenter), a torchvision name (resnet18, "
+                   "resnet50...) or module:callable")
     b.add_argument("--batch-size", type=int, default=64, help="images per batch")
     b.add_argument("--size", type=size_arg, default=None,
                    help="stored size to read (default: the largest)")

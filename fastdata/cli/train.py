@@ -135,8 +135,9 @@ def add_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--backend", choices=list(BACKENDS), default="torch", help="loader backend")
     t.add_argument("--model", default="resnet8", help="built-in: tiny (a very small net, "
                    "for checking a pipeline), resnet8 or resnet14 (small ResNets for small "
-                   "images: trained at up to 64 px by default); a torchvision name (resnet50...: "
-                   "up to 224 px by default); or module:callable(num_classes=...)")
+                   "images: trained at up to 64 px by default), tiny_detector or "
+                   "tiny_segmenter (for detection and segmentation sets); a torchvision name "
+                   "(resnet50...: up to 224 px by default); or module:callable(num_classes=...)")
     t.add_argument("--epochs", type=int, default=10, help="passes over the training set")
     t.add_argument("--batch-size", type=int, default=64, help="per process and micro-batch")
     t.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
