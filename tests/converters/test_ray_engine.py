@@ -18,7 +18,7 @@ import pytest
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
-from tests.helpers import plain_folder, s3_server
+from tests.helpers import detection_folder, plain_folder, s3_server
 
 pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata-shards[ray]')")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -119,6 +119,20 @@ def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_p
     for s in local["shards"]:       # byte for byte: a whole-file checksum is an address
         assert (tmp_path / "ray" / s["file"]).read_bytes() == \
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
+
+
+def test_a_detection_set_on_ray_is_the_local_one(cluster, tmp_path):
+    """The shards on the cluster, the annotations by the driver: both byte for byte the local
+    conversion's."""
+    src, ann = detection_folder(tmp_path / "src", n=7)
+    local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, coco=ann,
+                    workers=1, progress=False)
+    r = _ray_convert(src, tmp_path / "ray", cluster, "--coco", ann)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        assert json.load(f) == local
+    for name in ["annotations.bin"] + [s["file"] for s in local["shards"]]:
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
 
 
 def test_ray_tasks_upload_the_shards_the_local_converter_writes(cluster, s3, source, tmp_path,
