@@ -18,12 +18,10 @@ convention). An image whose size matches neither keeps its pixels, without boxes
 Boxes and masks go through the same orientation and fit to the square as the pixels; a box is
 clipped to the square, and dropped (reported) when nothing of it is left. Masks are decoded at
 the image's size exactly as pycocotools decodes them, then resampled (nearest) to each stored
-size. An annotation without a ``segmentation`` in a set with
-masks gets its box as its mask.
+size. An annotation without a ``segmentation`` in a set with masks gets its box as its mask.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -55,7 +53,6 @@ class Coco:
     """A checked annotations file: ``images`` path -> (id, width, height); ``annotations``
     image id -> its valid annotations; ``masks``: whether any has a segmentation."""
     classes: list[str]
-    category_index: dict[int, int]
     images: dict[str, tuple[int, int, int]]
     annotations: dict[int, list[dict]]
     masks: bool
@@ -212,7 +209,7 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
         else:
             annotations.setdefault(a["image_id"], []).append(ann)
     masks = any(x["segmentation"] is not None for v in annotations.values() for x in v)
-    return Coco(classes, cats, images, annotations, masks, digest), skipped
+    return Coco(classes, images, annotations, masks, digest), skipped
 
 
 def scan_coco(root: str, path: str) -> Scan:
@@ -390,9 +387,7 @@ def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fi
     ``out_path``, made by ``workers`` processes (each sent its images' annotations only);
     what cannot be used is appended to ``skipped``. Returns the manifest's ``annotations``
     entry."""
-    import concurrent.futures as cf
-    import multiprocessing
-
+    from fastdata.converters.pool import map_in_processes
     from fastdata.shards.annotations import write_annotations
 
     jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))
@@ -400,21 +395,16 @@ def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fi
             for i in range(0, len(paths), CHUNK))
     offsets, boxes, classes, crowd = [0], [], [], []
     runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
-            "fork" if fork else "spawn")) if workers > 1 else contextlib.nullcontext() as pool:
-        results = pool.map(_chunk_targets, jobs) if pool is not None else map(
-            _chunk_targets, jobs)
-        for chunk in results:
-            for b, c, z, r, why in chunk:
-                offsets.append(offsets[-1] + len(b))
-                boxes.append(b)
-                classes += c
-                crowd += z
-                skipped += why
-                for size in sizes:
-                    runs[size] += r.get(size, [])
-                if progress is not None:
-                    progress()
+    for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
+        for b, c, z, r, why in chunk:
+            offsets.append(offsets[-1] + len(b))
+            boxes.append(b)
+            classes += c
+            crowd += z
+            skipped += why
+            for size in sizes:
+                runs[size] += r.get(size, [])
+            if progress is not None:
+                progress()
     return write_annotations(out_path, offsets, np.concatenate(boxes) if boxes else
                              np.zeros((0, 4)), classes, crowd, runs if coco.masks else None)

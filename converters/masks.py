@@ -10,7 +10,6 @@ orientation and fit as the pixels, resampled nearest; ``fit="pad"``'s borders ar
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
@@ -123,26 +122,20 @@ def write_class_maps_of(out_path: str, src: str, masks: str, paths, sizes, fit: 
     """The class maps of the converted images ``paths`` (in sample order) into ``out_path``,
     made by ``workers`` processes; what cannot be used is appended to ``skipped``. Returns
     the manifest's ``annotations`` entry and the largest class index found (-1: none)."""
-    import concurrent.futures as cf
-    import multiprocessing
-
     from fastdata.converters.coco import CHUNK
+    from fastdata.converters.pool import map_in_processes
     from fastdata.shards.annotations import write_class_maps
 
     jobs = ((src, masks, paths[i:i + CHUNK], tuple(sizes), fit)
             for i in range(0, len(paths), CHUNK))
     maps: dict[int, list] = {size: [] for size in sizes}
     top = -1
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(
-            "fork" if fork else "spawn")) if workers > 1 else contextlib.nullcontext() as pool:
-        results = pool.map(_chunk_maps, jobs) if pool is not None else map(_chunk_maps, jobs)
-        for chunk in results:
-            for squares, largest, why in chunk:
-                for size in sizes:
-                    maps[size].append(squares[size])
-                top = max(top, largest)
-                skipped += why
-                if progress is not None:
-                    progress()
+    for chunk in map_in_processes(_chunk_maps, jobs, workers, "class maps"):
+        for squares, largest, why in chunk:
+            for size in sizes:
+                maps[size].append(squares[size])
+            top = max(top, largest)
+            skipped += why
+            if progress is not None:
+                progress()
     return write_class_maps(out_path, maps), top

@@ -225,3 +225,28 @@ class Decoder:
                 yield [(job[0], None, None, f"worker process {e} while decoding this file")]
                 continue
             yield self._with_payloads(done[0])
+
+
+def map_in_processes(fn, jobs, workers: int, what: str):
+    """``fn(job)`` for each of ``jobs``, in order, in ``workers`` fresh processes (in this one
+    for a single worker): the labels' work after the shards, whose inputs were all read
+    once already.
+
+    Raises:
+        ConversionError: a worker process died (``what`` says what it was making).
+    """
+    import concurrent.futures as cf
+
+    from fastdata.converters.units import ConversionError
+
+    if workers <= 1:
+        yield from map(fn, jobs)
+        return
+    context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with cf.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        try:
+            yield from pool.map(fn, jobs)
+        except cf.process.BrokenProcessPool:
+            raise ConversionError(f"a worker process making {what} died; run the same "
+                                  f"command again with --workers 1 to see which input "
+                                  f"kills it") from None
