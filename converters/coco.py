@@ -377,17 +377,13 @@ def _chunk_targets(job: tuple) -> list[tuple]:
     return out
 
 
-#: images a pool task makes the annotations of
-CHUNK = 64
-
-
 def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fit: str,
                            skipped: list, *, workers: int = 1, progress=None) -> dict:
     """The annotations of the converted images ``paths`` (in sample order) into
     ``out_path``, made by ``workers`` processes (each sent its images' annotations only);
     what cannot be used is appended to ``skipped``. Returns the manifest's ``annotations``
     entry."""
-    from fastdata.converters.pool import map_in_processes
+    from fastdata.converters.pool import CHUNK, map_in_processes
     from fastdata.shards.annotations import write_annotations
 
     jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))

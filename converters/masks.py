@@ -122,8 +122,7 @@ def write_class_maps_of(out_path: str, src: str, masks: str, paths, sizes, fit: 
     """The class maps of the converted images ``paths`` (in sample order) into ``out_path``,
     made by ``workers`` processes; what cannot be used is appended to ``skipped``. Returns
     the manifest's ``annotations`` entry and the largest class index found (-1: none)."""
-    from fastdata.converters.coco import CHUNK
-    from fastdata.converters.pool import map_in_processes
+    from fastdata.converters.pool import CHUNK, map_in_processes
     from fastdata.shards.annotations import write_class_maps
 
     jobs = ((src, masks, paths[i:i + CHUNK], tuple(sizes), fit)

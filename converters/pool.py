@@ -226,6 +226,9 @@ class Decoder:
                 continue
             yield self._with_payloads(done[0])
 
+#: images a task of ``map_in_processes`` makes the labels of
+CHUNK = 64
+
 
 def map_in_processes(fn, jobs, workers: int, what: str):
     """``fn(job)`` for each of ``jobs``, in order, in ``workers`` fresh processes (in this one
