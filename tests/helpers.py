@@ -414,3 +414,15 @@ def colour_regions(images: np.ndarray) -> np.ndarray:
     d = ((images[..., None, :].astype(np.float32) - ref) ** 2).sum(-1)
     k = d.argmin(-1)
     return np.where(k < len(BOX_COLOURS), k, -1)
+
+
+#: a child script's ``peak_kib()``: its own peak resident memory (``VmHWM``: since its
+#: ``exec``, where ``ru_maxrss`` would carry the peak of the process that spawned it, e.g. a
+#: test run's) or that of a worker process it waited for, whichever is larger, in KiB
+PEAK_KIB = """
+def peak_kib():
+    import resource
+    with open("/proc/self/status") as f:
+        own = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
