@@ -221,9 +221,10 @@ class Annotations:
         starts, runs = self.runs[size]
         a, b = self.offsets[index], self.offsets[index + 1]
         r = runs[starts[a]:starts[b]]
-        if len(self._alternating) < len(r):
-            self._alternating = (np.arange(2 * len(r)) & 1).astype(np.uint8)
-        return np.repeat(self._alternating[:len(r)], r).reshape(b - a, size, size)
+        alternating = self._alternating     # one read: reader threads may grow it meanwhile
+        if len(alternating) < len(r):
+            alternating = self._alternating = (np.arange(2 * len(r)) & 1).astype(np.uint8)
+        return np.repeat(alternating[:len(r)], r).reshape(b - a, size, size)
 
     def __getstate__(self):
         raise TypeError("Annotations are opened in the process that reads them")
