@@ -26,7 +26,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +33,7 @@ import numpy as np
 from fastdata.converters.geometry import frame
 from fastdata.converters.labels import _relative
 from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.units import read_limited
 from fastdata.shards.annotations import encode_masks
 
 #: an annotations file larger than this is refused before it is parsed (COCO 2017's largest,
@@ -66,19 +66,7 @@ def _number(v) -> bool:
 def _load(path: str) -> tuple[dict, str]:
     """The file parsed, and its SHA-256 (opened without blocking, checked before a byte is
     read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"annotations file {path} is not a regular file: refused")
-        if st.st_size > MAX_COCO_BYTES:
-            raise ValueError(f"annotations file {path} is {st.st_size} bytes, more than "
-                             f"{MAX_COCO_BYTES}: refused before it is read")
-        os.set_blocking(fd, True)
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_COCO_BYTES + 1)
-    finally:
-        os.close(fd)
+    data = read_limited(path, MAX_COCO_BYTES, "annotations file")
     try:
         d = json.loads(data)
     except (ValueError, RecursionError) as e:

@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from fastdata.converters.geometry import frame
 from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.units import read_limited
 from fastdata.shards.annotations import IGNORE, encode_class_map
 
 #: a class map file larger than this is refused before it is read
@@ -72,17 +73,7 @@ def read_map(path: str) -> np.ndarray:
     Raises:
         ValueError: not a regular file, too large, not a PNG, or not one value a pixel.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MAP_BYTES:
-            raise ValueError(f"class map {path} is not a regular file of at most "
-                             f"{MAX_MAP_BYTES} bytes")
-        os.set_blocking(fd, True)
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_MAP_BYTES + 1)
-    finally:
-        os.close(fd)
+    data = read_limited(path, MAX_MAP_BYTES, "class map")
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format != "PNG" or img.mode not in ("L", "P"):

@@ -1,7 +1,10 @@
 """The unit of work of a conversion, the same for every engine: a shard holds the readable
 files of one range of the sorted source list; the error of inputs that cannot be read; the
-options a finished set records; where OUT is."""
+options a finished set records; where OUT is; a labels file read with its limits."""
 from __future__ import annotations
+
+import os
+import stat
 
 
 class ConversionError(RuntimeError):
@@ -43,3 +46,26 @@ def output_folder(out: str) -> str | None:
     if out.lower().startswith("file://"):
         return urllib.parse.unquote(urllib.parse.urlsplit(out).path)
     return None if is_url(out) else out
+
+
+def read_limited(path: str, limit: int, what: str) -> bytes:
+    """The bytes of a labels file (``what`` names it in errors): a FIFO or a device is refused
+    before it is read (opened without blocking), a file over ``limit`` bytes before a byte
+    of it is.
+
+    Raises:
+        ValueError: not a regular file, or larger than ``limit``.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{what} {path} is not a regular file: refused")
+        if st.st_size > limit:
+            raise ValueError(f"{what} {path} is {st.st_size} bytes, more than {limit}: refused "
+                             f"before it is read")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)

@@ -336,22 +336,10 @@ def json_text(obj: Any, *, sort_keys: bool = False) -> str:
 def write_targets(path: str, targets: np.ndarray) -> dict:
     """Write a set's ``(N, K)`` float32 targets to ``path`` (``.npy``, through a temporary
     file renamed into place); returns the manifest's ``targets`` entry."""
-    from fastdata.outdir import temp_path
-
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(targets, np.float32), allow_pickle=False)
     data = buf.getvalue()
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    write_atomic(path, data)
     return {"file": TARGETS, "shape": list(targets.shape),
             "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -387,9 +375,18 @@ def read_targets(root: str, entry: dict) -> np.ndarray:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` through a fresh temporary file renamed into place:
-    ``path`` is either the old file or the whole new one, and nothing is written through a
-    link planted at either name. A failure (a full disk) leaves no temporary file behind.
+    """Write ``obj`` as JSON to ``path`` (``write_atomic``).
+
+    Raises:
+        OSError: the write failed; the message names ``path``.
+    """
+    write_atomic(path, (json_text(obj, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a fresh temporary file renamed into place: ``path``
+    is either the old file or the whole new one, and nothing is written through a link
+    planted at either name. A failure (a full disk, Ctrl-C) leaves no temporary file behind.
 
     Raises:
         OSError: the write failed; the message names ``path``.
@@ -398,15 +395,15 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
     tmp = temp_path(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json_text(obj, sort_keys=True) + "\n")
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        if e.errno == errno.ENOSPC:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise OSError(e.errno, f"no space left on the device to write {path}; make room, "
                                    f"then run the same command again (a conversion: with "
                                    f"--resume)") from e

@@ -45,8 +45,8 @@ def sample_grid(crop, out: int) -> tuple[np.ndarray, np.ndarray]:
     return rows, cols
 
 
-def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, out: int,
-                 *, masks: bool = True) -> list[dict]:
+def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
+                 out: int) -> list[dict]:
     """The targets of the samples ``indices`` of a set whose ``Annotations`` are ``ann``, as
     their images are cropped (``crops``: (B, 4) top, left, h, w in stored pixels of side
     ``stored``; None: the whole square) to ``out`` pixels and flipped (``flips``).
@@ -55,7 +55,7 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, o
         Per image a dict: ``boxes`` float32 ``(K, 4)`` ``x0, y0, x1, y1`` in output pixels,
         ``labels`` int64 ``(K,)`` (the class index + 1: 0 is the background, as torchvision's
         detection models take them), ``iscrowd`` int64 ``(K,)`` and, where the set has
-        masks and ``masks``, ``masks`` uint8 ``(K, out, out)``.
+        masks, ``masks`` uint8 ``(K, out, out)``.
     """
     indices = np.asarray(indices, np.int64)
     b = len(indices)
@@ -68,7 +68,6 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, o
     boxes, keep = _moved_boxes(ann.boxes[rows].astype(np.float64) * stored, crop[owner],
                                flip[owner], out)
     ends = np.cumsum(counts)
-    with_masks = masks and ann.has_masks
     result = []
     for k in range(b):
         sel = slice(ends[k] - counts[k], ends[k])
@@ -76,7 +75,7 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int, o
         target = {"boxes": torch.from_numpy(boxes[sel][keep_k]),
                   "labels": torch.from_numpy(ann.classes[rows[sel][keep_k]] + 1),
                   "iscrowd": torch.from_numpy(ann.iscrowd[rows[sel][keep_k]].astype(np.int64))}
-        if with_masks:
+        if ann.has_masks:
             target["masks"] = torch.from_numpy(_masks(ann, int(indices[k]), keep_k, crop[k],
                                                       bool(flip[k]), stored, out))
         result.append(target)

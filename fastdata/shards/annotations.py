@@ -33,7 +33,7 @@ import stat
 
 import numpy as np
 
-from fastdata.format import ANNOTATIONS, ShardFormatError
+from fastdata.format import ANNOTATIONS, ShardFormatError, write_atomic
 
 #: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
 #: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
@@ -97,24 +97,12 @@ def write_class_maps(path: str, maps: dict[int, list[tuple[np.ndarray, np.ndarra
 
 
 def _write(path: str, records: list, masks: bool) -> dict:
-    """``records`` into ``path`` through a temporary file renamed into place."""
-    from fastdata.outdir import temp_path
-
+    """``records`` into ``path`` (``write_atomic``)."""
     buf = io.BytesIO()
     for r in records:
         _record(buf, r)
     data = buf.getvalue()
-    tmp = temp_path(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_atomic(path, data)
     return {"file": ANNOTATIONS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
             "masks": masks}
 

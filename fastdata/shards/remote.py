@@ -299,6 +299,7 @@ def fetch_manifest(remote: Remote, cache) -> str:
     """The set's manifest (and targets) copied from the store into a folder of the cache
     (``sets/<digest of the URL>``); returns that folder, which ``ShardSet`` reads."""
     import hashlib
+    import json
 
     from fastdata.format import ANNOTATIONS, MANIFEST, MAX_MANIFEST_BYTES, TARGETS
     from fastdata.shards.cache import disk_errors
@@ -311,7 +312,6 @@ def fetch_manifest(remote: Remote, cache) -> str:
     for name, key in ((TARGETS, "targets"), (ANNOTATIONS, "annotations")):
         if f'"{key}"'.encode() not in data:     # a set with no such file
             continue
-        import json
         try:
             entry = json.loads(data)[key]
             limit = (4096 + 4 * int(entry["shape"][0]) * int(entry["shape"][1])

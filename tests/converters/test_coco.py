@@ -224,8 +224,8 @@ def test_hostile_annotations_are_skipped_or_refused(tmp_path):
 
 
 def test_a_ten_million_point_polygon_is_skipped_in_bounded_memory(tmp_path):
-    """10^7 points (a 40 MB file): skipped, the conversion's peak memory under 640 MiB
-    (about 270 MiB measured: the parsed file, then dropped)."""
+    """10^7 points (a 40 MB file): skipped, the conversion's peak memory under 640 MiB (the
+    parsed file is held while it is checked, then dropped)."""
     src, ann = detection_folder(tmp_path / "src", n=1)
     path = tmp_path / "big.json"
     with open(path, "w") as f:
