@@ -15,14 +15,15 @@ twice and rows that do not parse are reported as the manifest's skipped entries,
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.units import read_limited
 
 #: a labels file larger than this is refused before it is parsed
 MAX_LABELS_BYTES = 1 << 30
@@ -59,22 +60,11 @@ def read_labels(csv_path: str) -> LabelsFile:
             not ``path,label`` or ``path,<name>,...``, or it mixes integer labels (class
             indices) with others (the first such row named).
     """
-    # opened without blocking and checked before a byte is read: a FIFO would wait forever
-    fd = os.open(csv_path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    data = read_limited(csv_path, MAX_LABELS_BYTES, "labels file")
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"labels file {csv_path} is not a regular file (a FIFO, a device "
-                             f"or a folder): refused")
-        if st.st_size > MAX_LABELS_BYTES:
-            raise ValueError(f"labels file {csv_path} is larger than {MAX_LABELS_BYTES} bytes")
-        os.set_blocking(fd, True)
-        with open(fd, newline="", encoding="utf-8-sig", closefd=False) as f:
-            rows = list(csv.reader(f))
+        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")))
     except (UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"labels file {csv_path} is not a readable CSV ({e})") from None
-    finally:
-        os.close(fd)
     header = [h.strip() for h in rows[0]] if rows else []
     names = header[1:]
     if len(header) < 2 or header[0] != "path" or "" in names or len(set(names)) < len(names):

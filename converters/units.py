@@ -60,7 +60,8 @@ def read_limited(path: str, limit: int, what: str) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{what} {path} is not a regular file: refused")
+            raise ValueError(f"{what} {path} is not a regular file (a FIFO, a device or a "
+                             f"folder): refused")
         if st.st_size > limit:
             raise ValueError(f"{what} {path} is {st.st_size} bytes, more than {limit}: refused "
                              f"before it is read")
