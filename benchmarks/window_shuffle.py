@@ -1,7 +1,8 @@
 """How random a shuffle over windows of shards is, and whether training notices: the sample
 set (``fastdata demo``'s 6 shape classes) converted into 12 shards of 40, read with a full
-shuffle and with ``shuffle_window=W``; the demo's recipe trained with each (the shuffle
-figures of docs/performance.md).
+shuffle, with ``shuffle_window=W`` and with ``shuffle_window=2, shard_split=4`` (the global
+batches of 4 ranks of 8: consecutive 32 of the epoch's order, so one process trains on what 4
+ranks would); the demo's recipe trained with each (the shuffle figures of docs/performance.md).
 
     OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/window_shuffle.py --seeds 2
 
@@ -20,12 +21,18 @@ import tempfile
 import numpy as np
 
 
-def _randomness(path: str, window: int | None) -> tuple[float, float]:
+def _name(window: int | None, split: int | None) -> str:
+    if window is None:
+        return "full shuffle"
+    return f"shuffle_window={window}" + (f", shard_split={split}" if split else "")
+
+
+def _randomness(path: str, window: int | None, split: int | None) -> tuple[float, float]:
     import fastdata
 
     ds = fastdata.open(path)
     loader = fastdata.Loader(ds, batch_size=32, device="cpu", num_workers=0,
-                             shuffle_window=window)
+                             shuffle_window=window, shard_split=split)
     starts = np.array([s["start"] for s in ds.manifest["shards"]])
     shards, classes = [], []
     for epoch in range(20):
@@ -37,7 +44,7 @@ def _randomness(path: str, window: int | None) -> tuple[float, float]:
     return float(np.mean(shards)), float(np.mean(classes))
 
 
-def _train(path: str, val: str, window: int | None, seed: int) -> float:
+def _train(path: str, val: str, window: int | None, split: int | None, seed: int) -> float:
     import torch
 
     import fastdata
@@ -46,7 +53,8 @@ def _train(path: str, val: str, window: int | None, seed: int) -> float:
 
     torch.manual_seed(seed)
     loader = fastdata.Loader(path, batch_size=32, device="cpu", num_workers=2, seed=seed,
-                             scale=(0.35, 1.0), shuffle_window=window, size=32)
+                             scale=(0.35, 1.0), shuffle_window=window, shard_split=split,
+                             size=32)
     held = fastdata.Loader(val, batch_size=64, train=False, device="cpu", size=32)
     model = build_model("resnet8", len(loader.dataset.classes))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=5e-4)
@@ -60,6 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--window", type=int, nargs="+", default=[2, 6])
+    p.add_argument("--split", type=int, default=4, help="shard_split beside shuffle_window=2")
     a = p.parse_args()
     from fastdata.cli.sample_data import make_sample_folder
     from fastdata.converters.convert import convert
@@ -73,16 +82,16 @@ def main() -> None:
             shards = "shards mixed (convert --shuffle)" if mixed else "shards class by class"
             train = j(f"train-{mixed}")
             convert(j("train"), train, sizes=[32], shard_size=40, progress=False, shuffle=mixed)
-            for w in (None, 1, 2, 4, 6):
-                n, classes = _randomness(train, w)
-                print(f"{shards}, {'full shuffle' if w is None else f'shuffle_window={w}'}: "
-                      f"{n:.1f} shards and {classes:.1f} classes a batch of 32", flush=True)
+            split = (2, a.split)
+            for w, s in ((None, None), (1, None), (2, None), (4, None), (6, None), split):
+                n, classes = _randomness(train, w, s)
+                print(f"{shards}, {_name(w, s)}: {n:.1f} shards and {classes:.1f} classes a "
+                      f"batch of 32", flush=True)
             for seed in range(a.seeds):
-                for w in (None, *a.window):
-                    acc = _train(train, j("val-set"), w, seed)
-                    print(f"{shards}, seed {seed}, "
-                          f"{'full shuffle' if w is None else f'shuffle_window={w}'}: "
-                          f"held-out accuracy {acc:.3f}", flush=True)
+                for w, s in ((None, None), *((w, None) for w in a.window), split):
+                    acc = _train(train, j("val-set"), w, s, seed)
+                    print(f"{shards}, seed {seed}, {_name(w, s)}: held-out accuracy {acc:.3f}",
+                          flush=True)
 
 
 if __name__ == "__main__":

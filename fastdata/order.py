@@ -26,36 +26,69 @@ import numpy as np
 from fastdata.checks import flag, integer
 
 #: ``draw(seed, epoch, shuffle) -> indices``: an epoch's order by a rule of its own (a
-#: ``Mixture``'s, ``shard_windows``); the default is a permutation of ``range(n)``
+#: ``Mixture``'s, ``ShardWindows``); the default is a permutation of ``range(n)``. A draw with a
+#: ``rule`` attribute has it saved in the state and checked on resume.
 Draw = Callable[[int, int, bool], np.ndarray]
 
 
-def shard_windows(counts, window: int) -> Draw:
+class ShardWindows:
     """The draw of a shuffle over windows of shards: each epoch the shards are permuted, taken
     ``window`` at a time, and the samples of each window shuffled among themselves. A pass then
     reads its shards a window at a time (a remote set's cache holds a window, not the set).
     Unshuffled: the set in order.
 
+    With ``parts``, the epoch's permuted shards are cut into ``parts`` runs of equal samples,
+    each shuffled over its own windows, and the runs are dealt out in turn (position
+    ``i * parts + k`` is run ``k``'s sample ``i``): under the partition every ``w``-th position
+    to a rank, a world size ``w`` that divides ``parts`` gives each rank whole runs, so a rank
+    (and a node) reads only its runs' shards; other world sizes still read every sample once.
+
     Args:
         counts: each shard's samples, in shard order.
         window: shards shuffled together (>= 1).
+        parts: runs the epoch is cut into (>= 1; usually the world size), or None: one.
     """
-    counts = np.asarray(counts, np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    n = int(counts.sum())
 
-    def draw(seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-        if not shuffle:
+    def __init__(self, counts, window: int, *, parts: int | None = None):
+        self.counts = np.asarray(counts, np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+        self.window = integer("window", window, 1)
+        self.parts = integer("parts", parts, 1, optional=True)
+
+    @property
+    def rule(self) -> str:
+        """What decides the order, as a state records it (a resume must draw the same)."""
+        return f"windows of {self.window} shards" + (f" in {self.parts} runs" if self.parts else "")
+
+    def __call__(self, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        n = int(self.counts.sum())
+        if not shuffle and self.parts is None:
             return np.arange(n, dtype=np.int64)
-        rng = np.random.default_rng([seed, epoch, 4])
-        shards = rng.permutation(len(counts))
-        parts = []
-        for w in range(0, len(shards), window):
-            chosen = shards[w:w + window]
-            idx = np.concatenate([np.arange(starts[s], starts[s] + counts[s]) for s in chosen])
-            parts.append(idx[rng.permutation(len(idx))])
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return draw
+        rng = np.random.default_rng([seed, epoch, 4]) if shuffle else None
+        shards = rng.permutation(len(self.counts)) if rng else np.arange(len(self.counts))
+        idx = [np.arange(self.starts[s], self.starts[s] + self.counts[s]) for s in shards]
+        seq = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        place = np.repeat(np.arange(len(shards)), self.counts[shards])   # its shard's turn
+        parts = self.parts or 1
+        cuts = np.cumsum([0] + [n // parts + (k < n % parts) for k in range(parts)])
+        runs = []
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            run = seq[lo:hi]
+            if rng is not None and len(run):
+                group = (place[lo:hi] - place[lo]) // self.window
+                ends = np.flatnonzero(np.diff(group)) + 1
+                run = np.concatenate([g[rng.permutation(len(g))] for g in np.split(run, ends)])
+            runs.append(run)
+        return _deal(runs)
+
+
+def _deal(runs: list[np.ndarray]) -> np.ndarray:
+    """Runs dealt out in turn; each run is at most one longer than the next."""
+    if len(runs) == 1:
+        return runs[0].astype(np.int64, copy=False)
+    full = min(len(r) for r in runs)
+    head = np.stack([r[:full] for r in runs], axis=1).reshape(-1)
+    return np.concatenate([head, [r[full] for r in runs if len(r) > full]]).astype(np.int64)
 
 
 class Order:
@@ -63,6 +96,8 @@ class Order:
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
                  draw: Draw | None = None):
         self.draw = draw
+        # what the epoch's order is drawn by (None: a draw that does not say), checked on resume
+        self.rule = "permutation" if draw is None else getattr(draw, "rule", None)
         self.n, self.batch_size = integer("n", n, 0), integer("batch_size", batch_size, 1)
         self.world_size = integer("world_size", world_size, 1)
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
@@ -150,13 +185,14 @@ class Order:
         return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed(position),
                 "position": self.position if position is None else position,
                 "n": self.n, "batch_size": self.batch_size, "world_size": self.world_size,
-                "rank": self.rank}
+                "rank": self.rank, **({"order": self.rule} if self.rule else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the saved epoch, on any layout (world size, batch size).
 
         Raises:
-            ValueError: not an order's state, or one of a set of another size.
+            ValueError: not an order's state, or one of a set of another size or another
+                order (``shuffle_window``, ``shard_split``).
         """
         keys = ("seed", "epoch", "position", "n", "batch_size", "world_size")
         if not isinstance(state, dict) or not all(k in state for k in keys):
@@ -165,6 +201,11 @@ class Order:
         if state["n"] != self.n:
             raise ValueError(f"cannot resume: saved n={state['n']} samples per epoch but this "
                              f"loader has n={self.n}")
+        saved = state.get("order")      # states saved before it was recorded: not checked
+        if saved is not None and self.rule is not None and saved != self.rule:
+            raise ValueError(f"cannot resume: the saved epoch's order is drawn by {saved!r}, "
+                             f"this loader's by {self.rule!r}; resume with the same "
+                             f"shuffle_window and shard_split")
         # a state saved before it held the count: its layout's batches
         done = state.get("consumed", state["position"] * state["batch_size"] *
                          state["world_size"])

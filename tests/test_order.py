@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.order import Order
+from fastdata.order import Order, ShardWindows
 
 
 def test_order_lengths():
@@ -88,11 +88,9 @@ def test_a_state_of_another_set_or_out_of_range_is_named(bad, match):
 
 
 def test_a_shuffle_over_windows_of_shards_reads_a_window_at_a_time():
-    from fastdata.order import shard_windows
-
     counts = [5, 5, 5, 5, 4, 3]
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    draw = shard_windows(counts, 2)
+    draw = ShardWindows(counts, 2)
     order = draw(3, 0, True)
     assert sorted(order.tolist()) == list(range(27))
     shard_of = np.searchsorted(starts, order, side="right") - 1
@@ -119,3 +117,58 @@ def test_a_shuffle_over_windows_of_shards_reads_a_window_at_a_time():
     head = sorted(order[:12].tolist())
     rest = [i for o in new for b in o.batches() for i in b.tolist()]
     assert sorted(rest) == sorted(order[12:12 + len(rest)].tolist()) and not set(rest) & set(head)
+
+
+def _shards_of(counts, indices):
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return set((np.searchsorted(starts, np.asarray(indices), side="right") - 1).tolist())
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_split_order_gives_each_rank_its_own_shards(shuffle):
+    """``parts`` runs dealt out in turn: on a world of ``parts`` ranks each rank reads one run
+    (whole shards but at the runs' two ends), windows of 2 shards within it; two nodes of two
+    ranks share at most the one shard where their runs meet; every sample once per epoch."""
+    counts = [6] * 11 + [4]
+    n = sum(counts)
+    draw = ShardWindows(counts, 2, parts=4)
+    for epoch in range(3):
+        order = draw(5, epoch, shuffle)
+        assert sorted(order.tolist()) == list(range(n))
+        ranks = [Order(n, batch_size=4, rank=r, world_size=4, seed=5, draw=draw, train=False,
+                       shuffle=shuffle)
+                 for r in range(4)]
+        for o in ranks:
+            o.set_epoch(epoch)
+        read = [np.concatenate(o.batches()) for o in ranks]
+        assert sorted(np.concatenate(read).tolist()) == list(range(n))
+        shards = [_shards_of(counts, r) for r in read]
+        assert all(len(s) <= 18 // 6 + 2 for s in shards)      # 17 samples: 3 shards and ends
+        nodes = [shards[0] | shards[1], shards[2] | shards[3]]
+        assert len(nodes[0] & nodes[1]) <= 1 and nodes[0] | nodes[1] == set(range(12))
+        for r in read:          # a rank reads its shards a window (2 shards) at a time
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            of = np.searchsorted(starts, r, side="right") - 1
+            firsts = [int(s) for k, s in enumerate(of) if s not in of[:k]]
+            for k, s in enumerate(firsts[2:], 2):       # a new shard only after the window's
+                at = int(np.flatnonzero(of == s)[0])
+                assert not set(of[at:].tolist()) & set(firsts[:k - k % 2])
+    assert not np.array_equal(draw(5, 0, True), draw(5, 1, True))
+
+
+def test_a_split_order_resumes_on_another_world_size_and_refuses_another_order():
+    counts = [6] * 11 + [4]
+    draw = ShardWindows(counts, 2, parts=4)
+    old = [Order(70, batch_size=3, rank=r, world_size=4, seed=1, draw=draw) for r in range(4)]
+    for o in old:
+        o.position = 2                                  # 24 read
+    head = {i for o in old for i in o.rank_indices()[:6].tolist()}
+    new = [Order(70, batch_size=5, rank=r, world_size=2, seed=1, draw=draw) for r in range(2)]
+    for o in new:
+        o.load_state_dict(old[0].state_dict())
+    rest = [i for o in new for b in o.batches() for i in b.tolist()]
+    assert len(head) == 24 and not set(rest) & head and len(set(rest)) == len(rest) == 40
+    for other in (ShardWindows(counts, 3, parts=4), ShardWindows(counts, 2), None):
+        o = Order(70, batch_size=3, draw=other)
+        with pytest.raises(ValueError, match="resume with the same shuffle_window and"):
+            o.load_state_dict(old[0].state_dict())

@@ -43,6 +43,7 @@ def _loaders(a, device, dtype) -> tuple:
                   device=device, dtype=dtype, seed=a.seed, num_workers=a.workers,
                   channels_last=True)   # the model's layout: no per-step copy
     train = Loader(sset, train=True, scale=(a.min_scale, 1.0), **common,
+                   shuffle_window=a.shuffle_window, shard_split=a.shard_split,
                    batch_transform=train_recipe(a, len(sset.classes), sset.label_kind))
     if not a.val:
         return train, None
@@ -149,6 +150,12 @@ def add_args(t: argparse.ArgumentParser) -> None:
                    help="stored size to read (default: the largest)")
     t.add_argument("--crop", type=int, default=None, help="output crop (default: the stored "
                    "size, at most 64 for a built-in model and 224 for any other)")
+    t.add_argument("--shuffle-window", type=int, default=None, metavar="W",
+                   help="shuffle within windows of W shards (a bucket's set: the first batch "
+                        "needs one window; docs/loading.md)")
+    t.add_argument("--shard-split", type=int, default=None, metavar="P",
+                   help="cut each epoch's shards into P runs, one a rank (set it to the world "
+                        "size): a node downloads only its ranks' shards")
     t.add_argument("--min-scale", type=float, default=0.08,
                    help="smallest RandomResizedCrop area fraction")
     t.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="optimizer")

@@ -24,7 +24,7 @@ from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from fastdata.ops.targets import TARGET_FORMATS
-from fastdata.order import Draw, Order, shard_windows
+from fastdata.order import Draw, Order, ShardWindows
 from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
 
@@ -129,6 +129,11 @@ class Loader:
             each epoch, instead of over the whole set: a pass reads its shards a window at a
             time (a remote set's first batch needs one window; ``docs/loading.md``, "Shard
             sets in an object store"). None: over the whole set.
+        shard_split: cut each epoch's shuffled shards into this many runs of equal samples,
+            one a rank (usually the world size): with a world size that divides it, each rank
+            reads only its runs' shards, so a node downloads only its ranks' share of the set.
+            Keep it when resuming on another world size (the order depends on it, not on the
+            layout). None: every rank reads from every shard of a window.
         seed: the order's and the augmentation's seed; with the epoch, rank and batch it
             decides every random draw.
         drop_last: drop each epoch's partial batch (default: ``train``).
@@ -183,7 +188,7 @@ class Loader:
                  scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3),
                  shuffle: bool | None = None, shuffle_window: int | None = None,
-                 seed: int = 0, drop_last: bool | None = None,
+                 shard_split: int | None = None, seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
                  num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
                  mp_context: str | None = None, jpeg_decode: str = "auto",
@@ -216,12 +221,7 @@ class Loader:
         ds = self.dataset
         draw: Draw | None = ds.draw if isinstance(ds, Mixture) else None
         n = ds.epoch_size if isinstance(ds, Mixture) else len(ds)
-        window = integer("shuffle_window", shuffle_window, 1, optional=True)
-        if window is not None:
-            if isinstance(ds, Mixture):
-                raise ValueError("shuffle_window reads one set's shards a window at a time; a "
-                                 "Mixture draws its own order: leave shuffle_window=None")
-            draw = shard_windows([s["count"] for s in ds.manifest["shards"]], window)
+        draw = _window_draw(ds, shuffle_window, shard_split, world_size) or draw
         self.order = Order(n, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
                            rank=rank, world_size=world_size, drop_last=drop_last, draw=draw)
         self._resume, self._iterations = False, 0      # see __iter__
@@ -397,3 +397,20 @@ class Loader:
         return (f"Loader({where!r}, backend={self.backend_name!r}, "
                 f"batch_size={self.order.batch_size}, train={self.train}, size={self._size}, "
                 f"crop={self.crop}, device={str(self.device)!r}, {len(self)} batches/epoch)")
+
+
+def _window_draw(ds, shuffle_window, shard_split, world_size) -> ShardWindows | None:
+    """The draw of ``shuffle_window`` / ``shard_split`` (None: neither asked)."""
+    window = integer("shuffle_window", shuffle_window, 1, optional=True)
+    parts = integer("shard_split", shard_split, 1, optional=True)
+    if window is None and parts is None:
+        return None
+    if isinstance(ds, Mixture):
+        raise ValueError("shuffle_window and shard_split read one set's shards in their own "
+                         "order; a Mixture draws its own: leave them None")
+    if parts is not None and parts % integer("world_size", world_size, 1):
+        warnings.warn(f"shard_split={parts} is not a multiple of world_size={world_size}: "
+                      f"every sample is still read once, but a rank reads from several runs "
+                      f"and a node downloads more than its share", stacklevel=3)
+    counts = [s["count"] for s in ds.manifest["shards"]]
+    return ShardWindows(counts, window or max(len(counts), 1), parts=parts)

@@ -80,6 +80,9 @@ def test_the_command_line_takes_a_url(s3, tmp_path, monkeypatch, capsys):
     assert main(["info", s3]) == 0
     assert "24" in capsys.readouterr().out
     assert main(["verify", s3]) == 0
+    assert main(["train", s3, "--model", "tiny", "--epochs", "1", "--batch-size", "4",
+                 "--device", "cpu", "--workers", "0", "--shuffle-window", "2",
+                 "--shard-split", "1", "--log-every", "0"]) == 0
 
 
 def test_a_missing_set_and_credentials_in_messages(s3, tmp_path):
@@ -325,6 +328,16 @@ def test_a_shuffle_over_windows_opens_one_window_for_the_first_batch(http_set, t
         np.asarray(ds.labels)[np.concatenate([b for b in whole.order.batches()])].tolist())
     with pytest.raises(ValueError, match="shuffle_window=0 is not valid"):
         plain_loader(ds, shuffle_window=0)
+    with pytest.raises(ValueError, match="shard_split=0 is not valid"):
+        plain_loader(ds, shard_split=0)
+    with pytest.warns(UserWarning, match="shard_split=4 is not a multiple of world_size=3"):
+        split = [plain_loader(ds, shard_split=4, world_size=3, rank=r, train=False)
+                 for r in range(3)]
+    assert sorted(i for o in split for b in o.order.batches() for i in b.tolist()) == \
+        list(range(len(ds)))
+    state = split[0].state_dict()
+    with pytest.raises(ValueError, match="resume with the same shuffle_window and shard_split"):
+        plain_loader(ds, shard_split=6, world_size=3, train=False).load_state_dict(state)
 
 
 @pytest.mark.parametrize("workers", ["thread", "process"])
@@ -367,10 +380,10 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
     assert 0 < peak[0] <= limit
 
 
-def _rank(url, cache_dir, rank, barrier, conn, ids) -> None:
+def _rank(url, cache_dir, rank, barrier, conn, ids, split) -> None:
     """One rank of 4: its samples of two epochs, in step with the others (``barrier``)."""
     loader = plain_loader(url, world_size=4, rank=rank, shuffle_window=2, cache_dir=cache_dir,
-                          num_workers=2, batch_size=5)      # 60 samples: 3 batches a rank
+                          num_workers=2, batch_size=5, shard_split=split)  # 3 batches a rank
     epochs = []
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -380,14 +393,19 @@ def _rank(url, cache_dir, rank, barrier, conn, ids) -> None:
     conn.send(epochs)
 
 
-def test_two_nodes_of_two_ranks_fetch_each_shard_once_per_node(tmp_path):
+@pytest.mark.parametrize("split", [None, 4])
+def test_two_nodes_of_two_ranks_fetch_what_their_ranks_read_once(tmp_path, split):
     """Two nodes (a cache each, a server each to count what each fetches) of two rank
-    processes: each node downloads every shard once in the first epoch and none in the
-    second, and every sample is read exactly once per epoch over the four ranks."""
+    processes: each node downloads the shards its ranks read once, and every sample is read
+    exactly once per epoch over the four ranks. A full window shuffle has every rank read
+    every shard (each node downloads the set in the first epoch, nothing in the second);
+    ``shard_split=4`` gives each rank its own shards, so each node downloads half the set in
+    an epoch, the other half's shards never."""
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
             workers=1, shuffle=True, progress=False)
-    ids = ids_of(fastdata.open(out))
+    ds = fastdata.open(out)
+    ids, files = ids_of(ds), [s["file"] for s in ds.manifest["shards"]]
     servers = [_Served(out) for _ in range(2)]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -399,7 +417,7 @@ def test_two_nodes_of_two_ranks_fetch_each_shard_once_per_node(tmp_path):
         url = f"http://127.0.0.1:{servers[node].server_address[1]}/set"
         here, there = ctx.Pipe()
         p = ctx.Process(target=_rank, args=(url, tmp_path / f"node{node}", r, barrier, there,
-                                            ids))
+                                            ids, split))
         p.start()
         ranks.append((p, here))
     try:
@@ -417,12 +435,20 @@ def test_two_nodes_of_two_ranks_fetch_each_shard_once_per_node(tmp_path):
         for server in servers:
             server.shutdown()
             server.server_close()
-    shards = _shards(out)
-    for node in range(2):
-        for epoch in range(2):      # the counts so far: once each, in the first epoch
-            assert {f: fetched[epoch][node].get(f) for f in shards} == dict.fromkeys(shards, 1)
     for epoch in range(2):
         assert sorted(i for rank in epochs for i in rank[epoch]) == list(range(60))
+    for node in range(2):
+        read = set()
+        for epoch in range(2):      # the counts so far: each shard its ranks read, once
+            read |= {files[i // 5] for rank in epochs[2 * node:2 * node + 2]
+                     for i in rank[epoch]}
+            shards = {f: n for f, n in fetched[epoch][node].items() if f in files}
+            assert shards == dict.fromkeys(read, 1)
+            if epoch == 0:          # split: runs of 15 samples, 3 whole shards a rank
+                assert len(shards) == (6 if split else len(files))
+    if split:
+        first = [{f for f in fetched[0][node] if f in files} for node in range(2)]
+        assert not first[0] & first[1]
 
 
 _SMALL_AND_READ_ONLY = r"""
