@@ -16,7 +16,8 @@ also runs each conversion in a fresh interpreter, without torch), and also timed
 with the sync after it (its "on disk" figure).
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
-mode) over raw shards stored at ``--size`` (made by this tree; ``--container``, HDF5 by default),
+mode) over raw (or ``--encoding jpeg``) shards stored at ``--size`` (made by this tree;
+``--container``, HDF5 by default),
 RandomResizedCrop(224) + flip + normalise to float32 (or ``--dtype``), batch 64, 2 worker
 threads (or processes:
 ``--workers process``, started as ``--mp-context`` says), NCHW and
@@ -147,6 +148,8 @@ def main() -> None:
                          "benchmarks/convert.py does), and time the sync after it too")
     ap.add_argument("--container", choices=("hdf5", "lmdb"), default="hdf5",
                     help="loader: the shards' container")
+    ap.add_argument("--encoding", choices=("raw", "jpeg"), default="raw",
+                    help="loader: the shards' encoding")
     ap.add_argument("--backend", choices=("torch", "dali"), default="torch",
                     help="loader: the backend")
     ap.add_argument("--workers", choices=("thread", "process"), default="thread",
@@ -182,10 +185,12 @@ def main() -> None:
         from fastdata.converters.convert import convert
 
         shards = os.path.join(tmp, "raw")
-        convert(a.photos, shards, container=a.container, sizes=[a.size], progress=False)
+        convert(a.photos, shards, container=a.container, sizes=[a.size], encoding=a.encoding,
+                progress=False)
         for dtype in a.dtype or ["float32"]:
             for layout in ("NCHW", "channels_last"):
-                interleaved(trees, a.rounds, f"loader {a.backend} {a.container} RRC224 {dtype} "
+                interleaved(trees, a.rounds, f"loader {a.backend} {a.container} {a.encoding} "
+                            f"RRC224 {dtype} "
                             f"{layout}, {a.workers} workers", LOADER, shards, layout,
                             str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fastdata import kernels
@@ -15,14 +16,14 @@ def available() -> bool:
     return kernels.jpeg_decoder() is not None
 
 
-def decode_regions(payloads: Sequence, boxes: Sequence[Sequence[int]], out: torch.Tensor
+def decode_regions(payloads: Sequence, boxes, out: torch.Tensor
                    ) -> list[tuple[int, int] | None]:
     """Each JPEG record's rows ``top .. top+h-1``, in the block-aligned columns around
     ``left .. left+w-1``, into its slot ``out[k]`` from the slot's first row.
 
     Args:
         payloads: B JPEG records (buffers) of (S, S) RGB images.
-        boxes: B ``(top, left, h, w)`` boxes.
+        boxes: B ``(top, left, h, w)`` boxes (integers, any array-like).
         out: a contiguous uint8 (B, S, S, 3) CPU tensor.
 
     Returns:
@@ -45,12 +46,5 @@ def decode_regions(payloads: Sequence, boxes: Sequence[Sequence[int]], out: torc
                          f"long for B = {b} records, not {out.dtype} {tuple(out.shape)} and "
                          f"{len(boxes)} boxes")
     s = out.shape[1]
-    base, step = out.data_ptr(), 3 * s * s
-    got: list[tuple[int, int] | None] = []
-    for k, (payload, (top, left, h, w)) in enumerate(zip(payloads, boxes)):
-        try:
-            got.append(module.decode_region(payload, int(top), int(left), int(h), int(w),
-                                            base + k * step, 3 * s, s, s, s, s))
-        except ValueError:
-            got.append(None)
-    return got
+    box = np.ascontiguousarray(boxes, dtype=np.int64).reshape(b, 4)
+    return module.decode_regions(payloads, box, out.data_ptr(), 3 * s, 3 * s * s, s, s, s, s)

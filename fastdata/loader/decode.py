@@ -76,7 +76,8 @@ def decode_regions(payloads: Sequence, boxes: torch.Tensor, out: torch.Tensor,
     box_list = boxes.tolist()
     slots = out.numpy()
     views, within = [], []
-    for k, (got, box) in enumerate(zip(jpeg.decode_regions(payloads, box_list, out), box_list)):
+    for k, (got, box) in enumerate(zip(jpeg.decode_regions(payloads, boxes.numpy(), out),
+                                       box_list)):
         if got is None:         # refused: decoded whole, its error naming the sample
             whole(k)
             views.append(out[k])
