@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install fastdata into ./.venv (or $VENV) on a fresh machine.
 #   ./install.sh          the package (+ pillow-simd, built from source, installed last)
-#   ./install.sh --test   the package and its test dependencies (DALI and matplotlib included)
+#   ./install.sh --test   the package and its test dependencies (DALI and matplotlib included;
+#                         Azurite, Azure's blob emulator, through npm where npm is)
 #   ./install.sh --dali   also NVIDIA DALI (large download)
 # TORCH sets the torch requirement (default torch==2.13.0, a CPU build;
 # on a CUDA machine use e.g. TORCH="torch>=2.4").
@@ -59,4 +60,11 @@ PYTHONWARNINGS="ignore:Editable installation" pip install -e "$spec"
 # Anything that depends on Pillow (matplotlib, torchvision...) replaces pillow-simd silently:
 # put it back last, and check what is live.
 "$VENV/bin/python" -c 'import PIL, sys; sys.exit(".post" not in PIL.__version__)' || simd
+# the tests of az:// URLs run against Azurite, Azure's blob emulator (a Node.js package);
+# without npm they are skipped
+if [[ " ${extras[*]-} " == *" test "* ]] && command -v npm >/dev/null \
+    && [ ! -x "$VENV/node/node_modules/.bin/azurite-blob" ]; then
+  npm install --silent --no-audit --no-fund --prefix "$VENV/node" azurite@3 >/dev/null \
+    || echo "install.sh: npm could not install azurite; the az:// tests will be skipped" >&2
+fi
 "$VENV/bin/fastdata" info --env | grep -E "pil|torch|native" >&2

@@ -8,6 +8,7 @@ import hashlib
 import io
 import mmap
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -318,6 +319,68 @@ def s3_server(bucket: str):
                     assert time.monotonic() < deadline and server.poll() is None
                     time.sleep(0.2)
             yield client
+    finally:
+        server.kill()
+        server.wait()
+
+
+AZURITE = "azurite-blob"     # the Azure Blob Storage emulator (npm's azurite)
+# the emulator's documented account and key (the same in every Azurite)
+AZURE_ACCOUNT = "devstoreaccount1"
+AZURE_KEY = ("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoG"
+             "MGw==")
+
+
+def azurite() -> str | None:
+    """The Azurite blob server's command: on PATH, or where ``install.sh --test`` puts it."""
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    here = os.path.join(venv, "node", "node_modules", ".bin", AZURITE)
+    return shutil.which(AZURITE) or (here if os.access(here, os.X_OK) else None)
+
+
+def _azure_container(endpoint: str, name: str) -> None:
+    """Make a container, signed with the emulator's key (Azure's Shared Key scheme)."""
+    import base64
+    import email.utils
+    import hmac
+    import urllib.request
+
+    headers = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": "2021-08-06"}
+    signed = ("PUT\n" + "\n" * 11 + "".join(f"{k}:{v}\n" for k, v in sorted(headers.items()))
+              + f"/{AZURE_ACCOUNT}/{AZURE_ACCOUNT}/{name}\nrestype:container")
+    mac = hmac.new(base64.b64decode(AZURE_KEY), signed.encode(), hashlib.sha256).digest()
+    headers["Authorization"] = f"SharedKey {AZURE_ACCOUNT}:{base64.b64encode(mac).decode()}"
+    req = urllib.request.Request(f"{endpoint}/{AZURE_ACCOUNT}/{name}?restype=container",
+                                 method="PUT", headers={**headers, "Content-Length": "0"})
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+@contextlib.contextmanager
+def azure_server(container: str):
+    """Azurite's blob server on a free port, in memory, with ``container`` made and the
+    ``AZURE_*`` settings that point the store's client at it set in this process."""
+    command = azurite()
+    if command is None:
+        pytest.skip("Azurite is not installed (npm install azurite; install.sh --test does)")
+    port = free_port()
+    server = subprocess.Popen([command, "--silent", "--inMemoryPersistence", "--blobHost",
+                               "127.0.0.1", "--blobPort", str(port), "--skipApiVersionCheck"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
+            mp.setenv("AZURITE_BLOB_STORAGE_URL", endpoint)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    _azure_container(endpoint, container)
+                    break
+                except OSError:         # not up yet
+                    assert time.monotonic() < deadline and server.poll() is None
+                    time.sleep(0.2)
+            yield
     finally:
         server.kill()
         server.wait()
