@@ -5,7 +5,8 @@ only (the remote figures of docs/performance.md):
     python benchmarks/make_photos.py /tmp/photos
     OPENBLAS_NUM_THREADS=1 python -W ignore benchmarks/remote_cpu.py /tmp/photos --rounds 2 \\
         --link none --link 50:100 \\
-        --venv litdata=/tmp/peers/litdata --venv webdataset=/tmp/peers/webdataset
+        --venv litdata=/tmp/peers/litdata --venv webdataset=/tmp/peers/webdataset \\
+        --venv streaming=/tmp/peers/streaming
 
 The photos are converted at 256 px, shuffled, 250 a shard, to raw and to JPEG (quality 90)
 HDF5, locally and straight into the bucket (``fastdata convert ... s3://``), and for the peers
@@ -24,7 +25,9 @@ Prints a JSON line per run and a summary per link.
 
 The peers' venvs as ``benchmarks/peers_cpu.py`` describes; litdata's without obstore (``pip
 uninstall obstore``): its obstore client takes no plain-HTTP endpoint such as this server's,
-and without it litdata downloads with boto3.
+and without it litdata downloads with boto3. MosaicML Streaming imports torchvision, which
+PyPI builds for other torch releases than 2.13: its venv holds ``torch==2.14.1
+torchvision==0.29.1`` (its endpoint from ``S3_ENDPOINT_URL``, as Streaming reads it).
 """
 from __future__ import annotations
 
@@ -102,6 +105,20 @@ def loader(url, cache):
     ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000)
           .to_tuple("jpg", "cls").map_tuple(augment, lambda c: int(c)))
     return wds.WebLoader(ds.batched(64, partial=False), batch_size=None, num_workers=2)
+''',
+    "streaming": r'''
+from streaming import StreamingDataset
+from streaming.base.util import clean_stale_shared_memory
+
+class Augmented(StreamingDataset):
+    def __getitem__(self, index):
+        s = super().__getitem__(index)
+        return augment(s["image"]), s["label"]
+
+def loader(url, cache):
+    clean_stale_shared_memory()     # a killed earlier run's would refuse the cache folder
+    ds = Augmented(remote=url, local=cache, shuffle=True, batch_size=64)
+    return torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, drop_last=True)
 ''',
 }
 
@@ -311,7 +328,8 @@ def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> lis
             else:
                 url = f"s3://{BUCKET}/{peer}"
             epochs, _ = _run([os.path.join(venv, "bin", "python"), module, "run", url, cache],
-                             {**env, "PYTHONPATH": f"{work}:{ROOT}"}, cache, None)
+                             {**env, "PYTHONPATH": f"{work}:{ROOT}",
+                              "S3_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]}, cache, None)
             out.append({"link": link, "round": r, "run": peer, "epochs": epochs})
             print(json.dumps(out[-1]), flush=True)
     return out
