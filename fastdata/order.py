@@ -65,7 +65,7 @@ class ShardWindows:
         if not shuffle and self.parts is None:
             return np.arange(n, dtype=np.int64)
         rng = np.random.default_rng([seed, epoch, 4]) if shuffle else None
-        shards = rng.permutation(len(self.counts)) if rng else np.arange(len(self.counts))
+        shards = np.arange(len(self.counts)) if rng is None else rng.permutation(len(self.counts))
         idx = [np.arange(self.starts[s], self.starts[s] + self.counts[s]) for s in shards]
         seq = np.concatenate(idx) if idx else np.zeros(0, np.int64)
         place = np.repeat(np.arange(len(shards)), self.counts[shards])   # its shard's turn
@@ -203,7 +203,8 @@ class Order:
                              f"loader has n={self.n}")
         saved = state.get("order")      # states saved before it was recorded: not checked
         if saved is not None and self.rule is not None and saved != self.rule:
-            raise ValueError(f"cannot resume: the saved epoch's order is drawn by {saved!r}, "
+            raise ValueError(f"cannot resume: the saved epoch's order is drawn by "
+                             f"{str(saved)[:100]!r}, "
                              f"this loader's by {self.rule!r}; resume with the same "
                              f"shuffle_window and shard_split")
         # a state saved before it held the count: its layout's batches

@@ -129,11 +129,12 @@ class Loader:
             each epoch, instead of over the whole set: a pass reads its shards a window at a
             time (a remote set's first batch needs one window; ``docs/loading.md``, "Shard
             sets in an object store"). None: over the whole set.
-        shard_split: cut each epoch's shuffled shards into this many runs of equal samples,
-            one a rank (usually the world size): with a world size that divides it, each rank
-            reads only its runs' shards, so a node downloads only its ranks' share of the set.
-            Keep it when resuming on another world size (the order depends on it, not on the
-            layout). None: every rank reads from every shard of a window.
+        shard_split: cut each epoch's shards (permuted when shuffling) into this many runs
+            of equal samples, one a rank (usually the world size): with a world size that
+            divides it, each rank reads only its runs' shards, so a node downloads only its
+            ranks' share of the set. Keep it when resuming on another world size (the order
+            depends on it, not on the layout). None: every rank reads from every shard of a
+            window.
         seed: the order's and the augmentation's seed; with the epoch, rank and batch it
             decides every random draw.
         drop_last: drop each epoch's partial batch (default: ``train``).
