@@ -49,6 +49,17 @@ static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v
 /* a macro, not a function: a function returning an 8-lane vector is compiled for the baseline
  * target too, where its calling convention differs (a compiler warning) */
 #define load8(p) ({ v8 v8_; memcpy(&v8_, (p), sizeof v8_); v8_; })
+/* 4 floats from p0 and 4 from p1 as one 8-lane vector; its halves back as 4-lane ones */
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define LOAD2(p0, p1) __builtin_shufflevector(load4(p0), load4(p1), 0, 1, 2, 3, 4, 5, 6, 7)
+#define LOW4(v) __builtin_shufflevector(v, v, 0, 1, 2, 3)
+#define HIGH4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7)
+#else
+#define LOAD2(p0, p1) ({ v8 v2_; memcpy(&v2_, (p0), 16); memcpy((char *)&v2_ + 16, (p1), 16); \
+                         v2_; })
+#define LOW4(v) ({ v4 l_; memcpy(&l_, &(v), 16); l_; })
+#define HIGH4(v) ({ v4 h_; memcpy(&h_, (char *)&(v) + 16, 16); h_; })
+#endif
 static inline int ifloor(double v) { int i = (int)v; return i - (i > v); }
 static inline int iceil(double v) { int i = (int)v; return i + (i < v); }
 
@@ -166,6 +177,38 @@ static inline __attribute__((always_inline)) void hpass(
     }
 }
 
+/* Two output rows at once from their combined source rows r0 and r1: the same columns and
+ * weights, so each tap's index and weight are loaded once for both (the rows in the two
+ * halves of an 8-lane vector). */
+static inline __attribute__((always_inline)) void hpass2(
+        int out, int K, const float *w, int stride, const int *first, const float *row0,
+        const float *row1, float *d0, float *d1, int64_t oc, int64_t ox, v8 a, v8 b) {
+    for (int x = 0; x < out; x++) {
+        const float *wx = w + (size_t)x * stride;
+        int f = first[x] * 3;
+        v8 acc = wx[0] * LOAD2(row0 + f, row1 + f);
+        for (int k = 1; k < K; k++)
+            acc += wx[k] * LOAD2(row0 + f + 3 * k, row1 + f + 3 * k);
+        acc = acc * a + b;
+        float *p0 = d0 + x * ox, *p1 = d1 + x * ox;
+        if (oc == 1 && ox == 3 && x < out - 1) {     /* the next pixel overwrites lane 4 */
+            v4 lo = LOW4(acc), hi = HIGH4(acc);
+            memcpy(p0, &lo, 16);
+            memcpy(p1, &hi, 16);
+        } else {
+            p0[0] = acc[0]; p0[oc] = acc[1]; p0[2 * oc] = acc[2];
+            p1[0] = acc[4]; p1[oc] = acc[5]; p1[2 * oc] = acc[6];
+        }
+    }
+}
+
+#define HPASS2(OC, OX) switch (kx) { \
+    case 1: hpass2(out, 1, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
+    case 2: hpass2(out, 2, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
+    case 3: hpass2(out, 3, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
+    case 4: hpass2(out, 4, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
+    default: hpass2(out, kx, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); }
+
 #define HPASS(OC, OX) switch (kx) { \
     case 1: hpass(out, 1, wx, Kx, fx, row, d, OC, OX, a, b); break; \
     case 2: hpass(out, 2, wx, Kx, fx, row, d, OC, OX, a, b); break; \
@@ -177,7 +220,7 @@ static inline __attribute__((always_inline)) void hpass(
  * buffers of a row (the vertical pass's, and a converted output's float32 row). */
 typedef struct {
     int Kx, Ky, kx, *fx, *fy, *cy;
-    float *wx, *wy, *row, *orow;
+    float *wx, *wy, *row, *row2, *orow, *orow2;
 } Plan;
 
 static void plan_free(Plan *p) { free(p->fx); free(p->wx); free(p->row); free(p->orow); }
@@ -187,9 +230,12 @@ static int plan_init(Plan *p, int h, int w, int flip, int out, int convert) {
     p->Ky = 2 * (h > out ? (h + out - 1) / out : 1) + 2;
     p->fx = malloc(sizeof(int) * 3 * (size_t)out);
     p->wx = malloc(sizeof(float) * (size_t)out * (p->Kx + p->Ky));
-    p->row = calloc((size_t)3 * (w + p->Kx) + 4, sizeof(float));  /* zeros past the row */
-    p->orow = convert ? malloc(sizeof(float) * (3 * (size_t)out + 1)) : NULL;
+    size_t n = (size_t)3 * (w + p->Kx) + 4;     /* zeros past each row */
+    p->row = calloc(2 * n, sizeof(float));      /* two rows: one pass makes two output rows */
+    p->orow = convert ? malloc(sizeof(float) * 2 * (3 * (size_t)out + 1)) : NULL;
     if (!p->fx || !p->wx || !p->row || (convert && !p->orow)) { plan_free(p); return -1; }
+    p->row2 = p->row + n;
+    p->orow2 = convert ? p->orow + 3 * (size_t)out + 1 : NULL;
     p->fy = p->fx + out;
     p->cy = p->fy + out;
     p->wy = p->wx + (size_t)out * p->Kx;
@@ -198,12 +244,11 @@ static int plan_init(Plan *p, int h, int w, int flip, int out, int convert) {
     return 0;
 }
 
-/* The source rows that output row y reads, combined into p->row. */
+/* The source rows that output row y reads, combined into row. */
 static inline __attribute__((always_inline)) void vpass(const Plan *p, const uint8_t *src,
-                                                        int64_t rs, int n3, int y) {
+                                                        int64_t rs, int n3, int y, float *row) {
     const float *wk = p->wy + (size_t)y * p->Ky;
     const uint8_t *s = src + p->fy[y] * rs;
-    float *row = p->row;
     for (int j = 0; j < n3; j++) row[j] = wk[0] * s[j];
     for (int k = 1; k < p->cy[y]; k++) {
         const uint8_t *sk = s + k * rs;
@@ -220,30 +265,40 @@ CLONES static void rows_f32(const Plan *p, const uint8_t *src, int64_t rs, int w
     const int *fx = p->fx;
     const float *wx = p->wx, *row = p->row;
     for (int y = 0; y < out; y++) {
-        vpass(p, src, rs, 3 * w, y);
+        vpass(p, src, rs, 3 * w, y, p->row);
         float *d = dst + y * oy;
         if (oc == 1 && ox == 3) { HPASS(1, 3) } else { HPASS(oc, ox) }
     }
 }
 
-/* bfloat16 or uint8 output (T): each row made in float32, then converted into place. */
+/* bfloat16 or uint8 output (T): each row made in float32, then converted into place; two rows
+ * a pass (HPASS2), which the float32 output's direct writes into two rows of the batch do not
+ * gain from. */
 CLONES static void rows_converted(const Plan *p, const uint8_t *src, int64_t rs, int w, int out,
                                   void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a,
                                   v4 b) {
     int kx = p->kx, Kx = p->Kx;
     const int *fx = p->fx;
-    const float *wx = p->wx, *row = p->row;
-    float *d = p->orow;
+    const float *wx = p->wx, *row = p->row, *row2 = p->row2;
+    float *d = p->orow, *d2 = p->orow2;
+    v8 a8 = {a[0], a[1], a[2], a[3], a[0], a[1], a[2], a[3]};
+    v8 b8 = {b[0], b[1], b[2], b[3], b[0], b[1], b[2], b[3]};
     size_t esize = T == OUT_BF16 ? 2 : 1;
-    for (int y = 0; y < out; y++) {
-        vpass(p, src, rs, 3 * w, y);
+    for (int y = 0; y < out; y += 2) {
+        int two = y + 1 < out;
+        vpass(p, src, rs, 3 * w, y, p->row);
+        if (two) vpass(p, src, rs, 3 * w, y + 1, p->row2);
         char *o = (char *)dst + (size_t)y * oy * esize;
         if (oc == 1 && ox == 3) {           /* packed: converted as one run */
-            HPASS(1, 3)
+            if (two) { HPASS2(1, 3) } else { HPASS(1, 3) }
             convert(d, o, T, 1, 3 * out);
+            if (two) convert(d2, o + oy * esize, T, 1, 3 * out);
         } else {                            /* planar, each plane converted */
-            HPASS(out, 1)
+            if (two) { HPASS2(out, 1) } else { HPASS(out, 1) }
             for (int c = 0; c < 3; c++) convert(d + c * out, o + c * oc * esize, T, ox, out);
+            if (two)
+                for (int c = 0; c < 3; c++)
+                    convert(d2 + c * out, o + (oy + c * oc) * esize, T, ox, out);
         }
     }
 }
