@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fastdata import kernels
@@ -38,19 +39,19 @@ def require() -> None:
                           "then `./install.sh`), or use kernel='per_sample'")
 
 
-def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch.Tensor,
-                scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def crop_resize(images: Sequence[torch.Tensor], params, out: torch.Tensor, scale,
+                shift) -> torch.Tensor:
     """``out[k] = scale * resize(crop(images[k])) + shift`` per channel, as
     ``ops.crop.crop_resize_batched`` computes it, for every ``k``.
 
     images: B uint8 (H, W, 3) CPU tensors with packed pixels (strides (row, 3, 1); rows may be
     further apart, e.g. views of a larger array), or one (B, H, W, 3) tensor; params: (B, 5)
-    int64 ``[top, left, h, w, flip]`` (``ops.boxes.packed_params``); out: a float32, bfloat16
-    or uint8 (B, 3, O, O) CPU tensor, any strides (the values computed in float32, rounded once
-    as they are stored); scale, shift: 3 float32 values each (for uint8 output 1 and 0: the
-    resized pixels as they are, which the resize's weights, >= 0 and summing to 1, keep in
-    0..255). The GIL is released while it runs. Every pointer handed to C is checked here
-    first."""
+    integers ``[top, left, h, w, flip]``, a CPU tensor (``ops.boxes.packed_params``) or an
+    array; out: a float32, bfloat16 or uint8 (B, 3, O, O) CPU tensor, any strides (the values
+    computed in float32, rounded once as they are stored); scale, shift: 3 values each, a CPU
+    tensor or a sequence (for uint8 output 1 and 0: the resized pixels as they are, which the
+    resize's weights, >= 0 and summing to 1, keep in 0..255). The GIL is released while it
+    runs. Every pointer handed to C is checked here first."""
     require()
     n = len(images)
     if out.dtype not in OUT_TYPES or out.device.type != "cpu" or out.dim() != 4 \
@@ -59,42 +60,59 @@ def crop_resize(images: Sequence[torch.Tensor], params: torch.Tensor, out: torch
         raise ValueError(f"out must be a float32, bfloat16 or uint8 CPU tensor of shape ({n}, "
                          f"3, O, O), O >= 1, not {out.dtype} {tuple(out.shape)} on "
                          f"{out.device}")
-    params = params.to(torch.int64).contiguous()
-    if params.shape != (n, 5):
-        raise ValueError(f"params must be ({n}, 5) [top, left, h, w, flip], not "
-                         f"{tuple(params.shape)}")
-    kinds = {(img.dtype, img.device.type, img.dim()) for img in images}
-    if kinds - {(torch.uint8, "cpu", 3)}:
-        raise ValueError(f"images must be uint8 CPU (H, W, 3) tensors, not {kinds}")
-    # per image: address, 3 strides, 3 sizes, gathered in one list and checked as one tensor
-    # (fewer Python steps per image than a check of each image)
-    meta = torch.tensor([(img.data_ptr(), *img.stride(), *img.shape) for img in images],
-                        dtype=torch.int64).reshape(n, 7)
-    packed = (meta[:, 2] == 3) & (meta[:, 3] == 1) & (meta[:, 6] == 3) \
-        & (meta[:, 1] >= 3 * meta[:, 5])
-    if not bool(packed.all()):
-        k = int((~packed).nonzero()[0])
+    # the checks in NumPy: each small torch op would release and retake the GIL, a thread
+    # switch where reader threads share it
+    p = np.ascontiguousarray(params.numpy() if isinstance(params, torch.Tensor) else params,
+                             dtype=np.int64)
+    if p.shape != (n, 5):
+        raise ValueError(f"params must be ({n}, 5) [top, left, h, w, flip], not {p.shape}")
+    meta = _image_table(images)
+    _check_boxes(p, meta[:, 5:7])
+    scale, shift = (np.ascontiguousarray(v.numpy() if isinstance(v, torch.Tensor) else v,
+                                         dtype=np.float32).reshape(3) for v in (scale, shift))
+    if out.dtype == torch.uint8 and not ((scale == 1).all() and (shift == 0).all()):
+        raise ValueError(f"uint8 output takes the pixels as they are: scale (1, 1, 1) and shift "
+                         f"(0, 0, 0), not {scale.tolist()} and {shift.tolist()}")
+    ptrs, strides = np.ascontiguousarray(meta[:, 1]), np.ascontiguousarray(meta[:, 2])
+    kernels.native().crop_resize(n, ptrs.ctypes.data, strides.ctypes.data, p.ctypes.data,
+                                 out.shape[2], out.data_ptr(), OUT_TYPES[out.dtype],
+                                 *out.stride(), scale.ctypes.data, shift.ctypes.data)
+    return out
+
+
+def _image_table(images) -> np.ndarray:
+    """Per image: whether it is a uint8 CPU (H, W, 3) tensor, its address, 3 strides and 3
+    sizes, as one (B, 8) array (fewer Python steps per image than a check of each image).
+
+    Raises:
+        ValueError: an image of another kind, or without packed RGB pixels (named).
+    """
+    rows = [(img.dtype is torch.uint8 and img.device.type == "cpu", img.data_ptr(),
+             *img.stride(), *img.shape) if img.dim() == 3 else (False,) * 8 for img in images]
+    meta = np.array(rows, dtype=np.int64).reshape(len(images), 8)
+    if not meta[:, 0].all():
+        k = int(np.flatnonzero(meta[:, 0] == 0)[0])
+        raise ValueError(f"images must be uint8 CPU (H, W, 3) tensors, not {images[k].dtype} "
+                         f"{tuple(images[k].shape)} on {images[k].device} (image {k})")
+    packed = (meta[:, 3] == 3) & (meta[:, 4] == 1) & (meta[:, 7] == 3) \
+        & (meta[:, 2] >= 3 * meta[:, 6])
+    if not packed.all():
+        k = int(np.flatnonzero(~packed)[0])
         raise ValueError(f"image {k} must have packed RGB pixels (strides (row, 3, 1), 3 "
                          f"channels), not shape {tuple(images[k].shape)} strides "
                          f"{images[k].stride()}")
-    sizes = meta[:, 4:6]
-    top, left, h, w = params[:, :4].unbind(1)
+    return meta
+
+
+def _check_boxes(params: np.ndarray, sizes: np.ndarray) -> None:
+    """Raises ValueError naming the first box not inside its image's ``(h, w)``."""
+    top, left, h, w = params[:, :4].T
     bad = (top < 0) | (left < 0) | (h < 1) | (w < 1) | (top + h > sizes[:, 0]) \
         | (left + w > sizes[:, 1])
-    if bool(bad.any()):
-        k = int(bad.nonzero()[0])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
         raise ValueError(f"box {params[k, :4].tolist()} of image {k} is not inside its "
                          f"{tuple(sizes[k].tolist())} pixels")
-    scale, shift = (torch.as_tensor(v, dtype=torch.float32).reshape(3).contiguous()
-                    for v in (scale, shift))
-    if out.dtype == torch.uint8 and not (bool((scale == 1).all()) and bool((shift == 0).all())):
-        raise ValueError(f"uint8 output takes the pixels as they are: scale (1, 1, 1) and shift "
-                         f"(0, 0, 0), not {scale.tolist()} and {shift.tolist()}")
-    ptrs, rows = meta[:, 0].contiguous(), meta[:, 1].contiguous()
-    kernels.native().crop_resize(n, ptrs.data_ptr(), rows.data_ptr(), params.data_ptr(),
-                                 out.shape[2], out.data_ptr(), OUT_TYPES[out.dtype],
-                                 *out.stride(), scale.data_ptr(), shift.data_ptr())
-    return out
 
 
 def color_jitter(images: torch.Tensor, factors: torch.Tensor, order: Sequence[int],

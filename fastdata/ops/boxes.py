@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 ATTEMPTS = 10
@@ -34,11 +35,18 @@ def place(height: int, width: int, h: torch.Tensor, w: torch.Tensor, generator) 
 
 def random_resized_crop_boxes(n: int, height: int, width: int, *, scale=(0.08, 1.0),
                               ratio=(3 / 4, 4 / 3), generator=None) -> torch.Tensor:
-    """``(n, 4)`` int64 boxes (top, left, h, w), torchvision's RandomResizedCrop.get_params."""
-    area, aspect = attempts(n, height, width, scale, ratio, generator)
-    w = torch.sqrt(area * aspect).round().long()
-    h = torch.sqrt(area / aspect).round().long()
-    bh, bw, found = first_fit(h, w, (w > 0) & (w <= width) & (h > 0) & (h <= height))
+    """``(n, 4)`` int64 boxes (top, left, h, w), torchvision's RandomResizedCrop.get_params.
+
+    The draws and square roots are torch's; the rest is NumPy, in float32 as torch computes it
+    (the same boxes): each small torch op would release and retake the GIL, a thread switch
+    where reader threads share it."""
+    area_t, aspect_t = attempts(n, height, width, scale, ratio, generator)
+    area, aspect = area_t.numpy(), aspect_t.numpy()
+    # torch's square root, as before (its float32 one is not always NumPy's, to the last bit)
+    w = np.rint(torch.from_numpy(area * aspect).sqrt_().numpy()).astype(np.int64)
+    h = np.rint(torch.from_numpy(area / aspect).sqrt_().numpy()).astype(np.int64)
+    ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first, rows = ok.argmax(1), np.arange(n)        # each row's first fit (0 where none)
     r = width / height                                   # fallback: whole image, ratio clamped
     if r < ratio[0]:
         fh, fw = int(round(width / ratio[0])), width
@@ -46,9 +54,12 @@ def random_resized_crop_boxes(n: int, height: int, width: int, *, scale=(0.08, 1
         fh, fw = height, int(round(height * ratio[1]))
     else:
         fh, fw = height, width
-    bh, bw = bh.masked_fill(~found, fh), bw.masked_fill(~found, fw)
-    top, left = place(height, width, bh, bw, generator)
-    return torch.stack([top, left, bh, bw], 1)
+    found = ok.any(1)
+    bh, bw = np.where(found, h[rows, first], fh), np.where(found, w[rows, first], fw)
+    u = torch.rand(n, 2, generator=generator).numpy()
+    top = (u[:, 0] * (height - bh + 1).astype(np.float32)).astype(np.int64)
+    left = (u[:, 1] * (width - bw + 1).astype(np.float32)).astype(np.int64)
+    return torch.from_numpy(np.stack([top, left, bh, bw], 1))
 
 
 def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -160,7 +161,7 @@ class CropStage:
         if self.train:
             boxes = random_resized_crop_boxes(n, height, width, scale=self.scale,
                                               ratio=self.ratio, generator=generator)
-            flips = (torch.rand(n, generator=generator) < self.flip).tolist()
+            flips = (torch.rand(n, generator=generator).numpy() < self.flip).tolist()
         else:
             boxes, flips = center_boxes(n, height, width, self.eval_ratio), [False] * n
         return boxes, flips
@@ -191,8 +192,10 @@ class CropStage:
                               memory_format=self.memory_format)
         if kernel == "native":      # uint8: the resized pixels as they are
             a, b = self._scale_shift(out.device) if self.dtype != torch.uint8 else (
-                torch.ones(3), torch.zeros(3))
-            return cpu.crop_resize(x, packed_params(boxes, flips), out, a, b)
+                (1, 1, 1), (0, 0, 0))
+            params = np.empty((n, 5), np.int64)    # NumPy: no torch op (see ops.boxes)
+            params[:, :4], params[:, 4] = boxes.numpy(), flips
+            return cpu.crop_resize(x, params, out, a, b)
         if kernel == "batched":
             # half-precision products for a half-precision result: tensor cores, half the
             # bytes, and their rounding (< 0.5 grey level) below a bf16 output's (~1 level)
