@@ -39,8 +39,8 @@ for dtype in (torch.float32, torch.bfloat16, torch.uint8):
             t = time.perf_counter()
             crop_resize(images, params, out, torch.tensor(scale), torch.tensor(shift))
             best = min(best, time.perf_counter() - t)
-        row.append(f"{str(dtype)[6:]} {'channels_last' if layout == torch.channels_last else 'NCHW'}"
-                   f" {1000 * best / B:.4f}")
+        name = "channels_last" if layout == torch.channels_last else "NCHW"
+        row.append(f"{str(dtype)[6:]} {name} {1000 * best / B:.4f}")
 print("; ".join(row))
 """
 
