@@ -101,6 +101,22 @@ def test_resume_on_another_layout_reads_the_rest_of_the_epoch_once(shards, backe
     assert len(whole) == len(set(whole)) == 2 * (N // 2 // 3) * 3
 
 
+def test_a_split_order_is_the_same_on_both_backends(shards):
+    """``shuffle_window`` and ``shard_split``: the DALI backend reads each rank's batches as
+    the torch backend does, two epochs."""
+    pytest.importorskip("nvidia.dali", reason="DALI not installed")
+    ds = fastdata.open(shards["hdf5"])
+    ids = ids_of(ds)
+    for rank in range(2):
+        loaders = [plain_loader(ds, seed=5, batch_size=3, rank=rank, world_size=2,
+                                shuffle_window=1, shard_split=2, backend=b)
+                   for b in ("torch", "dali")]
+        for epoch in range(2):
+            for loader in loaders:
+                loader.set_epoch(epoch)
+            torch_batches, dali_batches = (seen(loader, ids) for loader in loaders)
+            assert torch_batches == dali_batches and len(torch_batches) > 1
+
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_each_loop_starts_the_epoch_like_a_dataloader(shards, workers):
     ds = fastdata.open(shards["hdf5"])
