@@ -1,5 +1,6 @@
-"""Conversion into an object store: a real S3 server (moto's, started here), the real client;
-the same shards as a conversion into a folder, resumed after a SIGKILL."""
+"""Conversion into an object store: a real S3 server (moto's, started here; Azure's emulator,
+Azurite, for ``az://``), the real client; the same shards as a conversion into a folder,
+resumed after a SIGKILL."""
 from __future__ import annotations
 
 import hashlib
@@ -53,7 +54,6 @@ def _objects(client, prefix: str) -> dict[str, bytes]:
         "Body"].read() for o in listed}
 
 
-
 def test_azure_blob_storage_takes_and_serves_a_set(source, tmp_path):
     """``az://`` through the same client, against Azurite (Azure's emulator): the converted
     objects are the folder conversion's bytes, another node's lock (the store's conditional
@@ -82,6 +82,7 @@ def test_azure_blob_storage_takes_and_serves_a_set(source, tmp_path):
         assert len(remote_batches) == 6
         for (a, b), (c, d) in zip(remote_batches, local_batches):
             assert torch.equal(a, c) and torch.equal(b, d)
+
 
 @pytest.mark.parametrize("container,encoding", [("hdf5", "raw"), ("lmdb", "jpeg")])
 def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
