@@ -44,12 +44,14 @@ static int decode(struct jpeg_decompress_struct *cinfo, Errors *e, const uint8_t
                   size_t length, const int64_t *box, uint8_t *dst, int64_t row_stride,
                   int cap_h, int cap_w, int expect_h, int expect_w, unsigned *x0,
                   unsigned *cols) {
-    int top = (int)box[0], left = (int)box[1], height = (int)box[2], width = (int)box[3];
-    if (top < 0 || left < 0 || height < 1 || width < 1 || top + height > expect_h
-            || left + width > expect_w || height > cap_h) {
+    /* checked as int64, before they are narrowed, and without a sum that could wrap */
+    if (box[0] < 0 || box[1] < 0 || box[2] < 1 || box[3] < 1 || box[0] >= expect_h
+            || box[1] >= expect_w || box[2] > expect_h - box[0] || box[3] > expect_w - box[1]
+            || box[2] > cap_h) {
         snprintf(e->message, sizeof e->message, "the box is not inside the image");
         return -1;
     }
+    int top = (int)box[0], left = (int)box[1], height = (int)box[2], width = (int)box[3];
     if (setjmp(e->jump)) {
         jpeg_abort_decompress(cinfo);
         return -1;

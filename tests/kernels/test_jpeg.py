@@ -74,6 +74,10 @@ def test_records_it_refuses_are_decoded_whole():
         jpeg.decode_regions([good], [(0, 0, 8, 8)], torch.zeros((1, 64, 64, 3)))
     assert jpeg.decode_regions([good, good], [(60, 0, 8, 8), (0, 0, 8, 8)], torch.zeros(
         (2, 64, 64, 3), dtype=torch.uint8)) == [None, (0, 9)]      # outside; 8 and a column
+    # values past 32 bits, or whose sums would wrap, are outside too (not narrowed first)
+    huge = [(2 ** 32, 0, 8, 8), (0, 0, 2 ** 32 + 8, 8), (2 ** 62, 0, 2 ** 62, 8), (0, -1, 8, 8)]
+    assert jpeg.decode_regions([good] * 4, huge, torch.zeros(
+        (4, 64, 64, 3), dtype=torch.uint8)) == [None] * 4
 
 
 @needs_decoder
