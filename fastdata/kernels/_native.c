@@ -205,8 +205,8 @@ static inline __attribute__((always_inline)) void hpass(
     }
 }
 
-/* Two output rows at once from their combined source rows r0 and r1: the same columns and
- * weights, so each tap's index and weight are loaded once for both (the rows in the two
+/* Two output rows at once from their combined source rows row0 and row1: the same columns
+ * and weights, so each tap's index and weight are loaded once for both (the rows in the two
  * halves of an 8-lane vector). */
 static inline __attribute__((always_inline)) void hpass2(
         int out, int K, const float *w, int stride, const int *first, const float *row0,
@@ -245,7 +245,8 @@ static inline __attribute__((always_inline)) void hpass2(
     default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
 
 /* One image's resampling plan: the taps and weights of each output column and row, and the
- * buffers of a row (the vertical pass's, and a converted output's float32 row). */
+ * row buffers (the vertical pass's, and a converted output's float32 rows; two of each for a
+ * converted output, which makes two output rows a pass). */
 typedef struct {
     int Kx, Ky, kx, *fx, *fy, *cy;
     float *wx, *wy, *row, *row2, *orow, *orow2;
@@ -259,10 +260,11 @@ static int plan_init(Plan *p, int h, int w, int flip, int out, int convert) {
     p->fx = malloc(sizeof(int) * 3 * (size_t)out);
     p->wx = malloc(sizeof(float) * (size_t)out * (p->Kx + p->Ky));
     size_t n = (size_t)3 * (w + p->Kx) + 4;     /* zeros past each row */
-    p->row = calloc(2 * n, sizeof(float));      /* two rows: one pass makes two output rows */
+    /* a converted output makes two output rows a pass: two rows of each */
+    p->row = calloc(convert ? 2 * n : n, sizeof(float));
     p->orow = convert ? malloc(sizeof(float) * 2 * (3 * (size_t)out + 1)) : NULL;
     if (!p->fx || !p->wx || !p->row || (convert && !p->orow)) { plan_free(p); return -1; }
-    p->row2 = p->row + n;
+    p->row2 = convert ? p->row + n : NULL;
     p->orow2 = convert ? p->orow + 3 * (size_t)out + 1 : NULL;
     p->fy = p->fx + out;
     p->cy = p->fy + out;
