@@ -119,9 +119,10 @@ def test_a_shuffle_over_windows_of_shards_reads_a_window_at_a_time():
     assert sorted(rest) == sorted(order[12:12 + len(rest)].tolist()) and not set(rest) & set(head)
 
 
-def _shards_of(counts, indices):
+def _shard_of(counts, indices) -> np.ndarray:
+    """The shard of each sample of ``indices``."""
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return set((np.searchsorted(starts, np.asarray(indices), side="right") - 1).tolist())
+    return np.searchsorted(starts, np.asarray(indices), side="right") - 1
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -142,13 +143,12 @@ def test_a_split_order_gives_each_rank_its_own_shards(shuffle):
             o.set_epoch(epoch)
         read = [np.concatenate(o.batches()) for o in ranks]
         assert sorted(np.concatenate(read).tolist()) == list(range(n))
-        shards = [_shards_of(counts, r) for r in read]
+        shards = [set(_shard_of(counts, r).tolist()) for r in read]
         assert all(len(s) <= 18 // 6 + 2 for s in shards)      # 17 samples: 3 shards and ends
         nodes = [shards[0] | shards[1], shards[2] | shards[3]]
         assert len(nodes[0] & nodes[1]) <= 1 and nodes[0] | nodes[1] == set(range(12))
         for r in read:          # a rank reads its shards a window (2 shards) at a time
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            of = np.searchsorted(starts, r, side="right") - 1
+            of = _shard_of(counts, r)
             firsts = [int(s) for k, s in enumerate(of) if s not in of[:k]]
             for k, s in enumerate(firsts[2:], 2):       # a new shard only after the window's
                 at = int(np.flatnonzero(of == s)[0])
