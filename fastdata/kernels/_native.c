@@ -7,7 +7,8 @@
  *   align_corners=False) (PIL's triangle filter, widened by the downscale factor) and as
  *   fastdata.ops.crop's batched path, in float32 with no uint8 rounding in between. Per output
  *   row the source rows it needs are combined (vertical pass, contiguous, vectorised), then
- *   each output pixel is a few 4-lane multiply-adds over that row; the output is written once.
+ *   each output pixel is a few 4-lane multiply-adds over that row (planar output: 4 pixels'
+ *   results transposed into one vector per plane); the output is written once.
  * - color_jitter: torchvision's brightness, contrast, saturation and hue on float images in
  *   [0, 1], in place, with an optional per-channel scale and shift in the same pass (the
  *   loader's normalisation).
@@ -26,6 +27,7 @@
 typedef float v4 __attribute__((vector_size(16)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef int32_t v4i __attribute__((vector_size(16)));
 
 /* lanes picked from one vector or two (indices 0.. of a, then of b), as constants: GCC's and
  * Clang's spellings */
@@ -230,6 +232,81 @@ static inline __attribute__((always_inline)) void hpass2(
     }
 }
 
+/* Planar output (ox == 1): 4 output pixels at a time, their [r g b .] results transposed into
+ * 4 reds, 4 greens and 4 blues, one 4-float store per plane (not 3 lane extracts and scalar
+ * stores a pixel); the last out % 4 pixels as hpass does. */
+static inline __attribute__((always_inline)) void hpass_planar(
+        int out, int K, const float *w, int stride, const int *first, const float *row,
+        float *d, int64_t oc, v4 a, v4 b) {
+    int x = 0;
+    for (; x + 4 <= out; x += 4) {
+        v4 acc[4];
+        for (int q = 0; q < 4; q++) {
+            const float *wx = w + (size_t)(x + q) * stride, *r = row + first[x + q] * 3;
+            v4 s = wx[0] * load4(r);
+            for (int k = 1; k < K; k++) s += wx[k] * load4(r + 3 * k);
+            acc[q] = s * a + b;
+        }
+        /* (r0 r1 g0 g1), (b0 b1 . .) from pixels 0 and 1; the same from 2 and 3 */
+        v4 t0 = SHUFFLE2(v4i, acc[0], acc[1], 0, 4, 1, 5);
+        v4 t1 = SHUFFLE2(v4i, acc[2], acc[3], 0, 4, 1, 5);
+        v4 u0 = SHUFFLE2(v4i, acc[0], acc[1], 2, 6, 3, 7);
+        v4 u1 = SHUFFLE2(v4i, acc[2], acc[3], 2, 6, 3, 7);
+        v4 P[3] = {SHUFFLE2(v4i, t0, t1, 0, 1, 4, 5), SHUFFLE2(v4i, t0, t1, 2, 3, 6, 7),
+                   SHUFFLE2(v4i, u0, u1, 0, 1, 4, 5)};
+        for (int c = 0; c < 3; c++) memcpy(d + c * oc + x, &P[c], 16);
+    }
+    if (x < out)
+        hpass(out - x, K, w + (size_t)x * stride, stride, first + x, row, d + x, oc, 1, a, b);
+}
+
+/* hpass_planar for two rows (hpass2's 8-lane vectors): the same transposition in each half */
+static inline __attribute__((always_inline)) void hpass2_planar(
+        int out, int K, const float *w, int stride, const int *first, const float *row0,
+        const float *row1, float *d0, float *d1, int64_t oc, v8 a, v8 b) {
+    int x = 0;
+    for (; x + 4 <= out; x += 4) {
+        v8 acc[4];
+        for (int q = 0; q < 4; q++) {
+            const float *wx = w + (size_t)(x + q) * stride;
+            int f = first[x + q] * 3;
+            v8 s = wx[0] * LOAD2(row0 + f, row1 + f);
+            for (int k = 1; k < K; k++)
+                s += wx[k] * LOAD2(row0 + f + 3 * k, row1 + f + 3 * k);
+            acc[q] = s * a + b;
+        }
+        v8 t0 = SHUFFLE2(v8i, acc[0], acc[1], 0, 8, 1, 9, 4, 12, 5, 13);
+        v8 t1 = SHUFFLE2(v8i, acc[2], acc[3], 0, 8, 1, 9, 4, 12, 5, 13);
+        v8 u0 = SHUFFLE2(v8i, acc[0], acc[1], 2, 10, 3, 11, 6, 14, 7, 15);
+        v8 u1 = SHUFFLE2(v8i, acc[2], acc[3], 2, 10, 3, 11, 6, 14, 7, 15);
+        v8 P[3] = {SHUFFLE2(v8i, t0, t1, 0, 1, 8, 9, 4, 5, 12, 13),
+                   SHUFFLE2(v8i, t0, t1, 2, 3, 10, 11, 6, 7, 14, 15),
+                   SHUFFLE2(v8i, u0, u1, 0, 1, 8, 9, 4, 5, 12, 13)};
+        for (int c = 0; c < 3; c++) {
+            v4 lo = LOW4(P[c]), hi = HIGH4(P[c]);
+            memcpy(d0 + c * oc + x, &lo, 16);
+            memcpy(d1 + c * oc + x, &hi, 16);
+        }
+    }
+    if (x < out)
+        hpass2(out - x, K, w + (size_t)x * stride, stride, first + x, row0, row1, d0 + x,
+               d1 + x, oc, 1, a, b);
+}
+
+#define HPASS2_PLANAR(OC) switch (kx) { \
+    case 1: hpass2_planar(out, 1, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
+    case 2: hpass2_planar(out, 2, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
+    case 3: hpass2_planar(out, 3, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
+    case 4: hpass2_planar(out, 4, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
+    default: hpass2_planar(out, kx, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); }
+
+#define HPASS_PLANAR(OC) switch (kx) { \
+    case 1: hpass_planar(out, 1, wx, Kx, fx, row, d, OC, a, b); break; \
+    case 2: hpass_planar(out, 2, wx, Kx, fx, row, d, OC, a, b); break; \
+    case 3: hpass_planar(out, 3, wx, Kx, fx, row, d, OC, a, b); break; \
+    case 4: hpass_planar(out, 4, wx, Kx, fx, row, d, OC, a, b); break; \
+    default: hpass_planar(out, kx, wx, Kx, fx, row, d, OC, a, b); }
+
 #define HPASS2(OC, OX) switch (kx) { \
     case 1: hpass2(out, 1, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
     case 2: hpass2(out, 2, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
@@ -301,12 +378,27 @@ CLONES static void rows_f32(const Plan *p, const uint8_t *src, int64_t rs, int w
     }
 }
 
+/* rows_f32 for planes (ox == 1): a function of its own, which keeps rows_f32's packed loop as
+ * the compiler made it before (one function with both ran the packed one 1.25x slower) */
+CLONES static void rows_f32_planar(const Plan *p, const uint8_t *src, int64_t rs, int w,
+                                   int out, float *dst, int64_t oc, int64_t oy, v4 a, v4 b) {
+    int kx = p->kx, Kx = p->Kx;
+    const int *fx = p->fx;
+    const float *wx = p->wx, *row = p->row;
+    for (int y = 0; y < out; y++) {
+        vpass(p, src, rs, 3 * w, y, p->row);
+        float *d = dst + y * oy;
+        HPASS_PLANAR(oc)
+    }
+}
+
 /* bfloat16 or uint8 output (T): each row made in float32, then converted into place; two rows
  * a pass (HPASS2), which the float32 output's direct writes into two rows of the batch do not
- * gain from. */
-CLONES static void rows_converted(const Plan *p, const uint8_t *src, int64_t rs, int w, int out,
-                                  void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a,
-                                  v4 b) {
+ * gain from. Packed (channels_last) or planar, a constant where inlined: each layout gets a
+ * function of its own below (see rows_f32_planar). */
+static inline __attribute__((always_inline)) void rows_converted(
+        const Plan *p, const uint8_t *src, int64_t rs, int w, int out, void *dst, int T,
+        int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b, int planar) {
     int kx = p->kx, Kx = p->Kx;
     const int *fx = p->fx;
     const float *wx = p->wx, *row = p->row, *row2 = p->row2;
@@ -319,12 +411,12 @@ CLONES static void rows_converted(const Plan *p, const uint8_t *src, int64_t rs,
         vpass(p, src, rs, 3 * w, y, p->row);
         if (two) vpass(p, src, rs, 3 * w, y + 1, p->row2);
         char *o = (char *)dst + (size_t)y * oy * esize;
-        if (oc == 1 && ox == 3) {           /* packed: converted as one run */
+        if (!planar) {                      /* packed: converted as one run */
             if (two) { HPASS2(1, 3) } else { HPASS(1, 3) }
             convert(d, o, T, 1, 3 * out);
             if (two) convert(d2, o + oy * esize, T, 1, 3 * out);
         } else {                            /* planar, each plane converted */
-            if (two) { HPASS2(out, 1) } else { HPASS(out, 1) }
+            if (two) { HPASS2_PLANAR(out) } else { HPASS_PLANAR(out) }
             for (int c = 0; c < 3; c++) convert(d + c * out, o + c * oc * esize, T, ox, out);
             if (two)
                 for (int c = 0; c < 3; c++)
@@ -333,13 +425,26 @@ CLONES static void rows_converted(const Plan *p, const uint8_t *src, int64_t rs,
     }
 }
 
+CLONES static void rows_converted_packed(const Plan *p, const uint8_t *src, int64_t rs, int w,
+                                         int out, void *dst, int T, int64_t oy, v4 a, v4 b) {
+    rows_converted(p, src, rs, w, out, dst, T, 1, oy, 3, a, b, 0);
+}
+
+CLONES static void rows_converted_planar(const Plan *p, const uint8_t *src, int64_t rs, int w,
+                                         int out, void *dst, int T, int64_t oc, int64_t oy,
+                                         int64_t ox, v4 a, v4 b) {
+    rows_converted(p, src, rs, w, out, dst, T, oc, oy, ox, a, b, 1);
+}
+
 static int crop_resize_one(const uint8_t *src, int64_t rs, int h, int w, int flip, int out,
                            void *dst, int T, int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b) {
     Plan p;
     if (out < 1) return 0;
     if (plan_init(&p, h, w, flip, out, T != OUT_F32)) return -1;
-    if (T == OUT_F32) rows_f32(&p, src, rs, w, out, dst, oc, oy, ox, a, b);
-    else rows_converted(&p, src, rs, w, out, dst, T, oc, oy, ox, a, b);
+    if (T == OUT_F32 && ox == 1) rows_f32_planar(&p, src, rs, w, out, dst, oc, oy, a, b);
+    else if (T == OUT_F32) rows_f32(&p, src, rs, w, out, dst, oc, oy, ox, a, b);
+    else if (oc == 1 && ox == 3) rows_converted_packed(&p, src, rs, w, out, dst, T, oy, a, b);
+    else rows_converted_planar(&p, src, rs, w, out, dst, T, oc, oy, ox, a, b);
     plan_free(&p);
     return 0;
 }
