@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--crop", type=int, default=224)
+    ap.add_argument("--size", type=int, default=None, help="the stored size to read (default: "
+                    "the set's largest)")
     ap.add_argument("--threads", default="4,16")
     ap.add_argument("--procs", default="8", help="worker-process counts ('' for none)")
     ap.add_argument("--recipes", default="", help=f"batch_transform recipes fed with each "
@@ -73,7 +75,7 @@ def main() -> None:
             ap.error(f"--recipes: unknown recipe {r!r}; valid: {sorted(RECIPES)}")
     dev = torch.device(a.device)
     torch.backends.cudnn.benchmark = dev.type == "cuda"
-    ds = fastdata.open(a.shards)
+    ds = fastdata.open(a.shards, size=a.size)
     s, b = ds.size, a.batch
     dtype = input_dtype("bf16" if dev.type == "cuda" else "fp32", dev)
     torch.manual_seed(0)
