@@ -23,6 +23,11 @@ peak bytes (sampled every 20 ms under its lock). The link's own rate: every raw 
 downloaded 4 at a time through it.
 Prints a JSON line per run and a summary per link.
 
+``--copies N`` reads each photo N times (hard links in the work folder, each copy a file of its
+own), for an epoch long enough that the first batch's wait and the last shards' transfer are a
+small part of it; ``--encoding`` keeps to fastdata's raw or JPEG sets (the link's own rate is
+then measured on the first one kept).
+
 The peers' venvs as ``benchmarks/peers_cpu.py`` describes; litdata's without obstore (``pip
 uninstall obstore``): its obstore client takes no plain-HTTP endpoint such as this server's,
 and without it litdata downloads with boto3. MosaicML Streaming imports torchvision, which
@@ -229,12 +234,24 @@ def _run(cmd: list[str], env: dict, cache: str, limit: int | None) -> tuple[list
     return json.loads(out), top
 
 
-def _prepare(photos: str, work: str, venvs: dict) -> dict:
-    """The sets: fastdata's raw and JPEG (local folders), the peers' (local folders)."""
+def _copies(photos: str, work: str, n: int) -> str:
+    """A folder holding each photo of ``photos`` ``n`` times (hard links, in its class folder)."""
+    out = os.path.join(work, f"photos-x{n}")
+    for cls in sorted(os.listdir(photos)):
+        os.makedirs(os.path.join(out, cls))
+        for name in sorted(os.listdir(os.path.join(photos, cls))):
+            for k in range(n):
+                os.link(os.path.join(photos, cls, name), os.path.join(out, cls, f"{k}-{name}"))
+    return out
+
+
+def _prepare(photos: str, work: str, venvs: dict, encodings: list[str]) -> dict:
+    """The sets: fastdata's (local folders) in each of ``encodings``, the peers' (local
+    folders)."""
     from fastdata.converters.convert import convert
 
     sets = {}
-    for enc in ("raw", "jpeg"):
+    for enc in encodings:
         sets[enc] = os.path.join(work, enc)
         convert(photos, sets[enc], sizes=[256], encoding=enc, shuffle=True,
                 shard_size=SHARD_SIZE, progress=False)
@@ -255,13 +272,18 @@ def main() -> None:
     p.add_argument("--venv", action="append", default=[], metavar="PEER=PATH",
                    help="a peer's virtual environment (litdata, webdataset)")
     p.add_argument("--work", default=None, help="a folder for the sets (default: a temporary one)")
+    p.add_argument("--copies", type=int, default=1, help="read each photo this many times")
+    p.add_argument("--encoding", action="append", choices=("raw", "jpeg"), default=None,
+                   help="fastdata's sets to read (default: raw and jpeg)")
     a = p.parse_args()
     venvs = dict(v.split("=", 1) for v in a.venv)
     links = a.link or ["none", "50:100"]
+    encodings = a.encoding or ["raw", "jpeg"]
     work = a.work or tempfile.mkdtemp(dir="/tmp")
     import boto3
 
-    sets = _prepare(a.photos, work, venvs)
+    photos = _copies(a.photos, work, a.copies) if a.copies > 1 else a.photos
+    sets = _prepare(photos, work, venvs, encodings)
     port = _free_port()
     procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
                                "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
@@ -274,8 +296,8 @@ def main() -> None:
         client.create_bucket(Bucket=BUCKET)
         os.environ.update(aws, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
         from fastdata.converters.convert import convert
-        for enc in ("raw", "jpeg"):         # straight into the bucket: the same shards
-            up = convert(a.photos, f"s3://{BUCKET}/{enc}", sizes=[256], encoding=enc,
+        for enc in encodings:               # straight into the bucket: the same shards
+            up = convert(photos, f"s3://{BUCKET}/{enc}", sizes=[256], encoding=enc,
                          shuffle=True, shard_size=SHARD_SIZE, progress=False)
             with open(os.path.join(sets[enc], "manifest.json")) as f:
                 assert [s["sha256"] for s in up["shards"]] == [
@@ -283,7 +305,7 @@ def main() -> None:
         for peer in venvs:
             _upload(client, sets[peer], peer, public=peer == "webdataset")
         shards = {enc: json.load(open(os.path.join(sets[enc], "manifest.json")))["shards"]
-                  for enc in ("raw", "jpeg")}
+                  for enc in encodings}
         results = []
         for link in links:
             endpoint, lim = limiter.start(port, link)
@@ -292,9 +314,10 @@ def main() -> None:
             env = {**os.environ, **aws, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{endpoint}",
                    "PYTHONPATH": ROOT, "OPENBLAS_NUM_THREADS": "1"}
             os.environ["AWS_ENDPOINT_URL"] = env["AWS_ENDPOINT_URL"]
-            raw = shards["raw"]
-            rate = statistics.median(_link_rate(f"s3://{BUCKET}/raw", [s["file"] for s in raw],
-                                                sum(s["bytes"] for s in raw))
+            first = shards[encodings[0]]
+            rate = statistics.median(_link_rate(f"s3://{BUCKET}/{encodings[0]}",
+                                                [s["file"] for s in first],
+                                                sum(s["bytes"] for s in first))
                                      for _ in range(2))
             print(json.dumps({"link": link, "link_mb_s": round(rate / 1e6, 1)}), flush=True)
             results += _rounds(a.rounds, link, rate, env, sets, shards, venvs, endpoint, work)
@@ -308,7 +331,7 @@ def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> lis
     out = []
     cache = os.path.join(work, "cache")
     for r in range(rounds):
-        for enc in ("raw", "jpeg"):
+        for enc in shards:
             limit = LIMIT_SHARDS * max(s["bytes"] for s in shards[enc])
             per_image = sum(s["bytes"] for s in shards[enc]) / sum(s["count"] for s in shards[enc])
             for where, bound in (("local", 0), ("s3", 0), ("s3, cache of 6 shards", limit)):
