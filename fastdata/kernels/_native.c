@@ -397,8 +397,9 @@ CLONES static void rows_f32_planar(const Plan *p, const uint8_t *src, int64_t rs
 
 /* bfloat16 or uint8 output (T): each row made in float32, then converted into place; two rows
  * a pass (HPASS2), which the float32 output's direct writes into two rows of the batch do not
- * gain from. Packed (channels_last) or planar, a constant where inlined: each layout gets a
- * function of its own below (see rows_f32). */
+ * gain from. Packed (channels_last), or made as planes and converted with the output's strides
+ * (any other layout); which, a constant where inlined: each gets a function of its own below
+ * (see rows_f32). */
 static inline __attribute__((always_inline)) void rows_converted(
         const Plan *p, const uint8_t *src, int64_t rs, int w, int out, void *dst, int T,
         int64_t oc, int64_t oy, int64_t ox, v4 a, v4 b, int planar) {

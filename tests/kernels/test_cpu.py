@@ -33,7 +33,8 @@ def _reference(images, params, out, scale, shift):
 
 
 @needs_kernel
-@pytest.mark.parametrize("size,out", [(48, 24), (48, 40), (37, 37), (64, 20), (20, 64)])
+@pytest.mark.parametrize("size,out", [(48, 24), (48, 40), (37, 37), (64, 20), (20, 64),
+                                      (48, 22), (48, 23)])
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "strided"])
 def test_the_kernel_resamples_like_the_reference(size, out, layout):
     """Up- and antialiased downscales, flips, 1-pixel-wide boxes, sources of different sizes
