@@ -167,14 +167,15 @@ class ShardCache:
                     wrong = self._fill(tmp, fetch, check)
                     if wrong is None:
                         # under the cache's lock: a count of its bytes sees the shard in
-                        # tmp/ or in objects/, never in neither
+                        # tmp/ or in objects/, never in neither; and room is made only once
+                        # it has its stamp (a shard without one is the first to evict)
                         with self._room_locked():
                             os.replace(tmp, final)
-                        try:
-                            self._stamp(key)
-                        except BaseException:   # no stamp: not a shard that checked out
-                            self._remove(key)
-                            raise
+                            try:
+                                self._stamp(key)
+                            except BaseException:   # no stamp: not a shard that checked out
+                                self._remove(key)
+                                raise
                         return final
                 finally:
                     with contextlib.suppress(FileNotFoundError):

@@ -6,6 +6,7 @@ import hashlib
 import http.server
 import multiprocessing as mp
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -280,6 +281,33 @@ def test_damaged_bytes_are_fetched_again_then_refused(http_set, local_set, tmp_p
     with pytest.raises(OSError, match=f"{url}/{first}: .*twice: refused"):
         fastdata.open(url, cache_dir=tmp_path / "b").read_batch(range(24), size=16)
     assert not os.listdir(tmp_path / "b" / "objects")
+
+
+def test_threads_filling_a_full_cache_never_find_a_shard_gone_under_them(tmp_path):
+    """Six threads fetching six shards into a cache of two, at random: every fetch returns,
+    none finds the shard it just placed evicted before it was stamped (a shard without its
+    stamp would be the first to go), and the cache ends within its limit."""
+    size, errors = 4096, []
+    cache = ShardCache(tmp_path, 2 * size)
+
+    def fetch(fd):
+        os.write(fd, b"x" * size)
+
+    def worker(seed):
+        rng = random.Random(seed)
+        for _ in range(300):
+            key = f"shard-{rng.randrange(6):04d}"
+            try:
+                cache.get(key, size, fetch, lambda path: None, key)
+            except Exception as e:      # noqa: BLE001 - any failure is the test's finding
+                errors.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert cache.used() <= 2 * size
 
 
 def test_a_cached_shard_altered_on_disk_is_fetched_again(http_set, local_set, tmp_path):
