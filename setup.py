@@ -8,7 +8,7 @@ from setuptools import Extension, setup
 # pixels): GCC then makes a clamp a min and a max rather than compares and blends.
 FAST_MATH = ["-fno-trapping-math", "-fno-math-errno", "-ffinite-math-only", "-fno-signed-zeros"]
 # Hot loops on cache-line boundaries: otherwise where an unchanged loop lands moves with every
-# edit elsewhere in the file, and its speed with it (by up to 8% on AMD Zen)
+# edit elsewhere in the file, and its speed with it (docs/performance.md)
 ALIGN = ["-falign-loops=64"]
 
 setup(ext_modules=[

@@ -293,6 +293,30 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def _server(command: list[str], env: dict, make, not_up: type[BaseException]):
+    """The server ``command`` started, ``env`` set in this process (and so in its children),
+    ``make()`` tried until the server answers (``not_up`` until then, 30 s at most); yields
+    what ``make`` returned; the server killed at the end."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    made = make()
+                    break
+                except not_up:
+                    assert time.monotonic() < deadline and server.poll() is None
+                    time.sleep(0.2)
+            yield made
+    finally:
+        server.kill()
+        server.wait()
+
+
+@contextlib.contextmanager
 def s3_server(bucket: str):
     """moto's S3 server on a free port with ``bucket`` made, the ``AWS_*`` settings pointing
     at it set in this process (and so in its children); yields a boto3 client of it."""
@@ -300,28 +324,17 @@ def s3_server(bucket: str):
     import botocore.exceptions
 
     port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test-key",
            "AWS_SECRET_ACCESS_KEY": "test-secret-never-shown", "AWS_REGION": "us-east-1"}
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            for k, v in env.items():
-                mp.setenv(k, v)
-            client = boto3.client("s3")
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    client.create_bucket(Bucket=bucket)
-                    break
-                except botocore.exceptions.EndpointConnectionError:     # not up yet
-                    assert time.monotonic() < deadline and server.poll() is None
-                    time.sleep(0.2)
-            yield client
-    finally:
-        server.kill()
-        server.wait()
+
+    def make():
+        client = boto3.client("s3")     # after the settings: it reads them as it is made
+        client.create_bucket(Bucket=bucket)
+        return client
+    with _server([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
+                  "127.0.0.1", "-p", str(port)], env, make,
+                 botocore.exceptions.EndpointConnectionError) as client:
+        yield client
 
 
 AZURITE = "azurite-blob"     # the Azure Blob Storage emulator (npm's azurite)
@@ -364,26 +377,12 @@ def azure_server(container: str):
     if command is None:
         pytest.skip("Azurite is not installed (npm install azurite; install.sh --test does)")
     port = free_port()
-    server = subprocess.Popen([command, "--silent", "--inMemoryPersistence", "--blobHost",
-                               "127.0.0.1", "--blobPort", str(port), "--skipApiVersionCheck"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("AZURE_STORAGE_USE_EMULATOR", "true")
-            mp.setenv("AZURITE_BLOB_STORAGE_URL", endpoint)
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    _azure_container(endpoint, container)
-                    break
-                except OSError:         # not up yet
-                    assert time.monotonic() < deadline and server.poll() is None
-                    time.sleep(0.2)
-            yield
-    finally:
-        server.kill()
-        server.wait()
+    with _server([command, "--silent", "--inMemoryPersistence", "--blobHost", "127.0.0.1",
+                  "--blobPort", str(port), "--skipApiVersionCheck"],
+                 {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": endpoint},
+                 lambda: _azure_container(endpoint, container), OSError):
+        yield
 
 
 def children(pid: int) -> list[int]:

@@ -40,9 +40,9 @@ typedef int32_t v4i __attribute__((vector_size(16)));
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__)
-/* AVX-512 (x86-64-v4: twice the vector registers; 3-4% faster than AVX2 on AMD Zen 5) or AVX2
- * + FMA (8-wide vertical pass) where the CPU has them, chosen when the module loads (an ifunc:
- * GCC with glibc); elsewhere the compiler's baseline (SSE2 on x86-64) */
+/* AVX-512 (x86-64-v4: twice the vector registers; docs/performance.md) or AVX2 + FMA (8-wide
+ * vertical pass) where the CPU has them, chosen when the module loads (an ifunc: GCC with
+ * glibc); elsewhere the compiler's baseline (SSE2 on x86-64) */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
@@ -294,33 +294,18 @@ static inline __attribute__((always_inline)) void hpass2_planar(
                d1 + x, oc, 1, a, b);
 }
 
-#define HPASS2_PLANAR(OC) switch (kx) { \
-    case 1: hpass2_planar(out, 1, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
-    case 2: hpass2_planar(out, 2, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
-    case 3: hpass2_planar(out, 3, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
-    case 4: hpass2_planar(out, 4, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); break; \
-    default: hpass2_planar(out, kx, wx, Kx, fx, row, row2, d, d2, OC, a8, b8); }
-
-#define HPASS_PLANAR(OC) switch (kx) { \
-    case 1: hpass_planar(out, 1, wx, Kx, fx, row, d, OC, a, b); break; \
-    case 2: hpass_planar(out, 2, wx, Kx, fx, row, d, OC, a, b); break; \
-    case 3: hpass_planar(out, 3, wx, Kx, fx, row, d, OC, a, b); break; \
-    case 4: hpass_planar(out, 4, wx, Kx, fx, row, d, OC, a, b); break; \
-    default: hpass_planar(out, kx, wx, Kx, fx, row, d, OC, a, b); }
-
-#define HPASS2(OC, OX) switch (kx) { \
-    case 1: hpass2(out, 1, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
-    case 2: hpass2(out, 2, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
-    case 3: hpass2(out, 3, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
-    case 4: hpass2(out, 4, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); break; \
-    default: hpass2(out, kx, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8); }
-
-#define HPASS(OC, OX) switch (kx) { \
-    case 1: hpass(out, 1, wx, Kx, fx, row, d, OC, OX, a, b); break; \
-    case 2: hpass(out, 2, wx, Kx, fx, row, d, OC, OX, a, b); break; \
-    case 3: hpass(out, 3, wx, Kx, fx, row, d, OC, OX, a, b); break; \
-    case 4: hpass(out, 4, wx, Kx, fx, row, d, OC, OX, a, b); break; \
-    default: hpass(out, kx, wx, Kx, fx, row, d, OC, OX, a, b); }
+/* f(out, K, ...) with the taps' count K a constant for 1 to 4 (the common counts: the inner
+ * loop unrolled), the variable kx beyond */
+#define BY_TAPS(f, ...) switch (kx) { \
+    case 1: f(out, 1, __VA_ARGS__); break; \
+    case 2: f(out, 2, __VA_ARGS__); break; \
+    case 3: f(out, 3, __VA_ARGS__); break; \
+    case 4: f(out, 4, __VA_ARGS__); break; \
+    default: f(out, kx, __VA_ARGS__); }
+#define HPASS(OC, OX) BY_TAPS(hpass, wx, Kx, fx, row, d, OC, OX, a, b)
+#define HPASS2(OC, OX) BY_TAPS(hpass2, wx, Kx, fx, row, row2, d, d2, OC, OX, a8, b8)
+#define HPASS_PLANAR(OC) BY_TAPS(hpass_planar, wx, Kx, fx, row, d, OC, a, b)
+#define HPASS2_PLANAR(OC) BY_TAPS(hpass2_planar, wx, Kx, fx, row, row2, d, d2, OC, a8, b8)
 
 /* One image's resampling plan: the taps and weights of each output column and row, and the
  * row buffers (the vertical pass's, and a converted output's float32 rows; two of each for a
@@ -367,8 +352,8 @@ static inline __attribute__((always_inline)) void vpass(const Plan *p, const uin
 
 /* float32 output: each row written in place. src: the crop's top-left pixel of an HWC uint8
  * image whose rows are rs bytes apart. Planar (ox == 1, a constant where inlined) gets a
- * function of its own below, as the converted outputs do: one function with both layouts ran
- * the packed loop 1.25x slower. */
+ * function of its own below, as the converted outputs do: compiled into one function with the
+ * planar loop, the packed loop ran slower. */
 static inline __attribute__((always_inline)) void rows_f32(
         const Plan *p, const uint8_t *src, int64_t rs, int w, int out, float *dst, int64_t oc,
         int64_t oy, int64_t ox, v4 a, v4 b, int planar) {

@@ -71,9 +71,11 @@ def center_boxes(n: int, height: int, width: int, ratio: float) -> torch.Tensor:
 def packed_params(boxes: torch.Tensor, flips, out: torch.Tensor | None = None) -> torch.Tensor:
     """A batch's crop parameters as one (B, 5) int64 tensor, ``[top, left, h, w, flip]`` per
     row (written into ``out`` if given, e.g. a pinned buffer), so they cross to a device in
-    one copy; ``p[:, :4], p[:, 4]`` gives them back."""
+    one copy; ``p[:, :4], p[:, 4]`` gives them back. Written through NumPy (CPU tensors): no
+    torch op, as in ``random_resized_crop_boxes``."""
     if out is None:
         out = torch.empty((len(boxes), 5), dtype=torch.int64)
-    out[:, :4] = boxes
-    out[:, 4] = torch.as_tensor(flips, dtype=torch.int64)
+    p = out.numpy()
+    p[:, :4] = boxes.numpy() if isinstance(boxes, torch.Tensor) else boxes
+    p[:, 4] = flips
     return out

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -193,9 +192,7 @@ class CropStage:
         if kernel == "native":      # uint8: the resized pixels as they are
             a, b = self._scale_shift(out.device) if self.dtype != torch.uint8 else (
                 (1, 1, 1), (0, 0, 0))
-            params = np.empty((n, 5), np.int64)    # NumPy: no torch op (see ops.boxes)
-            params[:, :4], params[:, 4] = boxes.numpy(), flips
-            return cpu.crop_resize(x, params, out, a, b)
+            return cpu.crop_resize(x, packed_params(boxes, flips), out, a, b)
         if kernel == "batched":
             # half-precision products for a half-precision result: tensor cores, half the
             # bytes, and their rounding (< 0.5 grey level) below a bf16 output's (~1 level)
