@@ -50,15 +50,22 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
 
 
+#: the settings, in the order the store's client reads them, that name another endpoint for a
+#: scheme's store (a local or on-premise server)
+ENDPOINT_SETTINGS = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+                     "s3a": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
+                     "gs": ("GOOGLE_BASE_URL",)}
+
+
 def _allow_http(url: str) -> bool:
-    """Plain HTTP where the URL or the S3 endpoint configured for it says so (a local or
+    """Plain HTTP where the URL or the endpoint configured for its store says so (a local or
     on-premise server)."""
     scheme = url.split("://", 1)[0].lower()
     if scheme == "http":
         return True
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-        "AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT") or ""
-    return scheme in ("s3", "s3a") and endpoint.startswith("http://")
+    names = ENDPOINT_SETTINGS.get(scheme, ())
+    endpoint = next((os.environ[n] for n in names if os.environ.get(n)), "")
+    return endpoint.startswith("http://")
 
 
 _STARTED: list[int] = []     # the pid whose obstore runtime is live (set at first use)

@@ -1,5 +1,6 @@
-"""Shard sets in an object store: a real S3 server (moto's, started here) and a real HTTP server
-with faults on demand, read with the real client (obstore) through the node-local cache."""
+"""Shard sets in an object store: a real S3 server (moto's, started here), a real GCS server
+(fake-gcs-server) and a real HTTP server with faults on demand, read with the real client
+(obstore) through the node-local cache."""
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +27,8 @@ from tests.helpers import (
     REPO,
     children,
     free_port,
+    gcs_server,
+    gcs_upload,
     ids_of,
     in_private_mounts,
     plain_folder,
@@ -96,6 +99,30 @@ def test_a_missing_set_and_credentials_in_messages(s3, tmp_path):
     text = str(e.value)
     assert "https://127.0.0.1:1/set/manifest.json" in text
     assert "hunter2" not in text and "s3cr3t" not in text and "user" not in text
+
+
+def test_a_set_in_google_cloud_storage_reads_as_the_local_set_does(local_set, tmp_path,
+                                                                    monkeypatch, capsys):
+    """``gs://`` through the same client, against fake-gcs-server (GCS's API): the loader's
+    batches, ``verify`` on the command line, a missing object named."""
+    from fastdata.cli import main
+
+    with gcs_server("fastdata-gcs") as endpoint:
+        gcs_upload(endpoint, "fastdata-gcs", local_set, "sets/a")
+        url = "gs://fastdata-gcs/sets/a"
+        remote_batches, local_batches = (
+            [(x.clone(), y.clone()) for x, y in plain_loader(p, seed=5, num_workers=2,
+                                                             cache_dir=tmp_path / "c")]
+            for p in (url, local_set))
+        assert len(remote_batches) == 6
+        for (a, b), (c, d) in zip(remote_batches, local_batches):
+            assert torch.equal(a, c) and torch.equal(b, d)
+        monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cli"))
+        assert main(["verify", url]) == 0
+        capsys.readouterr()
+        with pytest.raises(FileNotFoundError, match=r"gs://fastdata-gcs/nothing/manifest.json: "
+                                                    r"not found"):
+            fastdata.open("gs://fastdata-gcs/nothing", cache_dir=tmp_path / "c")
 
 
 # ---------------------------------------------------------------- a real HTTP server, faults
