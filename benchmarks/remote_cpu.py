@@ -19,7 +19,8 @@ threads, ``shuffle_window=2`` from the bucket and from the disk alike; from the 
 (the first cold), 2 from the disk, the peers 2. Measured per epoch: img/s, the first batch's
 time, CPU ms per image (the process and its children), memory (fastdata: the process's RSS
 at the epoch's end; the peers: the peak PSS of the process and its workers); the cache's
-peak bytes (sampled every 20 ms under its lock). The link's own rate: every raw shard
+peak bytes (sampled every 20 ms under its lock); the CPU the server and the link's proxy
+spent in each of fastdata's runs (on the same cores as the loader). The link's own rate: every raw shard
 downloaded 4 at a time through it.
 Prints a JSON line per run and a summary per link.
 
@@ -234,6 +235,17 @@ def _run(cmd: list[str], env: dict, cache: str, limit: int | None) -> tuple[list
     return json.loads(out), top
 
 
+def _cpu_s(procs: list) -> float:
+    """The CPU seconds the server's and the link's processes have used so far."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for proc in procs:
+        with open(f"/proc/{proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks      # utime, stime
+    return total
+
+
 def _copies(photos: str, work: str, n: int) -> str:
     """A folder holding each photo of ``photos`` ``n`` times (hard links, in its class folder)."""
     out = os.path.join(work, f"photos-x{n}")
@@ -320,14 +332,15 @@ def main() -> None:
                                                 sum(s["bytes"] for s in first))
                                      for _ in range(2))
             print(json.dumps({"link": link, "link_mb_s": round(rate / 1e6, 1)}), flush=True)
-            results += _rounds(a.rounds, link, rate, env, sets, shards, venvs, endpoint, work)
-        _summary(results)
+            results += _rounds(a.rounds, link, rate, env, sets, shards, venvs, endpoint, work,
+                               [procs[0]] + ([lim] if lim is not None else []))
+        _summary(results, shards)
     finally:
         for proc in procs:
             proc.kill()
 
 
-def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> list[dict]:
+def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work, side) -> list[dict]:
     out = []
     cache = os.path.join(work, "cache")
     for r in range(rounds):
@@ -336,10 +349,12 @@ def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> lis
             per_image = sum(s["bytes"] for s in shards[enc]) / sum(s["count"] for s in shards[enc])
             for where, bound in (("local", 0), ("s3", 0), ("s3, cache of 6 shards", limit)):
                 url = sets[enc] if where == "local" else f"s3://{BUCKET}/{enc}"
+                side_cpu = _cpu_s(side)
                 epochs, peak = _run([sys.executable, "-c", FASTDATA, url, cache, str(bound)], env,
                                     cache, bound or None)
                 out.append({"link": link, "round": r, "run": f"fastdata {enc} {where}",
                             "epochs": epochs, "cache_peak": peak, "cache_limit": bound,
+                            "server_link_cpu_s": round(_cpu_s(side) - side_cpu, 3),
                             "link_img_s": rate / per_image, "shard_s": max(
                                 s["bytes"] for s in shards[enc]) / rate})
                 print(json.dumps(out[-1]), flush=True)
@@ -358,7 +373,7 @@ def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work) -> lis
     return out
 
 
-def _summary(results: list[dict]) -> None:
+def _summary(results: list[dict], shards: dict) -> None:
     print("\n| link | run | epoch 1 img/s (first batch) | epoch 2 img/s | CPU ms/img (1, 2) | "
           "RSS MiB per epoch | cache peak / limit |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -385,11 +400,14 @@ def _summary(results: list[dict]) -> None:
             e1 = statistics.median(r["epochs"][0]["img_s"] for r in rem)
             e2 = statistics.median(r["epochs"][1]["img_s"] for r in rem)
             first = statistics.median(r["epochs"][0]["first_batch_s"] for r in rem)
+            n = sum(s["count"] for s in shards[enc])
+            side = 1000 * statistics.median(r["server_link_cpu_s"] for r in rem) / n
             allowed = min(local1, rem[0]["link_img_s"])
             print(f"{link} {enc}: epoch 1 {e1:.0f} img/s = {e1 / allowed:.2f} of min(local "
                   f"{local1:.0f}, link {rem[0]['link_img_s']:.0f}); epoch 2 = "
                   f"{e2 / local2:.2f} of local; first batch {first:.2f} s against one shard's "
-                  f"transfer {rem[0]['shard_s']:.2f} s + 1 s")
+                  f"transfer {rem[0]['shard_s']:.2f} s + 1 s; the server and the link's proxy: "
+                  f"{side:.3f} CPU ms an image")
 
 
 if __name__ == "__main__":

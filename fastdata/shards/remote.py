@@ -30,6 +30,9 @@ TIMEOUT, CONNECT_TIMEOUT = 60, 10
 RETRIES, RETRY_SECONDS = 4, 120
 #: bytes per part of an upload (a larger object goes up in parts, 4 at a time)
 PART = 16 << 20
+#: bytes of a download checksummed and written at a time: small enough to stay in the core's
+#: cache between the two (docs/performance.md, "Reading from an object store")
+CHUNK = 1 << 20
 
 
 def is_url(path) -> bool:
@@ -150,14 +153,14 @@ class Remote:
             start = os.lseek(fd, 0, os.SEEK_CUR)
             n = self._helper(name, fd, None, limit)
             if update is not None:          # the checksum, over what the helper wrote
-                for at in range(0, n, 8 << 20):
-                    update(memoryview(os.pread(fd, min(8 << 20, n - at), start + at)))
+                for at in range(0, n, CHUNK):
+                    update(memoryview(os.pread(fd, min(CHUNK, n - at), start + at)))
             return n
         import obstore
 
         def get() -> int:
             n = 0
-            for chunk in obstore.get(self.store, name).stream(min_chunk_size=8 << 20):
+            for chunk in obstore.get(self.store, name).stream(min_chunk_size=CHUNK):
                 if limit is not None and n + len(chunk) > limit:
                     raise ValueError(f"more than the {limit} bytes expected")
                 view = memoryview(chunk)
