@@ -20,8 +20,8 @@ threads, ``shuffle_window=2`` from the bucket and from the disk alike; from the 
 time, CPU ms per image (the process and its children), memory (fastdata: the process's RSS
 at the epoch's end; the peers: the peak PSS of the process and its workers); the cache's
 peak bytes (sampled every 20 ms under its lock); the CPU the server and the link's proxy
-spent in each of fastdata's runs (on the same cores as the loader). The link's own rate: every raw shard
-downloaded 4 at a time through it.
+spent in each of fastdata's runs (on the same cores as the loader). The link's own rate: every
+raw shard downloaded 4 at a time through it.
 Prints a JSON line per run and a summary per link.
 
 ``--copies N`` reads each photo N times (hard links in the work folder, each copy a file of its

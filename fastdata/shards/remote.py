@@ -53,11 +53,10 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
 
 
+_S3_ENDPOINT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
 #: the settings, in the order the store's client reads them, that name another endpoint for a
 #: scheme's store (a local or on-premise server)
-ENDPOINT_SETTINGS = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
-                     "s3a": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
-                     "gs": ("GOOGLE_BASE_URL",)}
+ENDPOINT_SETTINGS = {"s3": _S3_ENDPOINT, "s3a": _S3_ENDPOINT, "gs": ("GOOGLE_BASE_URL",)}
 
 
 def _allow_http(url: str) -> bool:
