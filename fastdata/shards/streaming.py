@@ -114,15 +114,17 @@ class Prefetch:
                  in_flight: int | None = None, finished: Callable[[int], None] | None = None):
         import concurrent.futures as cf
 
-        _, first = np.unique(shard, return_index=True)
+        ids, first = np.unique(shard, return_index=True)
         last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
         self._seq = shard[np.sort(first)].tolist()
-        self._last = dict(zip(np.unique(shard).tolist(), last.tolist()))
+        self._first = dict(zip(ids.tolist(), first.tolist()))
+        self._last = dict(zip(ids.tolist(), last.tolist()))
         # the shards in the order the pass reads them for the last time: each ``finished``
         # once the pass has consumed past it
         self._ends = sorted(self._last, key=self._last.__getitem__)
         self._finished, self._ended = finished, 0
         self._bytes = [e["bytes"] for e in entries]
+        self._largest = max(self._bytes, default=0)
         if in_flight is None:
             typical = int(np.median([self._bytes[sh] for sh in self._seq] or [1]))
             in_flight = max(2, min(8, -(-IN_FLIGHT_BYTES // max(1, typical))))
@@ -134,12 +136,18 @@ class Prefetch:
         threading.Thread(target=self._run, daemon=True, name="fastdata-prefetch").start()
 
     def _room(self, i: int) -> bool:
-        """Whether shard ``_seq[i]`` fits the limit beside the earlier ones still to read."""
+        """Whether shard ``_seq[i]`` fits the half of the limit that is the prefetch's beside
+        the earlier ones the pass has not begun to read (the other half holds the shards being
+        read: ``OpenShards``' budget), with room for one more shard beside all those the pass
+        still has to read (a reader's own fetch, which makes room by evicting)."""
         if self._limit is None:
             return True
-        need = sum(self._bytes[sh] for sh in self._seq[:i + 1]
-                   if self._last[sh] >= self._consumed)
-        return 2 * need <= self._limit or need == self._bytes[self._seq[i]]
+        todo = [sh for sh in self._seq[:i + 1] if self._last[sh] >= self._consumed]
+        need = sum(self._bytes[sh] for sh in todo)
+        ahead = sum(self._bytes[sh] for sh in todo if self._first[sh] >= self._consumed)
+        if need == self._bytes[self._seq[i]]:       # the only one: it goes, whatever its size
+            return True
+        return 2 * ahead <= self._limit and need + self._largest <= self._limit
 
     def _go(self, i: int) -> bool:
         """Whether shard ``_seq[i]``'s fetch may start now."""

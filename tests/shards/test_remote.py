@@ -132,6 +132,9 @@ class _Served(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root, self.gets, self.faults = root, {}, {}
         self.lock = threading.Lock()
+        # a shard's answer waits ``delay`` seconds (a long round trip); ``busy``: the shard
+        # answers under way, ``most``: the most at once
+        self.delay, self.busy, self.most = 0.0, 0, 0
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -162,6 +165,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = open(path, "rb").read()
+        if body and srv.delay and name.startswith("shard-"):
+            with srv.lock:
+                srv.busy += 1
+                srv.most = max(srv.most, srv.busy)
+            time.sleep(srv.delay)
+            with srv.lock:
+                srv.busy -= 1
         if fault == "corrupt":                  # as long, other bytes here and there
             damaged = bytearray(data)
             damaged[len(data) // 3::101] = bytes(b ^ 0xFF for b in damaged[len(data) // 3::101])
@@ -432,6 +442,38 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
         server.shutdown()
         server.server_close()
     assert 0 < peak[0] <= limit
+
+
+def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path):
+    """12 shards, a cache of 6 and windows of 2, read slowly: half the cache is the prefetch's,
+    so 3 shards are fetched ahead of those the pass has begun to read, in the middle of a
+    window too (where counting the window's shards against that half left room for one), and
+    the cache never holds more than its limit."""
+    out = str(tmp_path / "set")
+    convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
+            workers=1, shuffle=True, progress=False)
+    shard = max(os.path.getsize(os.path.join(out, f)) for f in _shards(out))
+    server = _Served(out)
+    server.delay = 0.05
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/set"
+    try:
+        loader = plain_loader(url, num_workers=0, shuffle_window=2, batch_size=5,
+                              cache_dir=tmp_path / "cache", cache_limit=6 * shard)
+        shard_of = loader.dataset.locate(np.concatenate(loader.order.batches()))[0]
+        ahead = []
+        for k, _ in enumerate(loader):
+            time.sleep(0.4)     # the prefetch does all it may meanwhile
+            begun = len(set(shard_of[:5 * (k + 1)].tolist()))
+            ahead.append(sum(n for f, n in server.gets.items() if f.startswith("shard-"))
+                         - begun)
+        loader.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    # 8 batches in 4 windows, before the last 4 shards: 3 ahead all along (mid-window too)
+    assert ahead[:8] == [3] * 8, ahead
+    assert ShardCache(tmp_path / "cache", 6 * shard).used() <= 6 * shard
 
 
 def _rank(url, cache_dir, rank, barrier, conn, ids, split) -> None:
