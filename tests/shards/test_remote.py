@@ -132,9 +132,7 @@ class _Served(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root, self.gets, self.faults = root, {}, {}
         self.lock = threading.Lock()
-        # a shard's answer waits ``delay`` seconds (a long round trip); ``busy``: the shard
-        # answers under way, ``most``: the most at once
-        self.delay, self.busy, self.most = 0.0, 0, 0
+        self.delay = 0.0        # seconds a shard's answer waits (a long round trip)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -165,13 +163,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         data = open(path, "rb").read()
-        if body and srv.delay and name.startswith("shard-"):
-            with srv.lock:
-                srv.busy += 1
-                srv.most = max(srv.most, srv.busy)
+        if body and name.startswith("shard-"):
             time.sleep(srv.delay)
-            with srv.lock:
-                srv.busy -= 1
         if fault == "corrupt":                  # as long, other bytes here and there
             damaged = bytearray(data)
             damaged[len(data) // 3::101] = bytes(b ^ 0xFF for b in damaged[len(data) // 3::101])
