@@ -373,7 +373,8 @@ def _azure_container(endpoint: str, name: str) -> None:
 @contextlib.contextmanager
 def azure_server(container: str):
     """Azurite's blob server on a free port, in memory, with ``container`` made and the
-    ``AZURE_*`` settings that point the store's client at it set in this process."""
+    ``AZURE_*`` settings that point the store's client at it set in this process (its
+    emulator switch). Yields the server's URL."""
     command = azurite()
     if command is None:
         pytest.skip("Azurite is not installed (npm install azurite; install.sh --test does)")
@@ -383,7 +384,7 @@ def azure_server(container: str):
                   "--blobPort", str(port), "--skipApiVersionCheck"],
                  {"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": endpoint},
                  lambda: _azure_container(endpoint, container), OSError):
-        yield
+        yield endpoint
 
 
 def _gcs_bucket(endpoint: str, name: str) -> None:

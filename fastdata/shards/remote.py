@@ -54,9 +54,11 @@ def redact(url: str) -> str:
 
 
 _S3_ENDPOINT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+_AZURE_ENDPOINT = ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")
 #: the settings, in the order the store's client reads them, that name another endpoint for a
 #: scheme's store (a local or on-premise server)
-ENDPOINT_SETTINGS = {"s3": _S3_ENDPOINT, "s3a": _S3_ENDPOINT, "gs": ("GOOGLE_BASE_URL",)}
+ENDPOINT_SETTINGS = {"s3": _S3_ENDPOINT, "s3a": _S3_ENDPOINT, "gs": ("GOOGLE_BASE_URL",),
+                     **dict.fromkeys(("az", "azure", "abfs", "abfss"), _AZURE_ENDPOINT)}
 
 
 def _allow_http(url: str) -> bool:

@@ -1,6 +1,6 @@
-"""Shard sets in an object store: a real S3 server (moto's, started here), a real GCS server
-(fake-gcs-server) and a real HTTP server with faults on demand, read with the real client
-(obstore) through the node-local cache."""
+"""Shard sets in an object store: a real S3 server (moto's, started here), real GCS and Azure
+servers (fake-gcs-server, Azurite) and a real HTTP server with faults on demand, read with the
+real client (obstore) through the node-local cache."""
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +24,10 @@ from fastdata.converters.convert import convert
 from fastdata.shards import remote
 from fastdata.shards.cache import ShardCache, shard_key
 from tests.helpers import (
+    AZURE_ACCOUNT,
+    AZURE_KEY,
     REPO,
+    azure_server,
     children,
     free_port,
     gcs_server,
@@ -122,6 +125,30 @@ def test_a_set_in_google_cloud_storage_reads_as_the_local_set_does(local_set, tm
         with pytest.raises(FileNotFoundError, match=r"gs://fastdata-gcs/nothing/manifest.json: "
                                                     r"not found"):
             fastdata.open("gs://fastdata-gcs/nothing", cache_dir=tmp_path / "c")
+
+
+def test_an_azure_account_at_a_plain_http_endpoint_is_read(local_set, tmp_path):
+    """``az://`` at an endpoint named by ``AZURE_STORAGE_ENDPOINT`` with the account's name and
+    key (an on-premise server, not the emulator's switch), against Azurite: plain HTTP is
+    allowed where that endpoint says ``http://``, and the set reads as the local one."""
+    import obstore
+
+    # the settings undone inside the server's, which undoes its own
+    with azure_server("sets") as endpoint, pytest.MonkeyPatch.context() as mp:
+        store = obstore.store.from_url("az://sets/a")
+        for f in os.listdir(local_set):
+            with open(os.path.join(local_set, f), "rb") as src:
+                obstore.put(store, f, src.read())
+        mp.delenv("AZURE_STORAGE_USE_EMULATOR")
+        mp.setenv("AZURE_STORAGE_ACCOUNT_NAME", AZURE_ACCOUNT)
+        mp.setenv("AZURE_STORAGE_ACCOUNT_KEY", AZURE_KEY)
+        mp.setenv("AZURE_STORAGE_ENDPOINT", f"{endpoint}/{AZURE_ACCOUNT}")
+        remote_batches, local_batches = (
+            [(x.clone(), y.clone()) for x, y in plain_loader(p, seed=7, cache_dir=tmp_path)]
+            for p in ("az://sets/a", local_set))
+        assert len(remote_batches) == 6
+        for (a, b), (c, d) in zip(remote_batches, local_batches):
+            assert torch.equal(a, c) and torch.equal(b, d)
 
 
 # ---------------------------------------------------------------- a real HTTP server, faults
