@@ -1,5 +1,6 @@
 """The ``fastdata`` command line: a module per command (``convert``, ``info``, ``verify``,
-``train``, ``bench``, ``demo``), each with ``HELP``, ``add_args(parser)`` and ``run(args)``."""
+``train``, ``bench``, ``demo``, ``cache``), each with ``HELP``, ``add_args(parser)`` and
+``run(args)``."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +13,7 @@ from typing import Any
 
 from fastdata.cli.common import HelpFormatter, log
 
-COMMANDS = ("convert", "info", "verify", "train", "bench", "demo")
+COMMANDS = ("convert", "info", "verify", "train", "bench", "demo", "cache")
 #: commands whose options name torch's choices (backends, precisions): set up only when one of
 #: them runs, so that convert, info and verify start without importing torch
 NEED_TORCH = ("train", "bench")
@@ -31,7 +32,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         s = sub.add_parser(name, formatter_class=HelpFormatter, help=module.HELP)
         s.add_argument("-q", "--quiet", default=argparse.SUPPRESS, **quiet)  # after it too
         s.set_defaults(func=module.run)
-        if name not in NEED_TORCH or command not in ("convert", "info", "verify"):
+        if name not in NEED_TORCH or command not in ("convert", "info", "verify", "cache"):
             module.add_args(s)
     return p
 

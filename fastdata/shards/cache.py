@@ -281,6 +281,22 @@ class ShardCache:
         with self._room_locked():
             return sum(size for _, _, size in self._entries("objects")) + self._in_flight()
 
+    def contents(self) -> tuple[int, int, int]:
+        """``(shards, their bytes, bytes of downloads in progress)``, counted while no process
+        changes them."""
+        with self._room_locked():
+            objects = self._entries("objects")
+            return len(objects), sum(size for _, _, size in objects), self._in_flight()
+
+    def clear(self) -> tuple[int, int]:
+        """Delete every cached shard that no reader holds open, and the downloads left by
+        processes that are gone. Returns ``(shards deleted, shards kept)``: a shard a running
+        reader holds stays, as a download in progress does."""
+        with self._room_locked():
+            self._sweep()
+            gone = [self._evict(key) for _, key, _ in self._entries("objects")]
+        return sum(gone), len(gone) - sum(gone)
+
     def _in_flight(self) -> int:
         return sum(size for _, _, size in self._entries("tmp"))
 
