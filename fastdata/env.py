@@ -69,6 +69,15 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
     return max(1, min(n, quota) if quota else n)
 
 
+def local_world_size() -> int:
+    """The ranks of this node: ``LOCAL_WORLD_SIZE`` as torchrun (and Lightning's launcher) set
+    it, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def confine(cpus) -> None:
     """Run this process, every thread it has and every one and every process it starts later,
     on the cores ``cpus`` only (as ``taskset`` would have started it): a benchmark of what a

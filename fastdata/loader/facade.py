@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fastdata.checks import choice, flag, integer, positive
-from fastdata.env import resolve_device, usable_cpus
+from fastdata.env import local_world_size, resolve_device, usable_cpus
 from fastdata.loader.decode import jpeg_decode_where
 from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
@@ -365,8 +365,8 @@ class Loader:
         # a remote set: its shards fetched in the order the pass reads them
         processes = self.num_workers if self.workers == "process" and \
             self.backend_name == "torch" else 1
-        fetch = self.dataset.prefetch(np.concatenate(batches), processes=processes) \
-            if batches else None
+        fetch = self.dataset.prefetch(np.concatenate(batches), processes=processes,
+                                      ranks=self._cache_sharers()) if batches else None
         consumed = 0
         try:
             for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
@@ -383,6 +383,13 @@ class Loader:
                 fetch.stop()
         if me == self._iterations:
             order.rewind()      # a finished epoch repeats its order until set_epoch
+
+    def _cache_sharers(self) -> int:
+        """The ranks of this node that read other shards than this one's into the same cache:
+        with ``shard_split``, the node's ranks (``LOCAL_WORLD_SIZE``), at most one a run; else
+        1 (ranks reading the same windows share their shards)."""
+        parts = getattr(self.order.draw, "parts", None) or 1
+        return min(local_world_size(), self.order.world_size, parts)
 
     def _sources(self, indices) -> torch.Tensor:
         src = self.dataset.source_of(indices) if isinstance(self.dataset, Mixture) else \

@@ -224,8 +224,8 @@ class Mixture:
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
-    def prefetch(self, indices, in_flight: int | None = None,
-                 processes: int = 1) -> _Prefetches | None:
+    def prefetch(self, indices, in_flight: int | None = None, processes: int = 1,
+                 ranks: int = 1) -> _Prefetches | None:
         """Each remote set's ``prefetch`` of its share of ``indices`` (None if none is
         remote)."""
         if all(s.url is None for s in self.sets):
@@ -234,7 +234,8 @@ class Mixture:
         for k, where, local in self._split(indices):
             mine = np.zeros(len(np.asarray(indices).reshape(-1)) + 1, np.int64)
             mine[where + 1] = 1
-            parts.append((self.sets[k].prefetch(local, in_flight, processes), np.cumsum(mine)))
+            parts.append((self.sets[k].prefetch(local, in_flight, processes, ranks),
+                          np.cumsum(mine)))
         return _Prefetches([(p, c) for p, c in parts if p is not None])
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None

@@ -79,6 +79,9 @@ class ShardSet:
                                                  else 1))
         self.size = self.sizes[-1] if size is None else self.stored_size(size)
         self._labels: np.ndarray | None = None
+        # a remote set's shards' labels as read (a shard the cache has let go is not fetched
+        # again for them)
+        self._shard_labels_read: dict[int, np.ndarray] = {}
         self._annotations: Annotations | ClassMaps | None = None
         # half the memory available: the rest is room for what the program holds later (its
         # loader's buffers, its model), which the page cache cannot have
@@ -156,14 +159,17 @@ class ShardSet:
 
     def labels_of(self, indices) -> np.ndarray:
         """``labels[indices]``, reading only the shards of ``indices`` where the labels are
-        not all read yet (a remote set fetches no other shard for them)."""
+        not all read yet (a remote set fetches no other shard for them, and each shard's
+        labels once)."""
         if self._labels is not None or self.label_kind not in ("class", *SPATIAL_KINDS) \
                 or self.url is None:
             return self.labels[indices]
         shard, local = self.locate(indices)
         out = np.empty(len(local), np.int64)
         for sh, rows in _by_shard(shard):
-            part = self._shard_labels(sh)
+            part = self._shard_labels_read.get(sh)
+            if part is None:
+                part = self._shard_labels_read[sh] = self._shard_labels(sh)
             out[rows] = part[local[rows]]
         return out
 
@@ -183,21 +189,23 @@ class ShardSet:
                           f"{self.url or self.root}`")
         return part
 
-    def prefetch(self, indices, in_flight: int | None = None,
-                 processes: int = 1) -> Prefetch | None:
+    def prefetch(self, indices, in_flight: int | None = None, processes: int = 1,
+                 ranks: int = 1) -> Prefetch | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
         first read them (``streaming.Prefetch``: ``in_flight`` at a time, by default as many
         as keep about 64 MiB in flight), and with a ``cache_limit`` no further ahead than the
         cache holds beside the shards still to be read; None for a local set. A failed fetch
         is left to the read that needs the shard. ``processes``: how many processes read the
-        pass (its worker processes), which share the cache's room for open shards."""
+        pass (its worker processes), which share the cache's room for open shards; ``ranks``:
+        how many passes of the node read other shards into the same cache, each planning on
+        its share of the limit."""
         if self.url is None:
             return None
         shard, _ = self.locate(indices)
         if self._open is not None:
-            self._open.processes = processes
+            self._open.processes = processes * ranks
         return Prefetch(self.shards, self.manifest["shards"], shard, in_flight,
-                        None if self._open is None else self._open.finish)
+                        None if self._open is None else self._open.finish, share=ranks)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:
         """``(shard, index within the shard)`` of each sample of ``indices`` (negative ones count

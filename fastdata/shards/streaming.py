@@ -107,11 +107,14 @@ class Prefetch:
     """A remote set's shards fetched in the background in the order a pass (the shard of each
     of its samples: ``shard``) first reads them (``ShardSet.prefetch``): 2 at a time until the
     pass's first batch is consumed (those shards get the link's bandwidth), then ``in_flight``
-    (default: as many as make ``IN_FLIGHT_BYTES``, 2 to 8). ``advance(n)`` says the pass has
-    consumed its first ``n`` samples, ``stop()`` cancels what has not started."""
+    (default: as many as make ``IN_FLIGHT_BYTES``, 2 to 8). With a ``cache_limit``, the pass
+    plans on its ``share``-th of it (the passes of the node that read other shards into the
+    same cache). ``advance(n)`` says the pass has consumed its first ``n`` samples, ``stop()``
+    cancels what has not started."""
 
     def __init__(self, readers: list[ShardReader], entries: list[dict], shard: np.ndarray,
-                 in_flight: int | None = None, finished: Callable[[int], None] | None = None):
+                 in_flight: int | None = None, finished: Callable[[int], None] | None = None,
+                 share: int = 1):
         import concurrent.futures as cf
 
         ids, first = np.unique(shard, return_index=True)
@@ -129,7 +132,8 @@ class Prefetch:
             typical = int(np.median([self._bytes[sh] for sh in self._seq] or [1]))
             in_flight = max(2, min(8, -(-IN_FLIGHT_BYTES // max(1, typical))))
         self._most, self._running = in_flight, 0
-        self._limit = readers[0].fetch.cache.limit if readers else None  # type: ignore[union-attr]
+        limit = readers[0].fetch.cache.limit if readers else None  # type: ignore[union-attr]
+        self._limit = None if limit is None else limit // share     # this pass's share
         self._readers, self._consumed, self._stopped = readers, 0, False
         self._cond = threading.Condition()
         self._pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")

@@ -464,25 +464,30 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
     assert 0 < peak[0] <= limit
 
 
-def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path):
-    """12 shards, a cache of 6 and windows of 2, read slowly: half the cache is the prefetch's,
-    so 3 shards are fetched ahead of those the pass has begun to read, in the middle of a
-    window too (where counting the window's shards against that half left room for one), and
-    the cache never holds more than its limit."""
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path, monkeypatch,
+                                                                       ranks):
+    """Windows of 2 read slowly through a cache of 6 shards a rank: half of a rank's share is
+    its prefetch's, so 3 shards are fetched ahead of those the pass has begun to read, in the
+    middle of a window too (where counting the window's shards against that half left room
+    for one). With ``shard_split`` and 2 ranks on the node (``LOCAL_WORLD_SIZE``), which read
+    other shards into the same cache of 12, each plans on its half: 3 ahead, not 6."""
     out = str(tmp_path / "set")
-    convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
-            workers=1, shuffle=True, progress=False)
+    convert(plain_folder(tmp_path / "src", per_class=20 * ranks), out, sizes=[16],
+            shard_size=5, workers=1, shuffle=True, progress=False)
     shard = max(os.path.getsize(os.path.join(out, f)) for f in _shards(out))
     server = _Served(out)
     server.delay = 0.05
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/set"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
     try:
         loader = plain_loader(url, num_workers=0, shuffle_window=2, batch_size=5,
-                              cache_dir=tmp_path / "cache", cache_limit=6 * shard)
+                              world_size=ranks, rank=0, shard_split=ranks,
+                              cache_dir=tmp_path / "cache", cache_limit=6 * ranks * shard)
         shard_of = loader.dataset.locate(np.concatenate(loader.order.batches()))[0]
         ahead = []
-        for k, _ in enumerate(loader):
+        for k, _ in enumerate(loader):      # the 12 shards this rank reads, 5 samples a batch
             time.sleep(0.4)     # the prefetch does all it may meanwhile
             begun = len(set(shard_of[:5 * (k + 1)].tolist()))
             ahead.append(sum(n for f, n in server.gets.items() if f.startswith("shard-"))
@@ -491,9 +496,9 @@ def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path)
     finally:
         server.shutdown()
         server.server_close()
-    # 8 batches in 4 windows, before the last 4 shards: 3 ahead all along (mid-window too)
+    # 8 batches in 4 windows, before the last 4 shards: 3 ahead all along
     assert ahead[:8] == [3] * 8, ahead
-    assert ShardCache(tmp_path / "cache", 6 * shard).used() <= 6 * shard
+    assert ShardCache(tmp_path / "cache", 6 * ranks * shard).used() <= 6 * ranks * shard
 
 
 def _rank(url, cache_dir, rank, barrier, conn, ids, split) -> None:
