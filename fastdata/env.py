@@ -70,8 +70,7 @@ def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
 
 
 def local_world_size() -> int:
-    """The ranks of this node: ``LOCAL_WORLD_SIZE`` as torchrun (and Lightning's launcher) set
-    it, else 1."""
+    """The ranks of this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it, else 1."""
     try:
         return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:

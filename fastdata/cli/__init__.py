@@ -15,7 +15,7 @@ from fastdata.cli.common import HelpFormatter, log
 
 COMMANDS = ("convert", "info", "verify", "train", "bench", "demo", "cache")
 #: commands whose options name torch's choices (backends, precisions): set up only when one of
-#: them runs, so that convert, info and verify start without importing torch
+#: them runs, so that convert, info, verify and cache start without importing torch
 NEED_TORCH = ("train", "bench")
 
 

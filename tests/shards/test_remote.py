@@ -245,6 +245,21 @@ def _read_in_process(url, cache_dir, conn) -> None:
     conn.send(sum(x.shape[0] for x, _ in loader))
 
 
+def test_a_shards_labels_are_fetched_once(http_set, tmp_path):
+    """A remote set's labels, asked again after the cache has let their shard go, come from
+    memory: the shard is not downloaded again for them."""
+    server, url = http_set
+    ds = fastdata.open(url, cache_dir=tmp_path)
+    first = ds.labels_of([0, 1, 7])
+    shard0 = _shards(server.root)[0]
+    assert server.gets[shard0] == 1
+    for reader in ds.shards:
+        reader.close()
+    assert ShardCache(tmp_path).clear()[0] >= 1
+    assert ds.labels_of([1, 0]).tolist() == first[[1, 0]].tolist()
+    assert server.gets[shard0] == 1
+
+
 def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set, tmp_path):
     """Two loaders of two worker processes each, one cache: each shard fetched once."""
     server, url = http_set
