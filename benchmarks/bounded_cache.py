@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import limiter  # noqa: E402 - benchmarks/limiter.py
-from remote_cpu import _free_port  # noqa: E402 - benchmarks/remote_cpu.py
+from remote_cpu import moto_server  # noqa: E402 - benchmarks/remote_cpu.py
 
 BUCKET = "bounded"
 
@@ -54,15 +53,12 @@ def main() -> None:
     p.add_argument("--cache-shards", type=int, default=6)
     p.add_argument("--epochs", type=int, default=3)
     a = p.parse_args()
-    port = _free_port()
-    procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    server, port = moto_server()
+    procs = [server]
     cache = tempfile.mkdtemp(dir="/tmp")
     os.environ.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_REGION="us-east-1",
                       AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
     try:
-        time.sleep(2)
         manifest = _upload(a.set)
         endpoint, lim = limiter.start(port, a.link)
         procs += [lim] if lim is not None else []

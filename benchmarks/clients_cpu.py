@@ -17,7 +17,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -74,19 +73,16 @@ def main() -> None:
 
     sys.path.insert(0, HERE)
     import limiter
-    from remote_cpu import _free_port
+    from remote_cpu import moto_server
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         local = os.path.join(tmp, "set")
         convert(a.photos, local, sizes=[256], shard_size=250, progress=False)
         names = sorted(f for f in os.listdir(local) if f.startswith("shard-"))
-        port = _free_port()
-        procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                                   "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        server, port = moto_server()
+        procs = [server]
         aws = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
         try:
-            time.sleep(2)
             s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}",
                               aws_access_key_id="k", aws_secret_access_key="s",
                               region_name="us-east-1")

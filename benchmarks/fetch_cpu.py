@@ -17,15 +17,13 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from remote_cpu import _free_port  # noqa: E402 - benchmarks/remote_cpu.py
+from remote_cpu import moto_server  # noqa: E402 - benchmarks/remote_cpu.py
 
 BUCKET = "fetch"
 
@@ -51,16 +49,12 @@ def main() -> None:
     convert(a.photos, local, sizes=[256], shard_size=250, progress=False)
     names = sorted(f for f in os.listdir(local) if f.startswith("shard-"))[:6]
     mb = sum(os.path.getsize(os.path.join(local, n)) for n in names) / 1e6
-    port = _free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, port = moto_server()
     os.environ.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s", AWS_REGION="us-east-1",
                       AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
     try:
         import boto3
 
-        time.sleep(2)
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
         for n in names:

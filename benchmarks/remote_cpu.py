@@ -166,12 +166,26 @@ def _peer_module(peer: str, work: str) -> str:
     return path
 
 
-def _free_port() -> int:
+def moto_server() -> tuple[subprocess.Popen, int]:
+    """moto's S3 server on a free port of 127.0.0.1, once it answers: its process and port."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
+                             "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("moto_server did not start") from None
+            time.sleep(0.1)
 
 
 def _link_rate(url: str, names: list[str], nbytes: int) -> float:
@@ -296,13 +310,10 @@ def main() -> None:
 
     photos = _copies(a.photos, work, a.copies) if a.copies > 1 else a.photos
     sets = _prepare(photos, work, venvs, encodings)
-    port = _free_port()
-    procs = [subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
-                               "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)]
+    server, port = moto_server()
+    procs = [server]
     aws = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
     try:
-        time.sleep(2)
         client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", **{
             "aws_access_key_id": "k", "aws_secret_access_key": "s", "region_name": "us-east-1"})
         client.create_bucket(Bucket=BUCKET)

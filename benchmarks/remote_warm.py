@@ -18,11 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from remote_cpu import BUCKET, SHARD_SIZE, _free_port  # noqa: E402
+from remote_cpu import BUCKET, SHARD_SIZE, moto_server  # noqa: E402
 
 RUN = r"""
 import sys, time, torch, fastdata
@@ -52,14 +51,10 @@ def main() -> None:
     from fastdata.converters.convert import convert
 
     tmp = tempfile.mkdtemp(dir="/tmp")
-    port = _free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"),
-                               "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    server, port = moto_server()
     env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
            "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
     try:
-        time.sleep(2)
         client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="k",
                               aws_secret_access_key="s", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
