@@ -278,8 +278,8 @@ class ShardCache:
 
     def used(self) -> int:
         """Bytes of cached and in-flight shards, counted while no process changes them."""
-        with self._room_locked():
-            return sum(size for _, _, size in self._entries("objects")) + self._in_flight()
+        _, nbytes, in_flight = self.contents()
+        return nbytes + in_flight
 
     def contents(self) -> tuple[int, int, int]:
         """``(shards, their bytes, bytes of downloads in progress)``, counted while no process
