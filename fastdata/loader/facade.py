@@ -148,9 +148,11 @@ class Loader:
         jpeg_decode: where JPEG shards are decoded by the torch backend: ``"auto"``,
             ``"cpu"`` or ``"gpu"`` (nvJPEG through torchvision).
         sample_transform: ``fn(image, rng) -> image`` per stored image, before the crop, in
-            the reader workers (``docs/augmentation.md``).
+            the reader workers; a torchvision transform (any ``nn.Module``) is called as
+            ``t(image)`` on (3, S, S) uint8 tensors (``docs/augmentation.md``).
         batch_transform: ``fn(images, labels) -> (images, labels)`` on the whole batch on the
-            device, on values in [0, 1] before the normalisation (``fastdata.transforms``).
+            device, on values in [0, 1] before the normalisation (``fastdata.transforms``,
+            or torchvision's: ``fn(images) -> images`` where it takes the images alone).
         weights: each set's share of an epoch where ``path`` is a list of sets (default: by
             their sizes); a ``Mixture`` takes the other options.
         cache_dir: where a remote set's shards are kept on this node (default:

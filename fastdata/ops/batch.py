@@ -17,23 +17,53 @@ import torch
 from fastdata.ops.normalize import Normalize
 
 
-def takes_generator(fn: Callable) -> bool:
-    """Whether ``fn`` accepts a ``generator`` keyword."""
+def _signature(fn: Callable) -> inspect.Signature | None:
+    """The signature a call of ``fn`` goes through: a ``torch.nn.Module``'s ``forward`` (its
+    ``__call__`` takes anything), else ``fn``'s own; None where it has none to read."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        return inspect.signature(fn.forward if isinstance(fn, torch.nn.Module) else fn)
     except (TypeError, ValueError):
-        return False
-    return any(p.name == "generator" or p.kind is p.VAR_KEYWORD for p in params)
+        return None
+
+
+def takes_generator(fn: Callable) -> bool:
+    """Whether ``fn`` names a ``generator`` parameter (a ``**kwargs`` does not count: a
+    torchvision transform's ``__call__`` takes one and passes it to a ``forward`` that takes
+    none)."""
+    sig = _signature(fn)
+    p = sig.parameters.get("generator") if sig is not None else None
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+def takes_labels(fn: Callable) -> bool:
+    """Whether ``fn`` is called as ``fn(images, labels)`` (two positional parameters, or
+    ``*args`` as a torchvision v2 transform's), rather than ``fn(images)`` (one, as a v1
+    transform's or an image-only module's)."""
+    sig = _signature(fn)
+    if sig is None:
+        return True
+    params = [p for p in sig.parameters.values() if p.name != "generator"]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 2
 
 
 def call(fn: Callable, images, labels, generator):
-    """``fn(images, labels)``, with ``generator=`` where it takes one; the result checked to be
+    """``fn(images, labels)`` (``fn(images)`` where it takes the images alone, the labels then
+    unchanged), with ``generator=`` where it names one; the result checked to be
     ``(images, labels)``.
 
     Raises:
         TypeError: ``fn`` returned something else.
     """
-    out = fn(images, labels, generator=generator) if takes_generator(fn) else fn(images, labels)
+    extra = {"generator": generator} if takes_generator(fn) else {}
+    if not takes_labels(fn):
+        out = fn(images, **extra)
+        if not torch.is_tensor(out):
+            raise TypeError(f"batch_transform {fn!r} takes the images alone and returned "
+                            f"{type(out).__name__}; it must return the images (a tensor)")
+        return out, labels
+    out = fn(images, labels, **extra)
     if not (isinstance(out, tuple) and len(out) == 2 and torch.is_tensor(out[0])):
         raise TypeError(f"batch_transform {fn!r} returned {type(out).__name__}; it must return "
                         f"(images, labels)")

@@ -22,11 +22,11 @@ made of are in ``fastdata.ops``.
 """
 from fastdata.ops.batch import BatchTransform
 from fastdata.transforms.color import ColorJitter, RandomGrayscale
-from fastdata.transforms.compose import Compose, RandomChoice
+from fastdata.transforms.compose import Compose, PerImage, RandomChoice
 from fastdata.transforms.erasing import RandomErasing
 from fastdata.transforms.mix import CutMix, MixUp, check_classes, soft_targets
 from fastdata.transforms.trivial import TRIVIAL_OPS, TrivialAugment
 
-__all__ = ["BatchTransform", "ColorJitter", "Compose", "CutMix", "MixUp", "RandomChoice",
-           "RandomErasing", "RandomGrayscale", "TRIVIAL_OPS", "TrivialAugment", "check_classes",
-           "soft_targets"]
+__all__ = ["BatchTransform", "ColorJitter", "Compose", "CutMix", "MixUp", "PerImage",
+           "RandomChoice", "RandomErasing", "RandomGrayscale", "TRIVIAL_OPS", "TrivialAugment",
+           "check_classes", "soft_targets"]

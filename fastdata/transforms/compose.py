@@ -75,3 +75,20 @@ class RandomChoice(BatchTransform):
     def _ask_all(self, method, scale, shift):
         out = ask_each(self.transforms, method, scale, shift)
         return None if out is None else RandomChoice(out, self.p)
+
+
+class PerImage(BatchTransform):
+    """``transform`` applied to each image of the batch on its own, ``transform(image)`` on a
+    ``(3, H, W)`` tensor, the labels unchanged: a torchvision transform given a whole batch
+    draws one set of parameters for all of it (one brightness factor, one rotation), given
+    one image at a time, a set per image. Its draws come from torch's global generator, as
+    torchvision's do; one call per image costs a kernel launch or more per image on a GPU."""
+
+    def __init__(self, transform: Callable):
+        if not callable(transform):
+            raise TypeError(f"PerImage takes a callable; {transform!r} is not one")
+        self.transform = transform
+
+    def __call__(self, images, labels, generator=None):
+        """The batch, each image transformed on its own: ``(images, labels)``."""
+        return torch.stack([self.transform(image) for image in images]), labels

@@ -9,7 +9,6 @@ import torch
 
 from fastdata.checks import integer, positive
 from fastdata.ops.batch import BatchTransform, host_generator
-from fastdata.transforms.compose import Compose, RandomChoice
 
 
 def soft_targets(labels: torch.Tensor, num_classes: int, dtype=torch.float32) -> torch.Tensor:
@@ -24,18 +23,22 @@ def soft_targets(labels: torch.Tensor, num_classes: int, dtype=torch.float32) ->
 
 
 def check_classes(fn: Callable, classes: int) -> None:
-    """Refuse a MixUp or CutMix in ``fn`` (through Compose and RandomChoice) with fewer
-    ``num_classes`` than a set of class labels has: on a GPU its one-hot targets would fail
-    inside a kernel, which takes the process's CUDA context down with it.
+    """Refuse a MixUp or CutMix in ``fn`` (fastdata's or torchvision's, through any
+    ``Compose`` or ``RandomChoice``) with fewer ``num_classes`` than a set of class labels has:
+    on a GPU its one-hot targets would fail inside a kernel, which takes the process's CUDA
+    context down with it.
 
     Raises:
         ValueError: naming the operation and the number of classes to use.
     """
-    for t in fn.transforms if isinstance(fn, (Compose, RandomChoice)) else ():
+    inner = getattr(fn, "transforms", None)
+    for t in inner if isinstance(inner, (list, tuple)) else ():
         check_classes(t, classes)
-    if isinstance(fn, _Mix) and fn.num_classes < classes:
-        raise ValueError(f"{type(fn).__name__}(num_classes={fn.num_classes}) cannot hold this "
-                         f"set's labels: it has {classes} classes; use num_classes={classes}")
+    n = getattr(fn, "num_classes", None)
+    mixes = isinstance(fn, _Mix) or type(fn).__name__ in ("MixUp", "CutMix")
+    if mixes and isinstance(n, int) and n < classes:
+        raise ValueError(f"{type(fn).__name__}(num_classes={n}) cannot hold this set's "
+                         f"labels: it has {classes} classes; use num_classes={classes}")
 
 
 class _Mix(BatchTransform):
