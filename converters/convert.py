@@ -451,6 +451,13 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         "source": job.src, "config": job.fp, "shard_size": job.shard_size,
         "labels_file": job.labels, "shuffle": job.shuffle,
     }
+    if scan.label_kind == "class":      # what `info` shows without reading the shards
+        counts = [0] * len(scan.classes)
+        for path, label in scan.files:
+            if path not in dropped:
+                counts[label] += 1
+        if sum(counts) == manifest["num_samples"]:
+            manifest["class_counts"] = counts
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])

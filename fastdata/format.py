@@ -323,6 +323,11 @@ def _check_records(m: dict, f) -> None:
     f("source", m.get("source"), isinstance(m.get("source"), str), "a path")
     f("quality", m.get("quality"), m.get("quality") is None or _is_int(m.get("quality")),
       "an integer or null")
+    counts = m.get("class_counts")         # optional: the samples of each class
+    f("class_counts", counts, counts is None or (
+        isinstance(counts, list) and len(counts) == len(m["classes"])
+        and all(_is_int(c) and c >= 0 for c in counts) and sum(counts) == m["num_samples"]),
+      "absent, or the samples of each class, adding up to num_samples")
 
 
 def json_text(obj: Any, *, sort_keys: bool = False) -> str:

@@ -130,7 +130,7 @@ def _common_size(sets, size: int | None) -> int:
     common = set.intersection(*(set(d.sizes) for d in sets))
     if size is None and not common:
         raise ValueError("the shard sets share no stored size (" + "; ".join(
-            f"{d.root}: {', '.join(map(str, d.sizes))}" for d in sets) + ")")
+            f"{d.location}: {', '.join(map(str, d.sizes))}" for d in sets) + ")")
     size = max(common) if size is None else size
     for d in sets:
         d.stored_size(size)    # names the set and its sizes
@@ -357,7 +357,7 @@ class Bench:
                     label = name
                 elif sum((d.container, d.encoding) == (ds.container, ds.encoding)
                          for d in self.sets) > 1:
-                    label = f"{name} {os.path.basename(ds.root)}"
+                    label = f"{name} {os.path.basename(ds.location.rstrip('/'))}"
                 else:
                     label = f"{name} {ds.container} {ds.encoding}"
                 rows.append((name, ds, label))
@@ -432,7 +432,7 @@ class Bench:
                       disable=not progress) as bar:
                 for name, ds, label in rows:
                     bar.set_description(f"bench: {label}")
-                    row = {"backend": name, "label": label, "shards": ds and ds.root}
+                    row = {"backend": name, "label": label, "shards": ds and ds.location}
                     if self._latch.hit:
                         results.append({**row, "status": "interrupted"})
                         continue
@@ -453,7 +453,7 @@ class Bench:
         env = env_info()
         return {
             "schema": SCHEMA,
-            "config": {"shard_sets": [{"path": d.root, "container": d.container,
+            "config": {"shard_sets": [{"path": d.location, "container": d.container,
                                        "encoding": d.encoding, "sizes": list(d.sizes)}
                                       for d in self.sets], "size": self.size, "crop": self.crop,
                        "source": self.source, "model": self.model_name,

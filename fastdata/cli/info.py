@@ -21,12 +21,14 @@ def info_dict(path: str) -> dict:
 
     ds = ShardSet(path)
     m = ds.manifest
-    labels = ds.labels
     ann = ds.annotations
-    counts: np.ndarray
+    counts: np.ndarray | list | None
     extra: dict = {}
     if ds.label_kind == "class":
-        counts = np.bincount(labels, minlength=len(ds.classes))
+        # a remote set's labels are in its shards: counted where the manifest has them, else
+        # not at all (reading them would download the whole set); a local set's are read
+        counts = m.get("class_counts") if ds.url is not None else \
+            np.bincount(ds.labels, minlength=len(ds.classes))
     elif isinstance(ann, Annotations):          # detection: the boxes of each class
         counts = np.bincount(ann.classes, minlength=len(ds.classes))
         extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
@@ -37,20 +39,37 @@ def info_dict(path: str) -> dict:
         counts = pixels[:len(ds.classes)]
         extra = {"ignored_pixels": int(pixels[IGNORE]), "map_size": ds.sizes[-1]}
     elif ds.label_kind == "multi_label":        # the images holding each class
+        labels = ds.labels
         counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
     else:                                       # regression: no count per target
-        counts = np.full(len(ds.classes), len(labels))
+        counts = np.full(len(ds.classes), len(ds))
     return {
         **extra,
         "label_kind": ds.label_kind,
-        "path": ds.root, "container": ds.container, "encoding": ds.encoding,
+        "path": ds.location, "container": ds.container, "encoding": ds.encoding,
         "quality": m.get("quality"), "sizes": list(ds.sizes), "fit": m["fit"],
-        "samples": len(ds), "classes": dict(zip(ds.classes, map(int, counts))),
+        "samples": len(ds), "classes": dict(zip(ds.classes, map(int, counts)))
+        if counts is not None else dict.fromkeys(ds.classes),
         "shards": len(m["shards"]), "bytes": sum(s["bytes"] for s in m["shards"]),
         "skipped": m["skipped"], "ignored": m["ignored"], "empty_classes": m["empty_classes"],
         "source": m["source"], "format_version": m["version"],
-        "readahead_at_random": ds.readahead,
+        "readahead_at_random": ds.readahead, "remote": ds.url is not None,
     }
+
+
+#: the skipped inputs ``info`` lists (``--json`` and the manifest have them all)
+SHOWN_SKIPPED = 20
+
+
+def _print_skipped(d: dict) -> None:
+    p = printable
+    skipped = d["skipped"]
+    echo(f"  skipped: {len(skipped)}")
+    for s in skipped[:SHOWN_SKIPPED]:
+        echo(f"    {p(s['path'])}: {p(s['reason'])}")
+    if len(skipped) > SHOWN_SKIPPED:
+        echo(f"    ... and {len(skipped) - SHOWN_SKIPPED} more (every one: `fastdata info "
+             f"{p(d['path'])} --json`, or the manifest's \"skipped\")")
 
 
 def print_info(d: dict) -> None:
@@ -61,7 +80,7 @@ def print_info(d: dict) -> None:
     echo(f"  {d['samples']} sample{'' if d['samples'] == 1 else 's'} in {d['shards']} "
          f"{d['container']} shard{plural}, {enc}, "
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
-         f"{human_bytes(d['bytes'])} on disk")
+         f"{human_bytes(d['bytes'])} {'in the store' if d.get('remote') else 'on disk'}")
     kind, many = d.get("label_kind", "class"), len(d["classes"]) != 1
     what = {"class": ("class", "classes", ": samples each"),
             "multi_label": ("class", "classes", ", multi-label: samples holding each"),
@@ -75,19 +94,23 @@ def print_info(d: dict) -> None:
     if kind == "segmentation":
         echo(f"  class maps; {d['ignored_pixels']} pixels of no class (255) at "
              f"{d['map_size']} px")
+    counted = kind != "regression" and None not in d["classes"].values()
+    if kind == "class" and not counted:
+        what = (*what[:2], " (the samples of each are in the shards: this set's manifest, "
+                           "from an older conversion, does not count them)")
     echo(f"  {len(d['classes'])} {what[many]}{what[2]}:")
     names = {p(name): n for name, n in d["classes"].items()}
     width = max(map(len, names), default=0)
     for name, n in names.items():
-        echo(f"    {name:<{width}}  {n}" if kind != "regression" else f"    {name}")
+        echo(f"    {name:<{width}}  {n}" if counted else f"    {name}")
     if d["empty_classes"]:
         echo(f"  empty classes (kept so indices match folder names): "
              f"{', '.join(map(p, d['empty_classes']))}")
-    echo(f"  skipped (unreadable): {len(d['skipped'])}")
-    for s in d["skipped"]:
-        echo(f"    {p(s['path'])}: {p(s['reason'])}")
+    _print_skipped(d)
     if d["ignored"]:
         echo("  ignored: " + ", ".join(f"{p(k)}: {v}" for k, v in d["ignored"].items()))
+    if d.get("remote"):
+        return
     echo("  out of the page cache, read at random: " + (
         "with readahead (the set fits in half the memory available now)"
         if d["readahead_at_random"] else "without readahead (the set is larger than half the "

@@ -161,6 +161,11 @@ class Mixture:
         return " + ".join(s.root for s in self.sets)
 
     @property
+    def location(self) -> str:
+        """Where the sets are, for messages."""
+        return " + ".join(s.location for s in self.sets)
+
+    @property
     def shards(self) -> list:
         return [sh for s in self.sets for sh in s.shards]
 

@@ -120,15 +120,20 @@ class ShardSet:
             if not stat.S_ISREG(st.st_mode):
                 raise ShardFormatError(f"shard {reader.path} is not a regular file")
 
+    @property
+    def location(self) -> str:
+        """Where the set is, for messages: its URL (without credentials), else its folder."""
+        return self.url or self.root
+
     def stored_size(self, size) -> int:
         """``size`` as an int, or a ValueError naming the sizes this set stores."""
-        return stored_size(size, self.sizes, f"in {self.url or self.root}; stored sizes")
+        return stored_size(size, self.sizes, f"in {self.location}; stored sizes")
 
     def __len__(self) -> int:
         return self._n
 
     def __repr__(self) -> str:
-        where = self.url or self.root
+        where = self.location
         return (f"ShardSet({where!r}, {self._n} samples, {len(self.classes)} classes, "
                 f"{self.container}/{self.encoding}, sizes={list(self.sizes)})")
 
@@ -186,7 +191,7 @@ class ShardSet:
                 0 <= part.min() and part.max() < len(self.classes))):
             raise OSError(f"{shard.path}: its labels are damaged (not {shard.count} labels in "
                           f"0..{len(self.classes) - 1}); check the set with `fastdata verify "
-                          f"{self.url or self.root}`")
+                          f"{self.location}`")
         return part
 
     def prefetch(self, indices, in_flight: int | None = None, processes: int = 1,

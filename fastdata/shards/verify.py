@@ -38,6 +38,15 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
             problems += verify_shard(reader, entry, len(ds.classes))
         bar.update(entry["count"])
     bar.close()
+    counts = ds.manifest.get("class_counts")
+    if counts is not None and not problems:
+        import numpy as np
+
+        found = np.bincount(ds.labels, minlength=len(counts)).tolist()
+        if found != counts:
+            problems.append(Problem("manifest.json", None, f"class_counts says {counts[:8]}"
+                                    f"{'...' if len(counts) > 8 else ''} samples a class, "
+                                    f"the shards' labels {found[:8]}"))
     if ds.label_kind not in ("class", *SPATIAL_KINDS):
         try:
             _ = ds.labels   # the targets file, checked against the manifest as it is read

@@ -407,3 +407,19 @@ def test_a_shuffled_conversion_mixes_the_classes_and_resumes_in_the_same_order(f
     assert cli(["convert", folder, str(out), "--resume"]) == 0
     assert "--shard-size 5 --shuffle" in caplog.text
     assert json.loads((out / "manifest.json").read_text()) == full
+
+
+def test_verify_checks_the_manifests_class_counts(folder, tmp_path):
+    out = tmp_path / "o"
+    convert(folder, str(out), sizes=[8], shard_size=5, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["class_counts"] == [7, 7, 7] and not verify(str(out))
+    manifest["class_counts"] = [8, 6, 7]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert [str(p) for p in verify(str(out))] == [
+        "manifest.json: class_counts says [8, 6, 7] samples a class, the shards' labels "
+        "[7, 7, 7]"]
+    manifest["class_counts"] = [8, 7, 7]        # more than the set holds: refused at open
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(fastdata.format.ShardFormatError, match="field class_counts"):
+        fastdata.open(out)

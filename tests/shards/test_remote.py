@@ -92,6 +92,37 @@ def test_the_command_line_takes_a_url(s3, tmp_path, monkeypatch, capsys):
                  "--shard-split", "1", "--log-every", "0"]) == 0
 
 
+def test_info_of_a_url_reads_the_manifest_only_and_names_the_url(s3, local_set, tmp_path,
+                                                                   monkeypatch, capsys):
+    """No shard is downloaded (a TB set would be a TB): the classes' counts come from the
+    manifest; an older set's manifest without them gives the class names alone."""
+    import json
+
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path))
+    assert main(["info", s3]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("s3://fastdata-test/sets/a  (from ") and str(tmp_path) not in out
+    assert "in the store" in out and "page cache" not in out
+    assert [line.split() for line in out.splitlines() if line.startswith("    ")] == [
+        ["a", "8"], ["b", "8"], ["c", "8"]]
+    with open(os.path.join(local_set, "manifest.json")) as f:
+        older = json.load(f)
+    del older["class_counts"]
+    client = __import__("boto3").client("s3")
+    for f in os.listdir(local_set):
+        body = json.dumps(older).encode() if f == "manifest.json" else \
+            open(os.path.join(local_set, f), "rb").read()
+        client.put_object(Bucket="fastdata-test", Key=f"sets/older/{f}", Body=body)
+    assert main(["info", "s3://fastdata-test/sets/older"]) == 0
+    out = capsys.readouterr().out
+    assert "does not count them" in out
+    assert [line.split() for line in out.splitlines() if line.startswith("    ")] == [
+        ["a"], ["b"], ["c"]]
+    assert os.listdir(tmp_path / "objects") == []
+
+
 def test_a_missing_set_and_credentials_in_messages(s3, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"s3://fastdata-test/nothing/manifest.json: "
                                                 r"not found"):
