@@ -72,6 +72,56 @@ def _allow_http(url: str) -> bool:
     return endpoint.startswith("http://")
 
 
+def check_endpoint(url: str) -> None:
+    """Refuse an endpoint setting of ``url``'s store that is not an ``http(s)://`` URL (the
+    store's client panics on one without a scheme).
+
+    Raises:
+        ValueError: naming the setting, its value and the form to give.
+    """
+    scheme = url.split("://", 1)[0].lower()
+    for name in ENDPOINT_SETTINGS.get(scheme, ()):
+        value = os.environ.get(name)
+        if value and not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"{name}={value!r} is not a URL: give its scheme and host, e.g. "
+                             f"{name}=http://{value.split('://')[-1]} (a local or on-premise "
+                             f"server) or https://...")
+
+
+#: a store's answer for a bucket or container that does not exist
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|bucket does not exist|"
+                        r"container does not exist", re.IGNORECASE)
+#: a store's client asking a cloud machine's metadata service for credentials (its address,
+#: or the services' own paths): it does so only when none are configured
+_METADATA = re.compile(r"169\.254\.169\.254|metadata\.google\.internal|/latest/api/token|"
+                       r"/computeMetadata/|/metadata/identity/oauth2/token")
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), AWS_ENDPOINT_URL "
+          "for a server other than AWS's, or AWS_SKIP_SIGNATURE=true for a public bucket",
+    "gs": "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS (a service account's key "
+          "file), GOOGLE_BASE_URL for another server, or GOOGLE_SKIP_SIGNATURE=true for a "
+          "public bucket",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY (or "
+          "AZURE_STORAGE_SAS_KEY), AZURE_STORAGE_ENDPOINT for another server, or "
+          "AZURE_SKIP_SIGNATURE=true for a public container"}
+
+
+def _store_kind(url: str) -> str:
+    scheme = url.split("://", 1)[0].lower()
+    return {"s3a": "s3", "azure": "az", "abfs": "az", "abfss": "az"}.get(scheme, scheme)
+
+
+def _missing_bucket(url: str) -> str:
+    """The message of a URL whose bucket (or container) does not exist."""
+    p = urllib.parse.urlsplit(url)
+    names = ENDPOINT_SETTINGS.get(p.scheme.lower(), ())
+    endpoint = next((os.environ[n] for n in names if os.environ.get(n)), None)
+    at = f" at {redact(endpoint)} ({next(n for n in names if os.environ.get(n))})" \
+        if endpoint else ""
+    return (f"the bucket {p.hostname!r} does not exist{at}: make it, or check the URL and "
+            f"the endpoint")
+
+
 _STARTED: list[int] = []     # the pid whose obstore runtime is live (set at first use)
 
 
@@ -115,15 +165,34 @@ class Remote:
         return self._store
 
     def _call(self, name: str, what: str, fn: Callable):
-        """``fn()``, its failures one ``OSError`` naming the object and what failed."""
+        """``fn()``, its failures one ``OSError`` naming the object, what failed and, where it
+        is known, what to set.
+
+        Raises:
+            ValueError: an endpoint setting that is not a URL (``check_endpoint``).
+        """
+        if self._store is None:
+            check_endpoint(self.url)
         try:
             return fn()
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            if _NO_BUCKET.search(str(e)):
+                raise FileNotFoundError(f"{self.shown}: {_missing_bucket(self.url)}") from None
             raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
         except (ImportError, FileExistsError):
             raise
-        except Exception as e:      # noqa: BLE001 - obstore's errors, and the network's
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        except BaseException as e:  # noqa: BLE001 - obstore's errors, the network's, a panic
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise               # Ctrl-C, SystemExit
+            text = str(e)
+            if _NO_BUCKET.search(text):
+                raise FileNotFoundError(f"{self.shown}: {_missing_bucket(self.url)}") from None
+            if _METADATA.search(text) and _store_kind(self.url) in _CREDENTIALS:
+                raise OSError(f"{self.shown}/{name}: {what} failed: no credentials are "
+                              f"configured, and the machine's metadata service gave none (not "
+                              f"a cloud machine with a role): set "
+                              f"{_CREDENTIALS[_store_kind(self.url)]}") from None
+            first = text.strip().splitlines()[0] if text.strip() else ""
             raise OSError(f"{self.shown}/{name}: {what} failed: {type(e).__name__}: "
                           f"{_without_secrets(first, self.url)[:300]}") from None
 

@@ -123,6 +123,37 @@ def test_info_of_a_url_reads_the_manifest_only_and_names_the_url(s3, local_set, 
     assert os.listdir(tmp_path / "objects") == []
 
 
+def test_store_errors_say_what_to_set(s3, tmp_path, monkeypatch, caplog):
+    """A bucket that does not exist, an endpoint without a scheme (a panic of the client's)
+    and no credentials: each one line naming the URL, what is wrong and what to set."""
+    from fastdata.cli import main
+
+    monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "cache"))
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    missing = (r"s3://nobucket/set: the bucket 'nobucket' does not exist at "
+               + endpoint.replace(".", r"\.") + r" \(AWS_ENDPOINT_URL\): make it")
+    with pytest.raises(FileNotFoundError, match=missing):
+        fastdata.open("s3://nobucket/set")
+    src = plain_folder(tmp_path / "src", per_class=2)
+    assert main(["-q", "convert", src, "s3://nobucket/set", "--size", "16"]) == 2
+    assert "s3://nobucket/set: the bucket 'nobucket' does not exist" in caplog.text
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint.removeprefix("http://"))
+    with pytest.raises(ValueError, match=r"AWS_ENDPOINT_URL='127.0.0.1:\d+' is not a URL: give "
+                                         r"its scheme and host, e.g. AWS_ENDPOINT_URL=http://"):
+        fastdata.open(s3)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    # the metadata service a cloud machine has, here a port nothing listens on
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    start = time.monotonic()
+    with pytest.raises(OSError, match=r"s3://fastdata-test/sets/a/manifest.json: reading "
+                                      r"failed: no credentials are configured.*set "
+                                      r"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        fastdata.open(s3)
+    assert time.monotonic() - start < 60
+
+
 def test_a_missing_set_and_credentials_in_messages(s3, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"s3://fastdata-test/nothing/manifest.json: "
                                                 r"not found"):
