@@ -6,13 +6,16 @@ and verifying shards (``fastdata convert / info / verify``) never pay torch's im
 from fastdata.shards import Mixture, ShardSet, open  # noqa: A004
 
 __version__ = "0.1.0"
-__all__ = ["open", "ShardSet", "Mixture", "Loader", "TrainStep", "__version__"]
+__all__ = ["open", "ShardSet", "Mixture", "Loader", "Targets", "TrainStep", "__version__"]
 
 
 def __getattr__(name: str):
     if name == "Loader":
         from fastdata.loader import Loader
         return Loader
+    if name == "Targets":
+        from fastdata.ops.targets import Targets
+        return Targets
     if name == "TrainStep":
         from fastdata.train.step import TrainStep
         return TrainStep

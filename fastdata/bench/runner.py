@@ -274,7 +274,7 @@ class Bench:
         layout matters: an NCHW batch here against channels_last loader batches made fed runs
         read 120-130% of the ceiling on this project's CPU.)"""
         from fastdata.ops.crop import CropStage
-        from fastdata.ops.targets import batch_targets
+        from fastdata.ops.targets import Targets, batch_targets
 
         idx = [k % len(self.ds) for k in range(self.batch_size)]
         raw = torch.from_numpy(self.ds.read_batch(idx, size=self.size))
@@ -284,7 +284,7 @@ class Bench:
         x = stage(raw, params=params)
         if self.ds.annotations is not None:     # a detection or segmentation set's targets
             return self._to_device(x, batch_targets(self.ds.annotations, idx, params,
-                                                    self.size, self.crop, "list"))
+                                                    self.size, self.crop, Targets()))
         return self._to_device(x, torch.from_numpy(self.ds.labels[idx]).long())
 
     def ceiling(self, step, bar, warmup: int = 0) -> list[float]:

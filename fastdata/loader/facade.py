@@ -23,7 +23,7 @@ from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
-from fastdata.ops.targets import TARGET_FORMATS
+from fastdata.ops.targets import Targets
 from fastdata.order import Draw, Order, ShardWindows
 from fastdata.shards import Mixture, ShardSet
 from fastdata.transforms import check_classes
@@ -172,7 +172,10 @@ class Loader:
             models take (``boxes`` x0, y0, x1, y1 in output pixels, ``labels`` = class index
             + 1, ``iscrowd``, ``masks``), moved by each image's crop and flip; or
             ``"padded"``, one dict of tensors padded to the batch's most boxes, with
-            ``counts``. A segmentation set's labels are its class maps, int64 (B, H, W).
+            ``counts``; or a ``fastdata.Targets`` with its form and which boxes a crop keeps
+            (by default, as torchvision's ``SanitizeBoundingBoxes``, every box of which at
+            least 1 x 1 output pixels is left). A segmentation set's labels are its class
+            maps, int64 (B, H, W).
 
     Raises:
         ValueError: an argument out of its range or choices (the message names the valid
@@ -200,12 +203,12 @@ class Loader:
                  weights: Sequence[float] | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
                  with_source: bool = False, timeout: float | None = None,
-                 targets: str = "list"):
+                 targets: str | Targets = "list"):
         choice("backend", backend, BACKENDS)
         self.dataset = _dataset(path, weights, {"cache_dir": cache_dir,
                                                 "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
-        self.targets = choice("targets", targets, TARGET_FORMATS)
+        self.targets = Targets.of(targets)
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():

@@ -12,6 +12,7 @@ import torch
 
 from fastdata.ops.batch import BatchHook
 from fastdata.ops.crop import CropStage
+from fastdata.ops.targets import Targets
 from fastdata.order import Order
 from fastdata.shards import Mixture, ShardSet
 
@@ -75,8 +76,8 @@ class Spec:
     jpeg_decode: str
     #: seconds an image may take to be read, decoded and hooked (None: no limit)
     timeout: float | None = None
-    #: the form of a detection set's targets: "list" of per-image dicts, or "padded"
-    targets: str = "list"
+    #: how a detection set's targets come out (their form, the boxes a crop keeps)
+    targets: Targets = Targets()
 
     @property
     def batch_timeout(self) -> float | None:

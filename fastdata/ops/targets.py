@@ -2,27 +2,73 @@
 crop, resize and flip as the pixels, for the whole batch at once (no per-box Python); a
 segmentation batch's class maps likewise.
 
-A box is kept when at least ``MIN_VISIBLE`` of its area is inside the crop and what is left is
-at least ``MIN_SIDE`` output pixels wide and high (torchvision's ``SanitizeBoundingBoxes``
-rule, with Albumentations' ``min_visibility``); it is clipped to the crop. A mask is resampled
-nearest at the same pixel centres as the image's resize (output pixel ``i`` of a crop of
-``h`` stored pixels from ``top`` reads stored row ``top + floor((i + 0.5) * h / out)``).
+A box is clipped to the crop and kept where what is left is at least ``Targets.min_size``
+output pixels wide and high (torchvision's ``SanitizeBoundingBoxes`` rule: by default 1) and
+at least ``Targets.min_visible`` of its area is inside the crop (albumentations'
+``min_visibility``: by default 0, any part). A mask is resampled nearest at the same pixel
+centres as the image's resize (output pixel ``i`` of a crop of ``h`` stored pixels from ``top``
+reads stored row ``top + floor((i + 0.5) * h / out)``).
 """
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import numpy as np
 import torch
 
-#: the least fraction of a box's area that must stay inside the crop for it to be kept
-MIN_VISIBLE = 0.1
-#: the least width and height, in output pixels, of a kept box
-MIN_SIDE = 1.0
 TARGET_FORMATS = ("list", "padded")
 
 
-def _moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int):
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """How a detection set's targets come out of a loader (``Loader(targets=...)``; a string
+    there is ``form`` with the other defaults).
+
+    Args:
+        form: ``"list"``, a dict per image (torchvision's detection models' convention), or
+            ``"padded"``, one dict of tensors padded to the batch's most boxes, with
+            ``counts``.
+        min_visible: the least fraction of a box's area that must stay inside the crop for it
+            to be kept (0: any part of it).
+        min_size: the least width and height, in output pixels, of a kept box's part inside
+            the crop.
+
+    Raises:
+        ValueError: a form not in ``TARGET_FORMATS``, or a bound out of its range (named).
+    """
+
+    form: str = "list"
+    min_visible: float = 0.0
+    min_size: float = 1.0
+
+    def __post_init__(self):
+        if self.form not in TARGET_FORMATS:
+            raise ValueError(f"targets form {self.form!r} is not valid; choose one of "
+                             f"{', '.join(map(repr, TARGET_FORMATS))}")
+        for name, hi in (("min_visible", 1.0), ("min_size", math.inf)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
+                raise ValueError(f"{name}={v!r} is not valid; use a number in "
+                                 f"[0, {hi:g}]" if hi < math.inf else
+                                 f"{name}={v!r} is not valid; use a number of pixels >= 0")
+
+    @classmethod
+    def of(cls, value) -> Targets:
+        """``value`` as ``Targets``: one already, or a form's name."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(form=value)
+        raise ValueError(f"targets={value!r} is not valid; give one of "
+                         f"{', '.join(map(repr, TARGET_FORMATS))} or a fastdata.Targets")
+
+
+def _moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int,
+                 rule: Targets):
     """Boxes (M, 4) in stored pixels, each with its image's crop (top, left, h, w) and flip →
-    ``(boxes in output pixels, clipped, (M, 4) float32; kept (M,) bool)``."""
+    ``(boxes in output pixels, clipped, (M, 4) float32; kept (M,) bool)`` (``rule``: which are
+    kept)."""
     top, left, h, w = crop.T.astype(np.float64)
     sx, sy = out / w, out / h
     x0, x1 = (xyxy[:, 0] - left) * sx, (xyxy[:, 2] - left) * sx
@@ -30,7 +76,8 @@ def _moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int)
     area = (x1 - x0) * (y1 - y0)
     x0, x1, y0, y1 = (np.clip(v, 0, out) for v in (x0, x1, y0, y1))
     cw, ch = x1 - x0, y1 - y0
-    keep = (cw >= MIN_SIDE) & (ch >= MIN_SIDE) & (cw * ch >= MIN_VISIBLE * area)
+    keep = (cw >= rule.min_size) & (ch >= rule.min_size) & (cw > 0) & (ch > 0) & (
+        cw * ch >= rule.min_visible * area)
     x0, x1 = np.where(flip, out - x1, x0), np.where(flip, out - x0, x1)
     return np.stack([x0, y0, x1, y1], 1).astype(np.float32), keep
 
@@ -46,10 +93,11 @@ def sample_grid(crop, out: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
-                 out: int) -> list[dict]:
+                 out: int, rule: Targets = Targets()) -> list[dict]:
     """The targets of the samples ``indices`` of a set whose ``Annotations`` are ``ann``, as
     their images are cropped (``crops``: (B, 4) top, left, h, w in stored pixels of side
-    ``stored``; None: the whole square) to ``out`` pixels and flipped (``flips``).
+    ``stored``; None: the whole square) to ``out`` pixels and flipped (``flips``); ``rule``:
+    which boxes the crop leaves enough of to keep.
 
     Returns:
         Per image a dict: ``boxes`` float32 ``(K, 4)`` ``x0, y0, x1, y1`` in output pixels,
@@ -66,7 +114,7 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
     rows = ann.rows(indices)
     owner = np.repeat(np.arange(b), counts)
     boxes, keep = _moved_boxes(ann.boxes[rows].astype(np.float64) * stored, crop[owner],
-                               flip[owner], out)
+                               flip[owner], out, rule)
     ends = np.cumsum(counts)
     result = []
     for k in range(b):
@@ -82,17 +130,17 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
     return result
 
 
-def batch_targets(ann, indices, params, stored: int, crop: int | None, form: str):
-    """A batch's targets in the loader's ``form`` (``TARGET_FORMATS``; a segmentation set's
-    are its class maps whatever the form): through ``params``, its crops and flips in stored
+def batch_targets(ann, indices, params, stored: int, crop: int | None, targets: Targets):
+    """A batch's targets as the loader's ``targets`` asks (a segmentation set's are its class
+    maps whatever it asks): through ``params``, its crops and flips in stored
     pixels (``CropStage.params``), to ``crop`` pixels (None: the stored size); without
     ``params``, the stored squares as they are."""
     out = (crop or stored) if params is not None else stored
     boxes, flips = params if params is not None else (None, None)
     if ann.kind == "segmentation":
         return crop_class_maps(ann, indices, boxes, flips, stored, out)
-    t = crop_targets(ann, indices, boxes, flips, stored, out)
-    return padded(t, out) if form == "padded" else t
+    t = crop_targets(ann, indices, boxes, flips, stored, out, targets)
+    return padded(t, out) if targets.form == "padded" else t
 
 
 def crop_class_maps(maps, indices, crops, flips, stored: int, out: int) -> torch.Tensor:

@@ -11,7 +11,6 @@ import torch
 
 import fastdata
 from fastdata.converters.convert import convert
-from fastdata.ops.targets import MIN_VISIBLE
 from tests.helpers import colour_regions, detection_folder
 
 
@@ -159,20 +158,28 @@ def test_padded_targets_hold_the_list_targets(sets):
                                                                     t["labels"])
 
 
-def test_boxes_mostly_outside_a_crop_are_dropped(sets):
-    """Every kept box has at least MIN_VISIBLE of its area inside the crop; some are dropped
-    (small crops cut most boxes), and labels are class index + 1."""
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_the_boxes_a_crop_keeps_follow_the_rule_given(sets, backend):
+    """By default every box of which a pixel is left stays (torchvision's convention); with
+    ``min_visible=0.1`` those cut to less than a tenth of their area go, and only those; the
+    same on both backends. Labels are class index + 1."""
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="DALI not installed")
     ds = fastdata.open(sets["hdf5-raw-crop"])
-    ann = ds.annotations
-    ld = fastdata.Loader(ds, batch_size=5, crop=64, device="cpu", num_workers=0,
-                         scale=(0.02, 0.05), seed=2)
-    kept = sum(len(t["boxes"]) for _, ts in ld for t in ts)
-    total = int(ann.counts(np.arange(len(ds))).sum()) // 5 * 5
-    assert 0 < kept < total
-    assert MIN_VISIBLE > 0
-    for _, ts in ld:
-        for t in ts:
-            assert ((t["labels"] >= 1) & (t["labels"] <= len(ds.classes))).all()
+    kw = dict(batch_size=5, crop=64, device="cpu", num_workers=0, scale=(0.02, 0.05), seed=2,
+              backend=backend)
+    plain = [ts for _, ts in fastdata.Loader(ds, **kw)]
+    strict = [ts for _, ts in fastdata.Loader(ds, targets=fastdata.Targets(min_visible=0.1),
+                                              **kw)]
+    kept = sum(len(t["boxes"]) for ts in plain for t in ts)
+    total = int(ds.annotations.counts(np.arange(len(ds))).sum()) // 5 * 5
+    assert 0 < sum(len(t["boxes"]) for ts in strict for t in ts) < kept <= total
+    for loose, tight in zip(plain, strict):
+        for a, b in zip(loose, tight):
+            assert ((a["labels"] >= 1) & (a["labels"] <= len(ds.classes))).all()
+            assert (a["boxes"][:, 2:] - a["boxes"][:, :2] >= 1).all()
+            rows = {tuple(r) for r in a["boxes"].tolist()}
+            assert {tuple(r) for r in b["boxes"].tolist()} <= rows
 
 
 def test_batch_transform_receives_the_targets(sets):

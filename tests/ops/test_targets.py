@@ -3,9 +3,10 @@ the rule that drops a box mostly cut away, the masks' sampling grid, and the pad
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from fastdata.ops.targets import MIN_VISIBLE, crop_targets, padded, sample_grid
+from fastdata.ops.targets import Targets, crop_targets, padded, sample_grid
 
 
 class Boxes:
@@ -43,14 +44,30 @@ def test_a_box_through_a_crop_resize_and_flip():
     assert torch.allclose(f["boxes"], torch.tensor([[0.0, 40.0, 80.0, 80.0]]))
 
 
-def test_a_box_mostly_outside_the_crop_is_dropped():
-    # 20 x 20 stored px at the crop's edge: 3 px (15%) inside is kept, 1 px (5%) is not
-    kept = Boxes([[0.0, 0.0, 0.2, 0.2]], [0])
-    crop = torch.tensor([[0, 17, 50, 50]])
-    (t,) = crop_targets(kept, [0], crop, [False], 100, 50)
-    assert len(t["boxes"]) == 1 and 3 / 20 >= MIN_VISIBLE
-    (d,) = crop_targets(kept, [0], torch.tensor([[0, 19, 50, 50]]), [False], 100, 50)
-    assert len(d["boxes"]) == 0 and 1 / 20 < MIN_VISIBLE
+def test_which_boxes_a_crop_keeps():
+    """20 x 20 stored px at the crop's edge (100 px stored, a 50 px crop to 50 px): by default
+    any part of at least a pixel is kept, as torchvision's SanitizeBoundingBoxes keeps it; a
+    minimum visible fraction or output size drops what it cuts below it."""
+    box = Boxes([[0.0, 0.0, 0.2, 0.2]], [0])
+
+    def edge(left, rule=None):
+        return crop_targets(box, [0], torch.tensor([[0, left, 50, 50]]), [False], 100, 50,
+                            rule or Targets())[0]["boxes"]
+    assert torch.allclose(edge(17), torch.tensor([[0.0, 0.0, 3.0, 20.0]]))    # 15% inside
+    assert torch.allclose(edge(19), torch.tensor([[0.0, 0.0, 1.0, 20.0]]))    # 5%, 1 px
+    assert len(edge(20)) == 0                                    # nothing inside
+    assert len(edge(19, Targets(min_visible=0.1))) == 0
+    assert len(edge(17, Targets(min_visible=0.1))) == 1
+    assert len(edge(17, Targets(min_size=4))) == 0 and len(edge(16, Targets(min_size=4))) == 1
+    assert len(edge(19, Targets(min_size=0))) == 1
+
+
+@pytest.mark.parametrize("bad, match", [({"form": "dict"}, "form 'dict' is not valid"),
+                                        ({"min_visible": 1.5}, r"min_visible=1.5 .* \[0, 1\]"),
+                                        ({"min_size": -1}, "min_size=-1 is not valid")])
+def test_a_bad_rule_is_named(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Targets(**bad)
 
 
 def test_masks_are_sampled_at_the_resizes_pixel_centres():
