@@ -15,6 +15,9 @@ def table(report: dict) -> str:
     cores = c.get("host_cores")
     lines = [f"{sets}: {c['size']}px → crop {c['crop']}, batch {c['batch_size']}, "
              f"{c['device']}" + (f" on {cores} host core{'s' * (cores > 1)}" if cores else "")
+             + (f" (the model on {c['model_threads']} thread"
+                f"{'s' * (c['model_threads'] > 1)})" if c.get("model_threads") and
+                report["ceiling"] else "")
              + f", {c['batches']} batches × {c['repeat']} runs"]
     w = max([9] + [len(r["label"]) for r in report["results"]])
     gpu = any(r.get("peak_gpu_mb") is not None for r in report["results"])
@@ -30,7 +33,7 @@ def table(report: dict) -> str:
         how = "" if not compiled else " (torch.compile" + (
             f", backend {compiled}" if isinstance(compiled, str) else "") + ", fed and ceiling)"
         lines.append(f"ceiling = {report['ceiling']['model']}{how} on one fixed on-device "
-                     f"batch, run before and after each backend's loader")
+                     f"batch, run before and after each fed run")
         lines += [note for r in report["results"] if r.get("model")
                   for note in [_ceiling_note(r["label"], r["model"])] if note]
     return "\n".join(lines)

@@ -7,9 +7,11 @@ after ``warmup`` batches, ``repeat`` runs of ``batches`` batches each:
 
 * loader only: images/s (median, min, max over the runs);
 * with a model: the same ``TrainStep`` fed by the loader, and on one fixed on-device batch of
-  the set's images (the ceiling: ``repeat`` runs before the backend's loader starts and
-  ``repeat`` after it stopped, so no loader thread competes with it and drift weighs on both
-  sides), and the fraction of wall time the step waited for the next batch;
+  the set's images (the ceiling: a run before each fed run and one after the last, while the
+  loader's workers wait with their read-ahead full, so none competes with the model); each fed
+  run's share of the ceiling is against the ceiling runs on either side of it, so a load that
+  changes over the bench weighs on both sides of each share; and the fraction of wall time
+  the step waited for the next batch;
 * peak PSS of the process tree (workers included), sampled after every run.
 
 On CUDA the model timings use CUDA events. A backend that cannot run here (DALI not installed,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import os
 import re
 import statistics
@@ -151,7 +154,7 @@ class Bench:
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,
                  seed: int = 0, channels_last: bool | None = None, profile: str | None = None,
-                 compile: bool | str = False):
+                 compile: bool | str = False, model_threads: int | None = None):
         """``out``: a shard set's path, or several (the fastdata backends run on each; they
         must share the stored ``size``, by default the largest they all hold).
         ``channels_last``: the fastdata loaders' layout (default: channels_last with a model,
@@ -160,7 +163,11 @@ class Bench:
         (each fed to the step where there is a model), ``<row>.pt.trace.json``: TensorBoard's
         profiler plugin and Perfetto read it.
         ``compile``: the model through ``torch.compile`` (a backend's name, or True for its
-        default), fed and ceiling alike: what a compiled training run has to be fed."""
+        default), fed and ceiling alike: what a compiled training run has to be fed.
+        ``model_threads``: on a CPU device, the intra-op threads the model's step runs on, fed
+        and ceiling alike (default 1: parallel ops spin waiting for one another, and on cores
+        that anything else uses, the loader's workers included, their time then follows the
+        scheduler more than the model: runs 2x apart, where one thread's repeat)."""
         from fastdata.train.step import default_precision, input_dtype
 
         backends = _valid_backends(backends, batch_size=batch_size, batches=batches, repeat=repeat,
@@ -183,6 +190,8 @@ class Bench:
         self._latch = SigintLatch(enabled=False)        # run() installs one
         self.profile = profile
         self.compile = compile
+        self.model_threads = integer("model_threads", 1 if model_threads is None
+                                     else model_threads, 1)
         if compile and model == "none":
             raise ValueError("compile applies to a model: give one (--model)")
         if profile is not None:
@@ -287,27 +296,32 @@ class Bench:
                                                     self.size, self.crop, Targets()))
         return self._to_device(x, torch.from_numpy(self.ds.labels[idx]).long())
 
-    def ceiling(self, step, bar, warmup: int = 0) -> list[float]:
-        """``step`` on one fixed on-device batch, run while no loader runs: a loader's
-        read-ahead threads would compete with the model for a CPU."""
+    def warm_ceiling(self, step) -> None:
+        """``warmup`` steps on the fixed batch before any loader starts (a compiled model
+        compiles here)."""
         x, y = self._fixed_batch
-        for _ in range(warmup):
+        for _ in range(self.warmup):
             self._latch.check()
             step(x, y)
-        runs = []
-        for _ in range(self.repeat):
-            with _Clock(self.device) as c:
-                for _ in range(self.batches):
-                    self._latch.check()
-                    step(x, y)
-            runs.append(self.batch_size * self.batches / c.seconds)
-            bar.update()
-        return runs
+
+    def ceiling(self, step, bar) -> float:
+        """One run of ``step`` on one fixed on-device batch (images/s), while the loader's
+        workers wait with their read-ahead full: nothing competes with the model."""
+        x, y = self._fixed_batch
+        with _Clock(self.device) as c:
+            for _ in range(self.batches):
+                self._latch.check()
+                step(x, y)
+        bar.update()
+        return self.batch_size * self.batches / c.seconds
 
     def fed(self, step, it, bar) -> dict:
-        """The same ``step`` fed by the loader."""
+        """The same ``step`` fed by the loader, each run between two ceiling runs: each run's
+        share of the ceiling is against the runs just before and after it, so a machine whose
+        load changes over the bench moves both sides of each share alike."""
         for _ in range(self.warmup):
             step(*self._to_device(*next(it)))
+        ceil = [self.ceiling(step, bar)]
         runs, waits, rss = [], [], []
         for _ in range(self.repeat):
             wait, n = 0.0, 0
@@ -322,8 +336,10 @@ class Bench:
             waits.append(wait / c.seconds)
             rss.append(rss_tree_mb())
             bar.update()
+            ceil.append(self.ceiling(step, bar))
+        shares = [f / math.sqrt(a * b) for f, a, b in zip(runs, ceil, ceil[1:])]
         return {"img_per_s": _stats(runs), "data_wait_frac": statistics.median(waits),
-                "rss": rss}
+                "rss": rss, "ceiling": ceil, "shares": shares}
 
     def _profile(self, folder: str, label: str, it, step) -> str:
         """``PROFILE_BATCHES`` batches of a row under ``torch.profiler`` (each fed to ``step``
@@ -366,8 +382,8 @@ class Bench:
     @property
     def _runs_per_row(self) -> int:
         """Timed runs per row (the progress bar's unit): loader only, or with a model also
-        fed and the ceiling before and after."""
-        return self.repeat * (4 if self.model_name != "none" else 1)
+        fed and the ceiling before and after each fed run."""
+        return self.repeat * 3 + 1 if self.model_name != "none" else self.repeat
 
     def _row(self, name, ds, row, bar) -> dict:
         """One backend on one shard set (or the baseline): its figures, its loader closed."""
@@ -383,7 +399,7 @@ class Bench:
         try:
             if with_model:              # loaders start their threads on the first next()
                 step = self._step()
-                ceil = self.ceiling(step, bar, warmup=self.warmup)
+                self.warm_ceiling(step)
             it = _forever(loader, self._latch.check)
             rec = {**row, "status": "ok", "what": what}
             lo = self.loader_only(it, bar)
@@ -408,13 +424,12 @@ class Bench:
         rec["peak_pss_mb"] = max(rss) if rss else None
         rec["peak_gpu_mb"] = (torch.cuda.max_memory_allocated(self.device) / 2**20
                               if self.device.type == "cuda" else None)
-        if with_model:                  # ceiling runs before and after the loader's: drift and
-            ceil += self.ceiling(step, bar)             # warm-up weigh on both sides
-            fed = f["img_per_s"]
+        if with_model:
+            ceil, shares = f.pop("ceiling"), f.pop("shares")
             rec["model"] = {"name": self.model_name, **f, "ceiling": _stats(ceil),
-                            "fraction_of_ceiling": fed["median"] / statistics.median(ceil),
-                            # what run-to-run noise allows: worst and best pairing
-                            "fraction_range": [fed["min"] / max(ceil), fed["max"] / min(ceil)]}
+                            "fraction_of_ceiling": statistics.median(shares),
+                            # what run-to-run noise allows: the runs' shares, least and most
+                            "fraction_range": [min(shares), max(shares)]}
         return rec
 
     def run(self, progress: bool = True) -> dict:
@@ -427,6 +442,9 @@ class Bench:
         rows = self._rows()
         results = []
         self._latch = SigintLatch()
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.model_threads)
         try:
             with tqdm(total=len(rows) * self._runs_per_row, desc="bench", unit="run",
                       disable=not progress) as bar:
@@ -443,6 +461,7 @@ class Bench:
                         results.append({**row, "status": "interrupted"})
         finally:
             self._latch.restore()
+            torch.set_num_threads(threads)
         ceiling = [c for r in results if "model" in r for c in r["model"]["ceiling"]["runs"]]
         base = next((r for r in results if r["backend"] == "baseline" and r["status"] == "ok"),
                     None)
@@ -458,6 +477,8 @@ class Bench:
                                       for d in self.sets], "size": self.size, "crop": self.crop,
                        "source": self.source, "model": self.model_name,
                        "compile": self.compile,
+                       "model_threads": self.model_threads if self.device.type == "cpu"
+                       else None,
                        "batch_size": self.batch_size, "warmup": self.warmup,
                        "batches": self.batches, "repeat": self.repeat,
                        "device": str(self.device), "precision": self.precision,

@@ -28,7 +28,7 @@ def bench_run(a) -> dict:
                   model=a.model, batch_size=a.batch_size, size=a.size, crop=a.crop,
                   warmup=a.warmup, batches=a.batches, repeat=a.repeat, device=a.device,
                   precision=a.precision, num_workers=a.workers, profile=a.profile,
-                  compile=a.compile or False)
+                  compile=a.compile or False, model_threads=a.model_threads)
     if bench.device.type == "cpu":
         keep_freed_memory()
     report = bench.run(progress=not a.quiet)
@@ -82,6 +82,10 @@ def add_args(b: argparse.ArgumentParser) -> None:
                    help="run the whole bench (loaders, their workers and the model's thread) "
                    "on these host cores only, e.g. 0-3: what a GPU gets from its share of a "
                    "node (default: every core this process may use)")
+    b.add_argument("--model-threads", type=int, default=None, metavar="N",
+                   help="on a CPU, the threads the model's step runs on, fed and ceiling alike "
+                   "(default 1: with more, their ops spin waiting for one another and the "
+                   "runs' times follow whatever else runs on the cores)")
     b.add_argument("--json", help="write every figure and the environment here")
     b.add_argument("--plot", help="write a PNG bar chart here (needs fastdata-shards[plot])")
     b.add_argument("--compile", nargs="?", const=True, default=None, metavar="BACKEND",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from PIL import Image
 
 from fastdata.bench import Bench, table
@@ -35,10 +36,11 @@ def check_stats(s, runs=2):
 def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
     src, shards = bench_set
     js, png = tmp_path / "b.json", tmp_path / "b.png"
+    threads = torch.get_num_threads()
     rc = main(["-q", "bench", shards, "--source", src, "--model", model, "--batch-size", "4",
                "--warmup", "1", "--batches", "2", "--repeat", "2", "--workers", "1",
                "--device", "cpu", "--json", str(js), "--plot", str(png)])
-    assert rc == 0
+    assert rc == 0 and torch.get_num_threads() == threads    # the model's threads: restored
     out = capsys.readouterr().out
     rep = json.loads(js.read_text())
     assert rep["schema"] == "fastdata-bench/2"
@@ -65,8 +67,9 @@ def test_bench_json_table_and_plot(bench_set, tmp_path, capsys, model):
             if name != "baseline":          # the step's layout: one computation for every row
                 assert r["what"].endswith("channels_last"), r["what"]
             check_stats(m["img_per_s"])
-            check_stats(m["ceiling"], runs=4)       # --repeat runs before and after the loader
+            check_stats(m["ceiling"], runs=3)       # a run before each fed run, one after
             assert m["fraction_of_ceiling"] > 0 and 0 <= m["data_wait_frac"] <= 1
+            assert rep["config"]["model_threads"] == 1 and "(the model on 1 thread)" in out
             lo, hi = m["fraction_range"]
             assert lo <= m["fraction_of_ceiling"] <= hi
             m["fraction_of_ceiling"], m["fraction_range"] = 1.2, [0.9, 1.5]
