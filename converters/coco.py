@@ -32,7 +32,7 @@ import numpy as np
 
 from fastdata.converters.geometry import frame
 from fastdata.converters.labels import _relative
-from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.scan import Files, Scan, source_folder, walk_images
 from fastdata.converters.units import read_limited
 from fastdata.shards.annotations import encode_masks
 
@@ -99,7 +99,8 @@ def _images(images: list, skipped: list) -> dict[str, tuple[int, int, int]]:
             isinstance(im.get(n), int) and 0 < im[n] <= 1 << 16 for n in ("width", "height"))
         rel = _relative(im["file_name"]) if ok and isinstance(im.get("file_name"), str) else None
         if rel is None or im["id"] in ids or rel in out:
-            skipped.append({"path": f"images[{k}]", "reason": "annotations file: not an image "
+            skipped.append({"path": f"images[{k}]", "kind": "bad_label",
+                            "reason": "annotations file: not an image "
                             "entry {id, file_name inside the source folder, width, height} "
                             "(or one listed again)"})
             continue
@@ -193,7 +194,8 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
         ann, why = _annotation(a, by_id, cats)
         name = a.get("id", k) if isinstance(a, dict) else k
         if ann is None:
-            skipped.append({"path": f"annotation {str(name)[:40]}", "reason": why})
+            skipped.append({"path": f"annotation {str(name)[:40]}", "reason": why,
+                            "kind": "bad_label"})
         else:
             annotations.setdefault(a["image_id"], []).append(ann)
     masks = any(x["segmentation"] is not None for v in annotations.values() for x in v)
@@ -203,21 +205,20 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
 def scan_coco(root: str, path: str) -> Scan:
     """The images under ``root`` that the COCO file ``path`` lists, sorted by path; what
     either side lacks becomes a skipped entry (``read_coco``'s errors)."""
-    root = os.path.abspath(root)
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
+    root = source_folder(root)
     coco, skipped = read_coco(path)
     ignored: dict[str, int] = {}
     present = set(walk_images(root, "", ignored))
-    skipped += [{"path": p, "reason": "not in the annotations file"}
+    skipped += [{"path": p, "reason": "not in the annotations file", "kind": "unlabelled"}
                 for p in sorted(present - set(coco.images))]
     skipped += [{"path": p, "reason": "in the annotations file, not an image in the source "
-                 "folder"} for p in sorted(set(coco.images) - present)]
+                 "folder", "kind": "missing"} for p in sorted(set(coco.images) - present)]
     paths = []
     for p in sorted(present & set(coco.images)):
         n = len(coco.annotations.get(coco.images[p][0], []))
         if n > MAX_BOXES:
-            skipped.append({"path": p, "reason": f"{n} annotations, more than {MAX_BOXES}"})
+            skipped.append({"path": p, "reason": f"{n} annotations, more than {MAX_BOXES}",
+                            "kind": "bad_label"})
         else:
             paths.append(p)
     files = Files()
@@ -335,8 +336,8 @@ def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], masks: b
     boxes = np.stack([x.min(0), y.min(0), x.max(0), y.max(0)], 1).clip(0, s) / s
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     for k in np.flatnonzero(~keep):
-        skipped.append({"path": path, "reason": f"annotation {k} of the image: its box is "
-                                                f"outside the stored square, dropped"})
+        skipped.append({"path": path, "kind": "note", "reason": f"annotation {k} of the "
+                        f"image: its box is outside the stored square, dropped"})
     kept = [a for a, k in zip(anns, keep) if k]
     runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
     for a in kept if masks else ():
@@ -359,7 +360,8 @@ def _chunk_targets(job: tuple) -> list[tuple]:
         try:
             result = _image_targets(src, path, entry, anns, masks, sizes, fit, skipped)
         except (ValueError, OSError) as e:      # its pixels were read: its annotations not
-            skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes"})
+            skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes",
+                            "kind": "note"})
             result = (np.zeros((0, 4), np.float32), [], [], {size: [] for size in sizes})
         out.append((*result, skipped))
     return out

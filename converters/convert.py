@@ -53,6 +53,7 @@ from fastdata.format import (
     ShardMeta,
     check_size,
     shard_file,
+    skip_summary,
     write_json_atomic,
     write_targets,
 )
@@ -402,7 +403,7 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                 if error is not None:
                     if on_error == "raise":
                         raise ConversionError(f"cannot read {path!r}: {error}")
-                    shard_skipped.append({"path": path, "reason": error})
+                    shard_skipped.append({"path": path, "reason": error, "kind": "unreadable"})
                 else:
                     if shard is None:
                         shard = WRITERS[container](
@@ -485,33 +486,50 @@ def _spatial_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
             "classes": [str(k) for k in range(max(top, 0) + 1)]}
 
 
+def _log_summary(job: _Job, manifest: dict, out: str) -> None:
+    """What was converted and what was not: the skipped inputs by kind (the first 20 named),
+    a warning where most inputs were not converted, the classes left without an image."""
+    n_done, skipped, empty = manifest["num_samples"], manifest["skipped"], \
+        manifest["empty_classes"]
+    shards = len(manifest["shards"])
+    dropped = [s for s in skipped if s.get("kind", "unreadable") != "note"]
+    log.info("converted %d image%s into %d %s shard%s in %s (%s; %d other files ignored)",
+             n_done, "" if n_done == 1 else "s", shards, job.container,
+             "" if shards == 1 else "s", out, skip_summary(skipped) or "none skipped",
+             sum(job.scan.ignored.values()))
+    for s in skipped[:20]:
+        log.warning("%s %s: %s", "note on" if s.get("kind") == "note" else "skipped",
+                    printable(s["path"]), printable(s["reason"]))
+    if len(skipped) > 20:
+        log.warning("... and %d more (every one: the manifest's \"skipped\", or `fastdata "
+                    "info %s --json`)", len(skipped) - 20, out)
+    if len(dropped) > n_done:       # exit 0 stays: the set is sound, but is it the one meant?
+        log.warning("only %d of the %d inputs were converted (%s): check the source and its "
+                    "labels", n_done, n_done + len(dropped), skip_summary(dropped))
+    if empty:       # a model built from len(classes) gets an output per class
+        where = (f"remove {'its' if len(empty) == 1 else 'their'} rows from {job.labels}"
+                 if job.labels else f"remove {'it' if len(empty) == 1 else 'them'} from "
+                 f"{job.src}")
+        log.warning("%d class%s without a readable image, kept so that labels match the %s: "
+                    "%s (%s and convert again to drop %s)", len(empty),
+                    "" if len(empty) == 1 else "es",
+                    "labels file's classes" if job.labels else "folder names",
+                    ", ".join(map(printable, empty[:10])) + (", ..." if len(empty) > 10 else ""),
+                    where, "it" if len(empty) == 1 else "them")
+
+
 def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     """Write the finished set's manifest, last; log what was converted and what was not."""
-    scan, out, container = job.scan, job.out, job.container
+    scan, out = job.scan, job.out
     if not shards:
         examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
         raise ConversionError(f"none of the {len(scan.files)} image files in {job.src!r} could "
                               f"be read ({len(skipped)} skipped, e.g. {examples})")
     manifest = _manifest(job, shards, skipped)
-    n_done, skipped, empty = manifest["num_samples"], manifest["skipped"], \
-        manifest["empty_classes"]
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     if job.bucket is not None:
         job.bucket.finish(out, manifest)
         remove_own(out, [MANIFEST, TARGETS, ANNOTATIONS])
         out = job.bucket.shown
-    ignored = sum(scan.ignored.values())
-    log.info("converted %d image%s into %d %s shard%s in %s (%d skipped as unreadable, %d "
-             "other files ignored)", n_done, "" if n_done == 1 else "s", len(shards), container,
-             "" if len(shards) == 1 else "s", out, len(skipped), ignored)
-    for s in skipped[:20]:
-        log.warning("skipped %s: %s", printable(s["path"]), printable(s["reason"]))
-    if len(skipped) > 20:
-        log.warning("... and %d more skipped (see %s)", len(skipped) - 20, MANIFEST)
-    if empty:       # a model built from len(classes) gets an output per folder
-        log.warning("%d class%s without a readable image, kept so that labels match the folder "
-                    "names: %s (remove %s from %s and convert again to drop %s)", len(empty),
-                    "" if len(empty) == 1 else "es", ", ".join(map(printable, empty[:10])) +
-                    (", ..." if len(empty) > 10 else ""), "it" if len(empty) == 1 else "them",
-                    job.src, "it" if len(empty) == 1 else "them")
+    _log_summary(job, manifest, out)
     return manifest

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.scan import Files, Scan, source_folder, walk_images
 from fastdata.converters.units import read_limited
 
 #: a labels file larger than this is refused before it is parsed
@@ -79,14 +79,14 @@ def read_labels(csv_path: str) -> LabelsFile:
         where = f"labels file line {line}"
         path = _relative(row[0])
         if len(row) != len(header):
-            bad.append({"path": row[0], "reason": f"{where}: {len(row)} columns, the header "
-                                                  f"has {len(header)}"})
+            bad.append({"path": row[0], "kind": "bad_label",
+                        "reason": f"{where}: {len(row)} columns, the header has {len(header)}"})
         elif path is None:
-            bad.append({"path": row[0], "reason": f"{where}: not a path inside the source "
-                                                  f"folder"})
+            bad.append({"path": row[0], "kind": "bad_label",
+                        "reason": f"{where}: not a path inside the source folder"})
         elif path in values:
-            bad.append({"path": row[0], "reason": f"{where}: listed again (the first row "
-                                                  f"counts)"})
+            bad.append({"path": row[0], "kind": "note",
+                        "reason": f"{where}: listed again (the first row counts)"})
         else:
             values[path] = [c.strip() for c in row[1:]]
             lines[path] = line
@@ -99,7 +99,8 @@ def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
     """Class labels: names (sorted), or class indices where every label is an integer."""
     labels = {p: v[0] for p, v in values.items()}
     for p in [p for p, v in labels.items() if not v]:
-        bad.append({"path": p, "reason": f"labels file line {lines[p]}: empty label"})
+        bad.append({"path": p, "reason": f"labels file line {lines[p]}: empty label",
+                    "kind": "bad_label"})
         del labels[p]
     integer = {p: bool(_INTEGER.fullmatch(v)) for p, v in labels.items()}
     if labels and any(integer.values()):
@@ -109,7 +110,8 @@ def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
                              f"{labels[odd][:40]!r} is not a non-negative integer, while "
                              f"other labels are (class indices): use one kind of label")
         for p in [p for p in labels if int(labels[p]) >= MAX_CLASSES]:
-            bad.append({"path": p, "reason": f"labels file line {lines[p]}: class index "
+            bad.append({"path": p, "kind": "bad_label",
+                        "reason": f"labels file line {lines[p]}: class index "
                                              f"{labels[p][:40]} is not below {MAX_CLASSES}"})
             del labels[p]
         names = [str(i) for i in range(max((int(v) for v in labels.values()), default=-1) + 1)]
@@ -127,15 +129,18 @@ def _numbers(names: list[str], values: dict, bad: list, lines: dict) -> LabelsFi
         try:
             row = [float(c) for c in cells]
         except ValueError:
-            bad.append({"path": p, "reason": f"{where}: not numbers: {cells[:5]}"})
+            bad.append({"path": p, "reason": f"{where}: not numbers: {cells[:5]}",
+                        "kind": "bad_label"})
             continue
         if not np.isfinite(row).all():
-            bad.append({"path": p, "reason": f"{where}: not a finite number"})
+            bad.append({"path": p, "reason": f"{where}: not a finite number",
+                        "kind": "bad_label"})
             continue
         with np.errstate(over="ignore"):
             fits = np.isfinite(np.asarray(row, np.float32)).all()
         if not fits:        # stored as float32: 1e39 would be inf, a damaged set
-            bad.append({"path": p, "reason": f"{where}: a number beyond float32's range "
+            bad.append({"path": p, "kind": "bad_label",
+                        "reason": f"{where}: a number beyond float32's range "
                                              f"(about ±3.4e38)"})
             continue
         parsed[p] = row
@@ -149,20 +154,20 @@ def scan_labeled(root: str, csv_path: str) -> Scan:
     what either side lacks becomes a skipped entry.
 
     Raises:
-        FileNotFoundError: ``root`` is not a folder.
+        FileNotFoundError: ``root`` does not exist.
+        NotADirectoryError: ``root`` is a file.
         ValueError: the labels file is not valid (``read_labels``).
     """
-    root = os.path.abspath(root)
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
+    root = source_folder(root)
     table = read_labels(csv_path)
     ignored: dict[str, int] = {}
     present = set(walk_images(root, "", ignored))
     listed = set(table.values) | {_relative(s["path"]) for s in table.bad}
     skipped = list(table.bad)
-    skipped += [{"path": p, "reason": "not in the labels file"}
+    skipped += [{"path": p, "reason": "not in the labels file", "kind": "unlabelled"}
                 for p in sorted(present - listed)]
-    skipped += [{"path": p, "reason": "in the labels file, not an image in the source folder"}
+    skipped += [{"path": p, "reason": "in the labels file, not an image in the source folder",
+                 "kind": "missing"}
                 for p in sorted(set(table.values) - present)]
     paths = sorted(present & set(table.values))
     files = Files()

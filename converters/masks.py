@@ -55,8 +55,8 @@ def scan_masks(root: str, masks: str) -> Scan:
         except OSError:
             st = None
         if st is None or not stat.S_ISREG(st.st_mode):
-            skipped.append({"path": p, "reason": f"no class map {os.path.splitext(p)[0]}.png "
-                                                 f"in {masks}"})
+            skipped.append({"path": p, "kind": "unlabelled",
+                            "reason": f"no class map {os.path.splitext(p)[0]}.png in {masks}"})
             continue
         paths.append(p)
         digest.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8",
@@ -99,8 +99,8 @@ def _chunk_maps(job: tuple) -> list[tuple]:
         except (ValueError, OSError) as e:      # its pixels were read: it has no map
             squares = {s: np.full((s, s), IGNORE, np.uint8) for s in sizes}
             out.append(({s: encode_class_map(v) for s, v in squares.items()}, -1,
-                        [{"path": path, "reason": f"class map: {e}; kept, all of it of no "
-                                                  f"class ({IGNORE})"}]))
+                        [{"path": path, "kind": "note", "reason": f"class map: {e}; kept, "
+                          f"all of it of no class ({IGNORE})"}]))
             continue
         labelled = m[m != IGNORE]
         out.append(({s: encode_class_map(v) for s, v in squares.items()},

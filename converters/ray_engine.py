@@ -64,7 +64,7 @@ def convert_range(src: str, out: str, container: str, opts, options: dict, fp: s
             if error is not None:
                 if on_error == "raise":
                     raise ConversionError(f"cannot read {path!r}: {error}")
-                skipped.append({"path": path, "reason": error})
+                skipped.append({"path": path, "reason": error, "kind": "unreadable"})
                 continue
             if writer is None:      # its final name is the driver's to give
                 writer = WRITERS[container](os.path.join(out, shard_file(container, 0)),

@@ -161,16 +161,32 @@ def walk_images(folder: str, rel: str, ignored: dict[str, int], *,
     return found
 
 
-def scan_folder(root: str, *, progress: bool = False) -> Scan:
+def source_folder(root: str) -> str:
+    """``root`` as an absolute path, checked to be a folder.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        NotADirectoryError: it is a file (named, with what a source is).
+    """
     root = os.path.abspath(root)
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"source folder {root!r} does not exist or is not a directory")
+    if os.path.isdir(root):
+        return root
+    if not os.path.lexists(root):
+        raise FileNotFoundError(f"source folder {root!r} does not exist")
+    raise NotADirectoryError(f"source {root!r} is a file, not a folder: convert reads a folder "
+                             f"of images (root/<class>/<images>, or any layout with --labels "
+                             f"FILE.csv)")
+
+
+def scan_folder(root: str, *, progress: bool = False) -> Scan:
+    root = source_folder(root)
     entries = [e for e in os.scandir(root) if not e.name.startswith(".")]
     classes = sorted(e.name for e in entries if e.is_dir())
     loose = sum(e.name.lower().endswith(IMAGE_EXTENSIONS) for e in entries if not e.is_dir())
     if not classes:
         found = f"; it holds {loose} image{'' if loose == 1 else 's'} directly: move them into " \
-            f"class folders" if loose else ""
+            f"class folders, or give their labels with --labels FILE.csv (a header " \
+            f"`path,label`, a row per image)" if loose else ""
         raise ValueError(f"no class directories in {root!r}: expected root/<class>/<images> "
                          f"(the ImageFolder layout){found}")
     ignored: dict[str, int] = {}

@@ -60,6 +60,13 @@ SPATIAL_KINDS = ("detection", "segmentation")
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
+#: why an input is in a manifest's ``skipped`` (its ``kind``; a set converted before kinds
+#: were recorded has none): what ``info`` and a conversion's summary count
+SKIP_KINDS = {"unreadable": "unreadable", "unlabelled": "without labels",
+              "missing": "listed, not in the source folder",
+              "bad_label": "labels that cannot be used",
+              "note": "notes on inputs that were kept"}
+
 CONTAINERS = ("hdf5", "lmdb")
 ENCODINGS = ("raw", "jpeg")
 FITS = ("crop", "pad", "stretch")
@@ -171,6 +178,9 @@ def read_manifest(root: str | os.PathLike) -> dict:
             naming the file and the field).
     """
     path = os.path.join(os.fspath(root), MANIFEST)
+    if not os.path.lexists(root):
+        raise ShardFormatError(f"{os.fspath(root)!r} does not exist (a shard set is a folder "
+                               f"that `fastdata convert SRC OUT` wrote)")
     if not os.path.isfile(path):
         shards = os.path.isdir(root) and any(n.startswith("shard-") for n in os.listdir(root))
         hint = ("it holds shards of a conversion that did not finish: finish it with "
@@ -313,7 +323,8 @@ def _check_records(m: dict, f) -> None:
     skipped = m.get("skipped")
     f("skipped", skipped, isinstance(skipped, list) and all(
         isinstance(x, dict) and isinstance(x.get("path"), str) and isinstance(x.get("reason"), str)
-        for x in skipped), "a list of {path, reason}")
+        and x.get("kind", "unreadable") in SKIP_KINDS for x in skipped),
+      f"a list of {{path, reason, kind}} (kind one of {', '.join(SKIP_KINDS)})")
     ignored = m.get("ignored")
     f("ignored", ignored, isinstance(ignored, dict) and all(
         _is_int(v) for v in ignored.values()), "an object of counts")
@@ -328,6 +339,16 @@ def _check_records(m: dict, f) -> None:
         isinstance(counts, list) and len(counts) == len(m["classes"])
         and all(_is_int(c) and c >= 0 for c in counts) and sum(counts) == m["num_samples"]),
       "absent, or the samples of each class, adding up to num_samples")
+
+
+def skip_summary(skipped: list[dict]) -> str:
+    """``skipped`` counted by kind, e.g. "298 without labels, 1 unreadable" (an entry without
+    a kind counts as unreadable)."""
+    counts: dict[str, int] = {}
+    for s in skipped:
+        kind = s.get("kind", "unreadable")
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{counts[k]} {SKIP_KINDS[k]}" for k in SKIP_KINDS if k in counts)
 
 
 def json_text(obj: Any, *, sort_keys: bool = False) -> str:

@@ -54,7 +54,8 @@ def run(a) -> int:
 def add_args(b: argparse.ArgumentParser) -> None:
     from fastdata.train.step import PRECISIONS
 
-    b.add_argument("shards", nargs="+", help="shard set(s): torch and dali run on each, so one "
+    b.add_argument("shards", nargs="+", help="shard set(s), folders or URLs (s3://, gs://, az://, "
+                   "http(s)://): torch and dali run on each, so one "
                    "run compares containers and encodings")
     b.add_argument("--source", help="image folder for the baseline (default: the manifest's "
                    "source, when it still exists)")

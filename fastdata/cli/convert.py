@@ -63,7 +63,8 @@ def run(a) -> int:
 
 def add_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("src", help="image folder, ImageFolder layout (any layout with --labels)")
-    c.add_argument("out", help="output directory for the shard set")
+    c.add_argument("out", help="output folder for the shard set, or a URL in an object store "
+                   "(s3://bucket/path, gs://, az://; needs fastdata-shards[remote])")
     resumed = " (with --resume and none of the options that shape the set: the ones it was " \
         "started with)"
     c.add_argument("--format", choices=CONTAINERS, default=None,

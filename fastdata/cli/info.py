@@ -8,7 +8,7 @@ import json
 from fastdata._optional import DISTRIBUTION
 from fastdata.checks import printable
 from fastdata.cli.common import echo, human_bytes
-from fastdata.format import json_text
+from fastdata.format import json_text, skip_summary
 
 HELP = "describe a shard set (or the environment with --env)"
 
@@ -64,7 +64,7 @@ SHOWN_SKIPPED = 20
 def _print_skipped(d: dict) -> None:
     p = printable
     skipped = d["skipped"]
-    echo(f"  skipped: {len(skipped)}")
+    echo(f"  skipped: {len(skipped)}" + (f" ({skip_summary(skipped)})" if skipped else ""))
     for s in skipped[:SHOWN_SKIPPED]:
         echo(f"    {p(s['path'])}: {p(s['reason'])}")
     if len(skipped) > SHOWN_SKIPPED:
@@ -153,6 +153,7 @@ def run(a) -> int:
 
 
 def add_args(i: argparse.ArgumentParser) -> None:
-    i.add_argument("shards", nargs="?", help="shard set directory (with manifest.json)")
+    i.add_argument("shards", nargs="?", help="shard set: its folder (with manifest.json) or "
+                   "URL (s3://, gs://, az://, http(s)://: the manifest alone is read)")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--env", action="store_true", help="versions, pillow-simd check, GPU")

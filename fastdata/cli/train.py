@@ -25,14 +25,14 @@ def _held_out(last: dict, ds) -> str:
     return f", held-out accuracy {last['val_acc']:.1%} ({chance})"
 
 
-def _loaders(a, device, dtype) -> tuple:
-    """``fastdata train``'s training loader and its held-out one (None without ``--val``)."""
+def _loaders(a, sset, device, dtype) -> tuple:
+    """``fastdata train``'s training loader over ``sset`` and its held-out one (None without
+    ``--val``)."""
     from fastdata.loader import Loader
     from fastdata.shards import ShardSet
     from fastdata.train.models import default_crop
     from fastdata.train.recipes import train_recipe
 
-    sset = ShardSet(a.shards)
     crop = a.crop
     if crop is None:
         size = sset.size if a.size is None else sset.stored_size(a.size)
@@ -74,11 +74,14 @@ def train_run(a) -> dict:
     try:
         precision = a.precision or default_precision(info.device)
         dtype = input_dtype(precision, info.device)
-        train, val = _loaders(a, info.device, dtype)
+        from fastdata.shards import ShardSet
+
+        sset = ShardSet(a.shards)
         torch.manual_seed(a.seed)
+        net = build_model(a.model, len(sset.classes))     # a bad --model named before anything
+        train, val = _loaders(a, sset, info.device, dtype)
         # channels_last on every device: on CPU too it was faster for the demo's resnet8
-        model = dist.wrap(build_model(a.model, len(train.dataset.classes)), info,
-                          channels_last=True)
+        model = dist.wrap(net, info, channels_last=True)
         opt: torch.optim.Optimizer
         if a.optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9, nesterov=True,
@@ -131,8 +134,10 @@ def add_args(t: argparse.ArgumentParser) -> None:
     from fastdata.train.fit import SCHEDULES
     from fastdata.train.step import PRECISIONS
 
-    t.add_argument("shards", help="training shard set")
-    t.add_argument("--val", help="held-out shard set for accuracy after each epoch")
+    t.add_argument("shards", help="training shard set: its folder or URL (s3://, gs://, az://, "
+                   "http(s)://)")
+    t.add_argument("--val", help="held-out shard set (folder or URL) for accuracy after each "
+                   "epoch")
     t.add_argument("--backend", choices=list(BACKENDS), default="torch", help="loader backend")
     t.add_argument("--model", default="resnet8", help="built-in: tiny (a very small net, "
                    "for checking a pipeline), resnet8 or resnet14 (small ResNets for small "

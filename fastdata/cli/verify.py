@@ -36,4 +36,5 @@ def run(a) -> int:
 
 
 def add_args(v: argparse.ArgumentParser) -> None:
-    v.add_argument("shards", help="shard set directory (with manifest.json)")
+    v.add_argument("shards", help="shard set: its folder (with manifest.json) or URL (s3://, "
+                   "gs://, az://, http(s)://: every shard is fetched into the cache and checked)")

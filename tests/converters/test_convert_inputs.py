@@ -334,10 +334,17 @@ def test_exif_orientation_read_as_pil_reads_it(order):
 def test_no_class_dirs_and_missing_source(tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "x.jpg").write_bytes(b"")
-    with pytest.raises(ValueError, match="no class directories .*; it holds 1 image directly"):
+    with pytest.raises(ValueError, match="no class directories .*; it holds 1 image directly: "
+                                         "move them into class folders, or give their labels "
+                                         "with --labels FILE.csv"):
         convert(str(tmp_path / "flat"), str(tmp_path / "o1"), progress=False)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="nope' does not exist$"):
         convert(str(tmp_path / "nope"), str(tmp_path / "o2"), progress=False)
+    (tmp_path / "x.tar").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=r"x.tar' is a file, not a folder"):
+        convert(str(tmp_path / "x.tar"), str(tmp_path / "o3"), progress=False)
+    with pytest.raises(fastdata.format.ShardFormatError, match="nothere' does not exist"):
+        fastdata.open(tmp_path / "nothere")
 
 
 def test_a_source_without_images_says_what_it_holds_and_leaves_no_folder(tmp_path, caplog):

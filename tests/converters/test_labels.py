@@ -124,6 +124,10 @@ def test_what_the_file_and_the_folder_disagree_on_is_reported(flat, tmp_path):
     assert "2 columns, the header has 4" in reasons[names[-2]]
     assert "listed again" in reasons[names[0]]
     assert len(m["skipped"]) == 6
+    kinds = {s["path"]: s["kind"] for s in m["skipped"]}
+    assert kinds == {names[-1]: "unlabelled", "gone.jpg": "missing", names[0]: "note",
+                     "../" + names[0]: "bad_label", names[-3]: "bad_label",
+                     names[-2]: "bad_label"}
     ds = fastdata.open(str(tmp_path / "o"))
     assert len(ds) == N - 3 and ds.labels[0].tolist() == targets(0)    # the first row counts
     with pytest.raises(ValueError, match="first row must be a header"):
@@ -284,3 +288,22 @@ def test_a_shuffled_multi_label_set_keeps_each_image_with_its_targets(flat, tmp_
         return sorted((raw[i].tobytes(), tuple(ds.labels[i].tolist())) for i in range(len(ds)))
     assert by_image(mixed) == by_image(plain)
     assert mixed.labels.tolist() != plain.labels.tolist()       # another order
+
+
+def test_a_conversion_says_why_inputs_were_left_out_and_warns_when_most_were(flat, tmp_path,
+                                                                           caplog, capsys):
+    """Skips counted by their kind, not all "unreadable"; a duplicate row's image is kept and
+    noted; a conversion that keeps 1 of 12 images says so; `info` says the same."""
+    src, names = flat
+    rows = [[names[0], "cat"], [names[0], "dog"]]          # a duplicate; 11 images unlisted
+    labels = write_csv(tmp_path / "one.csv", ["path", "label"], rows)
+    out = str(tmp_path / "o")
+    with caplog.at_level("INFO"):
+        m = convert(src, out, sizes=[16], labels=labels, progress=False)
+    assert m["num_samples"] == 1 and len(m["skipped"]) == 12
+    assert "(11 without labels, 1 notes on inputs that were kept; " in caplog.text
+    assert "only 1 of the 12 inputs were converted (11 without labels)" in caplog.text
+    assert f"note on {names[0]}: labels file line 3: listed again" in caplog.text
+    assert cli(["info", out]) == 0
+    assert "skipped: 12 (11 without labels, 1 notes on inputs that were kept)" in \
+        capsys.readouterr().out

@@ -280,6 +280,10 @@ def test_bad_device_and_empty_epoch_are_named(shard_set, caplog, capsys):
             fit(TrainStep(model, sgd(model)), loader, **kw)
     assert cli(["-q", "train", shard_set, "--batch-size", "8", "--accum", "0"]) == 2  # was a
     assert "accum_steps=0 is not valid" in caplog.text                 # ZeroDivisionError
+    caplog.clear()
+    with caplog.at_level("INFO"):      # refused before anything is logged for it
+        assert cli(["train", shard_set, "--model", "foo", "--device", "cpu"]) == 2
+    assert "model='foo' is not" in caplog.text and "crop" not in caplog.text
     for option, value in (("--lr", "nan"), ("--weight-decay", "-1")):  # torch takes a NaN lr
         with pytest.raises(SystemExit):
             cli(["-q", "train", shard_set, option, value])
