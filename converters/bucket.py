@@ -35,7 +35,7 @@ from fastdata.format import (
     ShardMeta,
 )
 from fastdata.outdir import FINAL_NAMES, FolderBusyError
-from fastdata.shards.cache import default_cache_dir
+from fastdata.shards.cache import ShardCache
 from fastdata.shards.remote import Remote
 
 log = logging.getLogger("fastdata.convert")
@@ -50,10 +50,11 @@ LOCK = "convert-lock.json"
 STALE_SECONDS = 600
 
 
-def staging_folder(url: str) -> str:
-    """The local folder a conversion into ``url`` writes its shards in before they go up."""
+def staging_folder(url: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """The local folder a conversion into ``url`` writes its shards in before they go up: in
+    the node cache at ``cache_dir`` (default ``default_cache_dir()``)."""
     digest = hashlib.sha256(Remote(url).shown.encode()).hexdigest()[:32]
-    return os.path.join(default_cache_dir(), "uploads", digest)
+    return os.path.join(ShardCache(cache_dir).root, "uploads", digest)
 
 
 def upload_shard(remote: Remote, path: str) -> tuple[int, str]:

@@ -166,7 +166,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,
             engine: str = "local", address: str | None = None, shuffle: bool = False,
-            coco: str | None = None, masks: str | None = None) -> dict:
+            coco: str | None = None, masks: str | None = None,
+            cache_dir: str | os.PathLike | None = None) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``.
 
     Args:
@@ -199,6 +200,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             segmentations).
         masks: a folder of PNG class maps parallel to the images
             (``fastdata.converters.masks``): a segmentation set of the images that have one.
+        cache_dir: the node cache whose ``uploads/`` stages the shards of a conversion into a
+            store (default: ``$FASTDATA_CACHE``, else ``~/.cache/fastdata``).
 
     Returns:
         The manifest written to ``out/manifest.json``.
@@ -217,7 +220,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     if folder is None:
         from fastdata.converters.bucket import Bucket, staging_folder
 
-        bucket, folder = Bucket(out), staging_folder(out)
+        bucket, folder = Bucket(out), staging_folder(out, cache_dir)
     out = folder
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()

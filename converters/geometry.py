@@ -100,7 +100,11 @@ def frame(path: str, label_size: tuple[int, int], size: int, fit: str) -> Frame:
     Raises:
         ValueError: the image's size, stored or upright, is not ``label_size``.
     """
-    with Image.open(path) as img:
+    try:
+        img = Image.open(path)
+    except Image.DecompressionBombError as e:
+        raise ValueError(f"refused as a decompression bomb ({e})") from None
+    with img:
         raw = img.size
         orientation = img.getexif().get(_EXIF_ORIENTATION, 1) if img.format in (
             "JPEG", "PNG", "WEBP", "TIFF") else 1

@@ -82,6 +82,8 @@ def read_map(path: str) -> np.ndarray:
             if img.width * img.height > MAX_MAP_PIXELS:
                 raise ValueError(f"class map {path} claims {img.width}x{img.height} pixels")
             return np.asarray(img)
+    except Image.DecompressionBombError as e:   # claims more pixels than any image holds
+        raise ValueError(f"class map {path} is refused as a decompression bomb ({e})") from None
     except (UnidentifiedImageError, OSError, SyntaxError) as e:
         raise ValueError(f"class map {path} is not a readable PNG ({e})") from None
 

@@ -176,6 +176,42 @@ def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S) -> 
                               f"leave out --address to start a local one") from None
 
 
+def cluster_address(address: str | None) -> str:
+    """What ``ray.init`` is given: ``address`` (else ``RAY_ADDRESS``) checked to answer;
+    where neither names a cluster, ``"local"``: a cluster of the conversion's own, never one
+    that a file left by a cluster killed without ``ray stop`` names (Ray would wait for it
+    without end).
+
+    Raises:
+        ConversionError: the cluster named, or the one ``"auto"`` finds, does not answer.
+    """
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        return "local"
+    if address == "auto":
+        path = os.path.join(_ray_temp_dir(), "ray_current_cluster")
+        try:
+            with open(path) as f:
+                named = f.read(200).strip()
+        except OSError:
+            return address          # Ray looks for a running cluster itself
+        try:
+            check_reachable(named)
+        except ConversionError as e:
+            raise ConversionError(f"{path} (the latest cluster's address, for --address auto) "
+                                  f"names {named}: {str(e).split(': ', 1)[-1]}") from None
+        return address
+    check_reachable(address)
+    return address
+
+
+def _ray_temp_dir() -> str:
+    """Ray's folder of session files, as Ray finds it (``$RAY_TMPDIR``, else ``$TMPDIR``,
+    else ``/tmp``; then ``ray``)."""
+    return os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp",
+                        "ray")
+
+
 def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: str,
                  progress: bool) -> tuple[list[dict], list[dict]]:
     """``convert``'s shards on a Ray cluster (``address``: an existing cluster's, or None to
@@ -185,8 +221,8 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
 
     ray = require("ray", "--engine ray")
     if not ray.is_initialized():
-        check_reachable(address if address is not None else os.environ.get("RAY_ADDRESS"))
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        ray.init(address=cluster_address(address), logging_level=logging.WARNING,
+                 log_to_driver=False)
     task = ray.remote(max_retries=RETRIES)(convert_range)
     files, fp, options = job.scan.files, job.fp, job.options()
     first = kept[-1].sources[1] if kept else 0

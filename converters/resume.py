@@ -102,8 +102,8 @@ def reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> 
         expected_start = kept[-1].start + kept[-1].count if kept else 0
         if meta.config != fp or meta.index != len(kept) or meta.start != expected_start:
             break
-        if verify_shard(reader, {"start": meta.start, "count": meta.count,
-                                 "sha256": meta.sha256}):
+        if verify_shard(reader, {"file": os.path.basename(path), "start": meta.start,
+                                 "count": meta.count, "sha256": meta.sha256}):
             break
         kept.append(meta)
     drop_unfinished(out, container, len(kept))

@@ -138,6 +138,23 @@ def usable_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
     return memory
 
 
+def check_fits(what: str, nbytes: float, fix: str) -> None:
+    """Refuse ``what`` where it needs ``nbytes`` of memory, more than is available now
+    (``available_memory``): a hostile manifest or state is an error, not an OOM kill.
+
+    Raises:
+        ValueError: naming ``what``, the bytes it needs, those there are and ``fix``.
+    """
+    memory = available_memory()
+    if memory is not None and nbytes > memory:
+        raise ValueError(f"{what} needs {_gib(nbytes)} of memory, more than the "
+                         f"{_gib(memory)} available: {fix}")
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
+
+
 def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
     """Bytes that more page cache could take without pushing out anything but page cache:
     the machine's ``MemAvailable``, capped at each cgroup level by its limit less what the

@@ -292,7 +292,7 @@ def _check_shards(m: dict, f) -> int:
     """``check_manifest`` of ``shards``: returns the samples they hold."""
     shards = m.get("shards")
     f("shards", shards, isinstance(shards, list), "a list")
-    end, names = 0, set()
+    end, names, wholes = 0, set(), set()
     suffix = SHARD_SUFFIX[m["container"]]
     for k, s in enumerate(shards):  # type: ignore[arg-type]
         where = f"shards[{k}]"
@@ -313,8 +313,9 @@ def _check_shards(m: dict, f) -> int:
           "a hex digest")
         whole = s.get("file_sha256")            # optional: the whole file's, for a cache
         f(f"{where}.file_sha256", whole, whole is None or (
-            isinstance(whole, str) and re.fullmatch(r"[0-9a-f]{64}", whole) is not None),
-          "absent, or the file's SHA-256 in hex")
+            isinstance(whole, str) and re.fullmatch(r"[0-9a-f]{64}", whole) is not None
+            and whole not in wholes), "absent, or the file's SHA-256 in hex (each shard's own)")
+        wholes.add(whole)
     return end
 
 

@@ -96,8 +96,10 @@ class Order:
                  seed: int = 0, rank: int = 0, world_size: int = 1, drop_last: bool | None = None,
                  draw: Draw | None = None):
         self.draw = draw
-        # what the epoch's order is drawn by (None: a draw that does not say), checked on resume
-        self.rule = "permutation" if draw is None else getattr(draw, "rule", None)
+        # what the epoch's order is drawn by (None: a draw that does not say), checked on
+        # resume; a bound method's is its object's (a Mixture's draw)
+        self.rule = "permutation" if draw is None else getattr(
+            getattr(draw, "__self__", draw), "rule", None)
         self.n, self.batch_size = integer("n", n, 0), integer("batch_size", batch_size, 1)
         self.world_size = integer("world_size", world_size, 1)
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
@@ -194,23 +196,21 @@ class Order:
             ValueError: not an order's state, or one of a set of another size or another
                 order (``shuffle_window``, ``shard_split``).
         """
-        keys = ("seed", "epoch", "position", "n", "batch_size", "world_size")
+        keys = ("seed", "epoch", "consumed", "n")
         if not isinstance(state, dict) or not all(k in state for k in keys):
             raise ValueError(f"not a loader state (a dict with {', '.join(keys)}): "
                              f"{str(state)[:100]}")
+        for key in keys:            # an array or a string named, not compared
+            integer(key, state[key], 0)
         if state["n"] != self.n:
             raise ValueError(f"cannot resume: saved n={state['n']} samples per epoch but this "
                              f"loader has n={self.n}")
-        saved = state.get("order")      # states saved before it was recorded: not checked
-        if saved is not None and self.rule is not None and saved != self.rule:
+        saved = state.get("order")
+        if saved != self.rule:
             raise ValueError(f"cannot resume: the saved epoch's order is drawn by "
-                             f"{str(saved)[:100]!r}, "
-                             f"this loader's by {self.rule!r}; resume with the same "
-                             f"shuffle_window and shard_split")
-        # a state saved before it held the count: its layout's batches
-        done = state.get("consumed", state["position"] * state["batch_size"] *
-                         state["world_size"])
-        integer("seed", state["seed"], 0)
-        integer("epoch", state["epoch"], 0)
-        self.seed, self.epoch = state["seed"], state["epoch"]
-        self.offset, self.position = integer("consumed", done, 0, self.n), 0
+                             f"{str(saved)[:100]!r}, this loader's by {self.rule!r}; resume "
+                             f"with the same set or mixture (its weights), shuffle_window and "
+                             f"shard_split")
+        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        self.offset = integer("consumed", state["consumed"], 0, self.n)
+        self.position = 0

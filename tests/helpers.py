@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import http.client
+import http.server
 import io
 import json
 import mmap
@@ -13,7 +15,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -538,3 +542,170 @@ def peak_kib():
         own = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     return max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 """
+
+
+class FileServer(http.server.ThreadingHTTPServer):
+    """An HTTP server of the files in ``root`` (GET and HEAD, no ranges) with faults on
+    demand: ``faults[name]``, a list taken one a GET (403, 404, 500, ``"corrupt"``,
+    ``"slow"``, ``"oversize"``, ``"truncate"``); ``gets`` counts each name's GETs."""
+
+    daemon_threads = True
+
+    def __init__(self, root):
+        super().__init__(("127.0.0.1", 0), _FileHandler)
+        self.root, self.gets, self.faults = root, {}, {}
+        self.lock = threading.Lock()
+        self.delay = 0.0        # seconds a shard's answer waits (a long round trip)
+
+
+class _FileHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_HEAD(self):
+        self._answer(body=False)
+
+    def do_GET(self):
+        self._answer(body=True)
+
+    def _answer(self, body: bool) -> None:
+        srv = self.server
+        name = self.path.rsplit("/", 1)[-1]
+        with srv.lock:
+            if body:
+                srv.gets[name] = srv.gets.get(name, 0) + 1
+            faults = srv.faults.get(name, [])
+            fault = faults.pop(0) if faults and body else None
+        path = os.path.join(srv.root, name)
+        if fault in (403, 404, 500) or not os.path.isfile(path):
+            code = fault or 404
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = open(path, "rb").read()
+        if body and name.startswith("shard-"):
+            time.sleep(srv.delay)
+        if fault == "corrupt":                  # as long, other bytes here and there
+            damaged = bytearray(data)
+            damaged[len(data) // 3::101] = bytes(b ^ 0xFF for b in damaged[len(data) // 3::101])
+            data = bytes(damaged)
+        if fault == "slow":
+            time.sleep(3)
+        if fault == "oversize":                 # more than the manifest says the shard is
+            data += bytes(1 << 20)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if not body:
+            return
+        if fault == "truncate":
+            self.wfile.write(data[:len(data) // 3])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        self.wfile.write(data)
+
+
+class FaultProxy(http.server.ThreadingHTTPServer):
+    """An HTTP proxy in front of a store's server (``upstream``: ``http://host:port``) that
+    spoils the answers for an object's name as asked: ``faults[name]``, a list taken one a
+    GET: ``"stall"`` (a third of the body, then nothing for ``stall_s``), ``"hang"`` (the
+    headers, then nothing for ``stall_s``), ``("error", text)`` (a 403 whose body is
+    ``text``); ``rates[name]``: bytes a second of its body (a slow link). ``ranges`` records
+    each GET's ``Range`` header."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str):
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+        p = urllib.parse.urlsplit(upstream)
+        self.upstream = (p.hostname, p.port)
+        self.faults: dict[str, list] = {}
+        self.rates: dict[str, float] = {}
+        self.stall_s = 30.0
+        self.ranges: list[tuple[str, str | None]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self._forward()
+
+    do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
+
+    def _forward(self) -> None:
+        srv = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        name = urllib.parse.urlsplit(self.path).path.rsplit("/", 1)[-1]
+        fault = None
+        if self.command == "GET":
+            with srv.lock:
+                srv.ranges.append((name, self.headers.get("Range")))
+                queue = srv.faults.get(name, [])
+                fault = queue.pop(0) if queue else None
+        if isinstance(fault, tuple):            # ("error", text)
+            text = fault[1].encode()
+            self.send_response(403)
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
+        conn = http.client.HTTPConnection(*srv.upstream, timeout=60)
+        conn.request(self.command, self.path, body, headers=dict(self.headers.items()))
+        answer = conn.getresponse()
+        data = answer.read()
+        conn.close()
+        self.send_response(answer.status)
+        for k, v in answer.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        if fault in ("stall", "hang"):
+            self.wfile.write(data[:len(data) // 3 if fault == "stall" else 0])
+            self.wfile.flush()
+            time.sleep(srv.stall_s)
+            self.close_connection = True
+            return
+        rate = srv.rates.get(name)
+        if rate:
+            step = max(1, int(rate / 20))
+            for at in range(0, len(data), step):
+                self.wfile.write(data[at:at + step])
+                self.wfile.flush()
+                time.sleep(step / rate)
+            return
+        self.wfile.write(data)
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: str):
+    """A running ``FaultProxy`` in front of ``upstream``, shut down at the end."""
+    proxy = FaultProxy(upstream)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def shard_files(path) -> list[str]:
+    """The shard files of the set in the folder ``path``, in order."""
+    return sorted(f for f in os.listdir(path) if f.startswith("shard-"))

@@ -11,6 +11,7 @@ import sys
 import warnings
 from typing import Any
 
+from fastdata.checks import printable
 from fastdata.cli.common import HelpFormatter, log
 
 COMMANDS = ("convert", "info", "verify", "train", "bench", "demo", "cache")
@@ -37,14 +38,23 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+class _Printable(logging.Formatter):
+    """Each line of a record with its control characters escaped: a message quotes names,
+    URLs and servers' answers from outside, which must not drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(map(printable, super().format(record).split("\n")))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = build_parser(next((x for x in argv if not x.startswith("-")), None)).parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Printable("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING if a.quiet else logging.INFO, handlers=[handler])
     # a command's warnings in one line each, as its logs (not the library's file and line)
     warnings.formatwarning = lambda message, category, *_, **__: \
-        f"WARNING {category.__name__}: {message}\n"
+        f"WARNING {category.__name__}: {printable(message)}\n"
     try:
         return a.func(a)
     except BrokenPipeError:     # `fastdata info out/ | head`: the reader left, as for any tool

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from fastdata.checks import printable
 from fastdata.cli.common import echo, human_bytes
@@ -16,10 +15,10 @@ def run(a) -> int:
 
     root = a.dir or default_cache_dir()
     shown = printable(root)
-    if not os.path.isdir(os.path.join(root, "objects")):
+    cache = ShardCache.existing(root)
+    if cache is None:
         echo(f"{shown}: no cache here")
         return 0
-    cache = ShardCache(root)
     if a.clear:
         deleted, kept = cache.clear()
         echo(f"{shown}: {deleted} shard{'s' * (deleted != 1)} deleted"

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fastdata.checks import choice, flag, integer, positive
-from fastdata.env import local_world_size, resolve_device, usable_cpus
+from fastdata.env import check_fits, local_world_size, resolve_device, usable_cpus
 from fastdata.loader.decode import jpeg_decode_where
 from fastdata.loader.spec import Backend, Spec
 from fastdata.ops.batch import BatchHook, takes_generator
@@ -87,8 +87,7 @@ def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform,
 def _dataset(path, weights, cache: dict) -> ShardSet | Mixture:
     """What ``Loader(path, weights=...)`` reads."""
     if isinstance(path, (list, tuple)):
-        return Mixture([p if isinstance(p, ShardSet) else ShardSet(p, **cache) for p in path],
-                       weights=weights)
+        return Mixture(path, weights=weights, **cache)
     if weights is not None:
         raise ValueError("weights= mixes a list of sets: pass path=[set_a, set_b, ...] (or "
                          "a fastdata.Mixture)")
@@ -228,6 +227,9 @@ class Loader:
         draw: Draw | None = ds.draw if isinstance(ds, Mixture) else None
         n = ds.epoch_size if isinstance(ds, Mixture) else len(ds)
         draw = _window_draw(ds, shuffle_window, shard_split, world_size) or draw
+        # the epoch's indices, drawn and shuffled: a manifest's count, refused, not an OOM
+        check_fits(f"an epoch of {n} samples", 24 * n,
+                   f"check the set's manifest with `fastdata verify {ds.location}`")
         self.order = Order(n, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed,
                            rank=rank, world_size=world_size, drop_last=drop_last, draw=draw)
         self._resume, self._iterations = False, 0      # see __iter__
@@ -240,7 +242,7 @@ class Loader:
         self.augment = flag("augment", augment, self.train)
         self.dtype = dtype
         self.channels_last = flag("channels_last", channels_last, self.device.type == "cuda")
-        stage = CropStage(train=self.augment, crop=integer("crop", crop, 1, optional=True),
+        stage = CropStage(train=self.augment, crop=self._checked_crop(crop),
                           dtype=dtype, channels_last=self.channels_last, mean=mean, std=std,
                           scale=scale, ratio=ratio)
         self.crop_stage, self.batch_hook = _hooks(self.dataset, stage, sample_transform,
@@ -274,8 +276,17 @@ class Loader:
 
     @crop.setter
     def crop(self, value) -> None:
-        self.crop_stage = self.crop_stage.with_crop(integer("crop", value, 1, optional=True))
+        self.crop_stage = self.crop_stage.with_crop(self._checked_crop(value))
         self._check_upscale()
+
+    def _checked_crop(self, crop) -> int | None:
+        """``crop`` as an int (or None), refused where one batch of it would not fit in
+        memory (a hostile state's crop)."""
+        crop = integer("crop", crop, 1, optional=True)
+        if crop is not None:
+            check_fits(f"crop={crop}", 4 * 3 * self.order.batch_size * crop ** 2,
+                       "give a crop of at most a few times the stored size")
+        return crop
 
     def _check_upscale(self) -> None:
         """Warn, once per loader, where the crop is larger than the stored size read: every

@@ -2,7 +2,8 @@
 asks first fetching it for all, never above its limit, never evicting a shard a reader has open.
 
 Layout under the cache folder (``cache_dir``; default ``$FASTDATA_CACHE``, else
-``~/.cache/fastdata``):
+``~/.cache/fastdata``), a folder of its own (not a link), marked by a ``CACHEDIR.TAG``
+written when it was empty: a folder that holds anything else is refused, never written to:
 
 * ``objects/<key>``: the shards, named by their content (``key``: the manifest's whole-file
   SHA-256 where it has one, else a digest of the shard's content checksum, size and
@@ -14,11 +15,14 @@ Layout under the cache folder (``cache_dir``; default ``$FASTDATA_CACHE``, else
   room is made, so two processes never both fill the last bytes (POSIX locks, which a forked
   child does not inherit);
 * ``tmp/``: downloads in progress, each at its full size from the start (the limit counts
-  them), renamed into ``objects/`` only once checked: nothing half-written is ever read.
+  them), renamed into ``objects/`` only once checked: nothing half-written is ever read;
+* ``sets/<digest of the URL>``: each remote set's manifest and label files, fetched at each
+  open;
+* ``uploads/<digest of the URL>``: a conversion into a store stages its shards there.
 
 Readers hold a shared ``flock`` on each cached shard they have open; eviction (least recently
 used first) skips a shard it cannot lock exclusively. The cache deletes only files under
-``objects/``, ``stamps/`` and ``tmp/`` with its own names.
+``objects/`` that have a stamp, their stamps, and files under ``tmp/`` with its own names.
 """
 from __future__ import annotations
 
@@ -30,11 +34,19 @@ import logging
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
 
 log = logging.getLogger("fastdata")
+SUBFOLDERS = ("objects", "stamps", "locks", "tmp", "sets", "uploads")
+#: the cache folder's mark (the Cache Directory Tagging Specification's: backup tools skip
+#: the folder): a folder without it is never written to or cleared
+TAG, TAG_TEXT = "CACHEDIR.TAG", ("Signature: 8a477f597d28d172789f06886806bc55\n"
+                                 "# the node cache of fastdata's remote shards\n")
+_NOT_OURS = ("{root} is not a fastdata cache (it holds other files and no CACHEDIR.TAG of "
+             "fastdata's): refused; give cache_dir a new or empty folder")
 _KEY = re.compile(r"[0-9a-z-]{8,80}")
 _TMP = re.compile(r"[0-9a-z-]{8,80}\.[0-9]+\.[0-9a-f]{8}")
 #: how long a download waits for readers to let go of shards when the cache is at its limit
@@ -54,6 +66,33 @@ def shard_key(entry: dict, container: str) -> str:
         return "f-" + entry["file_sha256"]
     text = f"{entry['sha256']}:{entry['bytes']}:{container}"
     return "c-" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _is_cache(root: str) -> bool:
+    """Whether ``root`` is a folder (not a link) marked as fastdata's cache."""
+    if os.path.islink(root) or not os.path.isdir(root):
+        return False
+    try:
+        with open(os.path.join(root, TAG), encoding="utf-8", errors="replace") as f:
+            return f.read(len(TAG_TEXT) + 1) == TAG_TEXT
+    except OSError:
+        return False
+
+
+def _claim(root: str) -> None:
+    """Mark ``root`` as the cache's where it is an empty folder; refuse one that is a link or
+    holds anything but a cache."""
+    if os.path.islink(root) or not os.path.isdir(root):
+        raise OSError(f"cache folder {root} is a link or not a folder: refused (give the "
+                      f"folder it names)")
+    if _is_cache(root):
+        return
+    if any(not name.startswith(f".{TAG}.") for name in os.listdir(root)):    # another's
+        raise OSError(_NOT_OURS.format(root=root))
+    tmp = os.path.join(root, f".{TAG}.{os.getpid()}.{secrets.token_hex(4)}")
+    with open(tmp, "x", encoding="utf-8") as f:
+        f.write(TAG_TEXT)
+    os.replace(tmp, os.path.join(root, TAG))
 
 
 # a lock is a POSIX record lock (``lockf``): one a forked child never inherits (an ``flock``
@@ -114,6 +153,9 @@ class ShardCache:
     """
 
     def __init__(self, root: str | os.PathLike | None = None, limit: int | None = None):
+        if root is not None and not os.fspath(root):
+            raise ValueError("cache_dir='' is not valid; give a folder, or None (the default, "
+                             f"{default_cache_dir()})")
         self.root = os.path.abspath(os.fspath(root) if root is not None else
                                     default_cache_dir())
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
@@ -121,12 +163,30 @@ class ShardCache:
             raise ValueError(f"cache_limit={limit!r} is not valid; use a number of bytes >= 0 "
                              f"or None (no limit)")
         self.limit = limit
-        for sub in ("objects", "stamps", "locks", "tmp"):
+        with disk_errors(self.root, "a shard"):
+            os.makedirs(self.root, exist_ok=True)
+            _claim(self.root)
+        for sub in SUBFOLDERS:
             path = os.path.join(self.root, sub)
             with disk_errors(self.root, "a shard"):
                 os.makedirs(path, exist_ok=True)
             if os.path.islink(path) or not os.path.isdir(path):
                 raise OSError(f"cache folder {path} is not a folder of its own: refused")
+
+    @classmethod
+    def existing(cls, root: str | os.PathLike) -> ShardCache | None:
+        """The cache at ``root`` if there is one (None: no folder there), making nothing.
+
+        Raises:
+            OSError: ``root`` holds something that is not a fastdata cache.
+        """
+        root = os.path.abspath(os.fspath(root))
+        if not os.path.lexists(root) or (os.path.isdir(root) and not os.path.islink(root)
+                                         and not os.listdir(root)):
+            return None
+        if not _is_cache(root):
+            raise OSError(_NOT_OURS.format(root=root))
+        return cls(root)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.root!r}, limit={self.limit})"
@@ -168,7 +228,7 @@ class ShardCache:
                     if wrong is None:
                         # under the cache's lock: a count of its bytes sees the shard in
                         # tmp/ or in objects/, never in neither; and room is made only once
-                        # it has its stamp (a shard without one is the first to evict)
+                        # it has its stamp (a shard without one is not counted)
                         with self._room_locked():
                             os.replace(tmp, final)
                             try:
@@ -189,7 +249,7 @@ class ShardCache:
         return f"{st.st_size} {st.st_ino} {st.st_mtime_ns}"
 
     def _stamp(self, key: str) -> None:
-        facts = self._facts(os.stat(self.path(key)))
+        facts = self._facts(os.lstat(self.path(key)))
         # beside the stamps, not in tmp/: a shard's room counts every file in tmp/
         tmp = os.path.join(self.root, "stamps", f".{key}.{os.getpid()}.{secrets.token_hex(4)}")
         with open(tmp, "x") as f:
@@ -197,13 +257,15 @@ class ShardCache:
         os.replace(tmp, os.path.join(self.root, "stamps", key))
 
     def _present(self, key: str, size: int) -> bool:
-        """The shard is cached as it checked out: its stamp touched (the latest use)."""
+        """The shard is cached as it checked out: a regular file (not a link, whatever its
+        stamp says) matching its stamp, which is touched (the latest use)."""
         stamp = os.path.join(self.root, "stamps", key)
         try:
-            st = os.stat(self.path(key))
-            with open(stamp) as f:
-                ok = st.st_size == size and f.read(100) == self._facts(st)
-        except FileNotFoundError:
+            st = os.lstat(self.path(key))
+            with open(stamp, "rb") as f:
+                ok = stat.S_ISREG(st.st_mode) and st.st_size == size and \
+                    f.read(100) == self._facts(st).encode()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return False
         if ok:
             with contextlib.suppress(FileNotFoundError):
@@ -222,7 +284,8 @@ class ShardCache:
                 os.remove(path)
 
     def _fill(self, tmp: str, fetch, check) -> str | None:
-        fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        # read too: a forked process's download is checksummed from the file its helper wrote
+        fd = os.open(tmp, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         try:        # no fsync: a cache is not a record, and a process killed mid-way leaves
             fetch(fd)   # only its temporary file, never renamed
         except OSError as e:
@@ -250,6 +313,10 @@ class ShardCache:
             time.sleep(0.05)
 
     def _new_tmp(self, key: str, size: int) -> str:
+        st = os.statvfs(self.root)
+        if size > st.f_bavail * st.f_frsize:    # a sparse file would fit, and then fill it
+            raise OSError(errno.ENOSPC, f"No space left on device for a shard of {size} bytes "
+                                        f"({st.f_bavail * st.f_frsize} free)")
         tmp = os.path.join(self.root, "tmp", f"{key}.{os.getpid()}.{secrets.token_hex(4)}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
                      0o644)
@@ -301,21 +368,22 @@ class ShardCache:
         return sum(size for _, _, size in self._entries("tmp"))
 
     def _entries(self, sub: str) -> list[tuple[float, str, int]]:
-        """``(last use, name, bytes)`` of the cache's own files in ``sub`` (a shard's last
-        use: its stamp's time)."""
+        """``(last use, name, bytes)`` of the cache's own files in ``sub``: downloads in
+        ``tmp/``; shards with a stamp in ``objects/`` (a shard's last use: its stamp's time).
+        Nothing else is counted or deleted."""
         name_ok = _KEY.fullmatch if sub == "objects" else _TMP.fullmatch
         out = []
         with os.scandir(os.path.join(self.root, sub)) as it:
             for e in it:
-                if name_ok(e.name) and e.is_file(follow_symlinks=False):
-                    with contextlib.suppress(FileNotFoundError):
-                        size = e.stat(follow_symlinks=False).st_size
-                        used = 0.0
-                        if sub == "objects":
-                            with contextlib.suppress(FileNotFoundError):
-                                used = os.stat(os.path.join(self.root, "stamps",
-                                                            e.name)).st_mtime
-                        out.append((used, e.name, size))
+                if not (name_ok(e.name) and e.is_file(follow_symlinks=False)):
+                    continue
+                try:
+                    size = e.stat(follow_symlinks=False).st_size
+                    used = os.lstat(os.path.join(self.root, "stamps", e.name)).st_mtime \
+                        if sub == "objects" else 0.0
+                except FileNotFoundError:
+                    continue
+                out.append((used, e.name, size))
         return out
 
     def _make_room(self, size: int) -> int | None:
@@ -352,7 +420,8 @@ class ShardCache:
 
 
 #: what a cache folder's disk refuses: full, read-only, over quota, not ours to write
-_DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM)
+_DISK_ERRORS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM,
+                errno.EFBIG)
 
 
 @contextlib.contextmanager
@@ -365,7 +434,8 @@ def disk_errors(root: str, what: str):
         if e.errno not in _DISK_ERRORS:
             raise
         hint = ("make room there, or give another cache_dir" if e.errno in (
-            errno.ENOSPC, errno.EDQUOT) else "give a cache_dir this process may write")
+            errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else "give a cache_dir this process may "
+                                                          "write")
         raise OSError(e.errno, f"cache folder {root}: {e.strerror}: cannot hold {what} "
                                f"({hint})") from None
 

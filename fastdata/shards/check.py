@@ -29,8 +29,9 @@ def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None, *
     """Check one shard against its manifest ``entry`` (count, start, sha256, bytes) and, given
     ``classes``, its labels' range; read once in file order, with readahead (out of the page
     cache, a raw LMDB set reads an order of magnitude faster with it). ``decode``: also decode
-    every JPEG (else the CRCs only)."""
-    name, start = os.path.basename(reader.path), entry["start"]
+    every JPEG (else the CRCs only). Problems are named by the manifest's file name (a
+    remote shard's cached copy has another)."""
+    name, start = entry["file"], entry["start"]
     reader.access = "sequential"
     try:
         problems = _entry_problems(reader, entry, classes)
@@ -64,7 +65,7 @@ def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None, *
 def _entry_problems(reader: ShardReader, entry: dict, classes: int | None) -> list[Problem]:
     """What the shard's own records say against the manifest: size on disk, place in the
     set, label range (opening the shard checks the counts)."""
-    name, problems = os.path.basename(reader.path), []
+    name, problems = entry["file"], []
     size = os.path.getsize(reader.path)
     if "bytes" in entry and size != entry["bytes"]:
         problems.append(Problem(name, None, f"{size} bytes, the manifest says {entry['bytes']}"))

@@ -26,11 +26,23 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fastdata.checks import choice, flag, integer
+from fastdata.env import check_fits
 from fastdata.format import SPATIAL_KINDS
 from fastdata.shards.mapped import guard_faults
 from fastdata.shards.set import ShardSet, batch_buffer, stored_size
 
 CLASS_RULES = ("offset", "union")
+
+
+def _check_distinct(sets: list[ShardSet]) -> None:
+    """Refuse a set given twice: its images would be two samples of two classes."""
+    seen: dict[str, int] = {}
+    for k, s in enumerate(sets):
+        where = s.url or os.path.realpath(s.root)
+        if where in seen:
+            raise ValueError(f"sets[{k}] is sets[{seen[where]}] again ({s.location}): give each "
+                             f"set once, and a larger weight to read it more often")
+        seen[where] = k
 
 
 def _counts(weights: np.ndarray, total: int) -> np.ndarray:
@@ -53,6 +65,7 @@ class Mixture:
         replacement: draw each set's samples with replacement (default: without, as far as
             the set's size allows).
         classes: ``"offset"`` or ``"union"`` (how the sets' class indices map to one space).
+        cache_dir, cache_limit: the node cache of the sets given as URLs (``fastdata.open``'s).
 
     Raises:
         ValueError: no set, a bad weight (named), sets of different encodings, sizes or
@@ -61,10 +74,13 @@ class Mixture:
 
     def __init__(self, sets: Sequence[str | os.PathLike | ShardSet], *,
                  weights: Sequence[float] | None = None, epoch_size: int | None = None,
-                 replacement: bool = False, classes: str = "offset"):
+                 replacement: bool = False, classes: str = "offset",
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None):
         if isinstance(sets, (str, os.PathLike, ShardSet)) or not len(sets):
             raise ValueError("a Mixture needs a list of one or more shard sets")
-        self.sets = [s if isinstance(s, ShardSet) else ShardSet(s) for s in sets]
+        self.sets = [s if isinstance(s, ShardSet) else
+                     ShardSet(s, cache_dir=cache_dir, cache_limit=cache_limit) for s in sets]
+        _check_distinct(self.sets)
         self.class_rule = choice("classes", classes, CLASS_RULES)
         self.replacement = flag("replacement", replacement)
         self.sizes_of = np.array([len(s) for s in self.sets], np.int64)
@@ -72,9 +88,13 @@ class Mixture:
         self._total = int(self.sizes_of.sum())
         self.epoch_size = integer("epoch_size", self._total if epoch_size is None
                                   else epoch_size, 1)
+        # an epoch's order: its indices, drawn and shuffled (three arrays of them at once)
+        check_fits(f"epoch_size={self.epoch_size}", 24 * self.epoch_size,
+                   "give a smaller epoch_size")
         self.weights = self._weights(weights)
         self.counts = _counts(self.weights, self.epoch_size)
-        empty = [s.root for s, c, n in zip(self.sets, self.counts, self.sizes_of) if c and not n]
+        empty = [s.location for s, c, n in zip(self.sets, self.counts, self.sizes_of)
+                 if c and not n]
         if empty:
             raise ValueError(f"{empty[0]} holds no sample but is given a weight")
         self._check_alike()
@@ -90,9 +110,10 @@ class Mixture:
         if len(w) != len(self.sets):
             raise ValueError(f"weights={list(weights)} gives {len(w)} weight(s) for "
                              f"{len(self.sets)} sets")
-        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        if not np.all(np.isfinite(w)) or np.any(w < 0) or w.max() <= 0:
             raise ValueError(f"weights={list(weights)} is not valid; use finite weights >= 0, "
                              f"not all 0")
+        w = w / w.max()         # first: a sum of weights near the largest float is infinite
         return w / w.sum()
 
     def _check_alike(self) -> None:
@@ -132,6 +153,14 @@ class Mixture:
         return names, np.zeros(len(self.sets), np.int64), maps
 
     # ---- the order ----
+    @property
+    def rule(self) -> str:
+        """What decides the epoch's order, as a loader's state records it (a resume must
+        draw the same: the same sets' sizes, their counts and the replacement rule)."""
+        sets = ", ".join(f"{c} of {n}" for c, n in zip(self.counts.tolist(),
+                                                        self.sizes_of.tolist()))
+        return f"a mixture ({sets}{', with replacement' if self.replacement else ''})"
+
     def draw(self, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
         """The indices of epoch ``epoch``: each set's count, drawn as the docstring says."""
         parts = [self._picks(seed, epoch, k, shuffle) + self.starts[k]
@@ -144,14 +173,15 @@ class Mixture:
     def _picks(self, seed: int, epoch: int, k: int, shuffle: bool) -> np.ndarray:
         """Set ``k``'s samples (its own indices) in epoch ``epoch``."""
         n, c = int(self.sizes_of[k]), int(self.counts[k])
+        if not c:
+            return np.zeros(0, np.int64)
         if self.replacement and shuffle:
             return np.random.default_rng([seed, epoch, 2, k]).integers(0, n, c, dtype=np.int64)
         # its place in the set's endless series of permutations; evaluation: from the start
         first = epoch * c if shuffle else 0
-        rounds = range(first // n, (first + c - 1) // n + 1) if c else range(0)
         series = np.concatenate([
             np.random.default_rng([seed, 3, k, r]).permutation(n) if shuffle else np.arange(n)
-            for r in rounds]) if c else np.zeros(0, np.int64)
+            for r in range(first // n, (first + c - 1) // n + 1)])
         start = first - (first // n) * n
         return series[start:start + c].astype(np.int64)
 

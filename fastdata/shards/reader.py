@@ -60,9 +60,12 @@ class ShardReader:
         (``docs/performance.md``, "Reading from the disk")."""
         return self.access == "sequential" or self.fits
 
-    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None):
-        """``count``: the samples the manifest gives the shard (None: its own metadata's)."""
+    def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None,
+                 start: int | None = None):
+        """``count``, ``start``: the samples the manifest gives the shard and the set's index
+        of its first (None: its own metadata's, not checked)."""
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
+        self.start = start
         #: a remote set's shard: makes it local (the node's cache) and returns its path
         self.fetch: Callable[[], str] | None = None
         self._h: dict | None = None
@@ -168,6 +171,9 @@ class ShardReader:
         n = self.count
         if meta.count != n:
             raise ShardFormatError(f"its metadata says {meta.count} samples, the manifest {n}")
+        if self.start is not None and meta.start != self.start:
+            raise ShardFormatError(f"its metadata says it starts at sample {meta.start}, the "
+                                   f"manifest {self.start} (another shard's copy)")
         if labels.shape != (n,):
             raise ShardFormatError(f"labels: {labels.shape[0] if labels.ndim else 0} of them "
                                    f"for {n} samples")

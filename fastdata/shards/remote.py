@@ -15,13 +15,18 @@ them ahead, in the order the pass reads them.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 
 from fastdata._optional import require
+from fastdata.checks import printable
+
+log = logging.getLogger("fastdata")
 
 SCHEMES = ("s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https", "file")
 #: seconds one request may take before it is retried; seconds to connect
@@ -44,13 +49,28 @@ def is_url(path) -> bool:
 
 
 def redact(url: str) -> str:
-    """``url`` without credentials: no user or password, no query string or fragment (a
-    signed URL carries its signature there)."""
+    """``url`` without credentials (no user or password, no query string or fragment: a
+    signed URL carries its signature there) and safe to print (``printable``). A bucket keeps
+    its case."""
     p = urllib.parse.urlsplit(url)
-    host = p.hostname or ""
-    if p.port:
-        host += f":{p.port}"
-    return urllib.parse.urlunsplit((p.scheme, host, p.path, "", ""))
+    return printable(urllib.parse.urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path,
+                                              "", "")))
+
+
+#: the environment's settings that hold a secret (a key, a token, a password), never shown
+_SECRET_SETTING = re.compile(r"(AWS|GOOGLE|AZURE)_\w*(SECRET|TOKEN|KEY|PASSWORD|SAS)\w*")
+
+
+def _without_secrets(text: str, url: str) -> str:
+    """``text`` with the URL's user, password and query string and the environment's
+    secrets (``_SECRET_SETTING``) taken out: a server may echo them in an error."""
+    p = urllib.parse.urlsplit(url)
+    secrets_ = [p.password, p.username, p.query] + [
+        v for k, v in os.environ.items() if _SECRET_SETTING.fullmatch(k)]
+    for secret in sorted(filter(None, secrets_), key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
 
 
 _S3_ENDPOINT = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT")
@@ -88,6 +108,7 @@ def check_endpoint(url: str) -> None:
                              f"server) or https://...")
 
 
+_TIMED_OUT = re.compile(r"timed out|kind: Timeout|TimedOut|operation timed out", re.IGNORECASE)
 #: a store's answer for a bucket or container that does not exist
 _NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|bucket does not exist|"
                         r"container does not exist", re.IGNORECASE)
@@ -192,9 +213,17 @@ class Remote:
                               f"configured, and the machine's metadata service gave none (not "
                               f"a cloud machine with a role): set "
                               f"{_CREDENTIALS[_store_kind(self.url)]}") from None
-            first = text.strip().splitlines()[0] if text.strip() else ""
             raise OSError(f"{self.shown}/{name}: {what} failed: {type(e).__name__}: "
-                          f"{_without_secrets(first, self.url)[:300]}") from None
+                          f"{self.reason(text)}") from None
+
+    def reason(self, text: str) -> str:
+        """A client's error ``text`` in one printable line without secrets, its kind kept
+        where it timed out (the first line alone may say only "request or response body
+        error")."""
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        if _TIMED_OUT.search(text) and not _TIMED_OUT.search(first):
+            first += " (timed out)"
+        return printable(_without_secrets(first, self.url)[:300])
 
     def read(self, name: str, limit: int) -> bytes:
         """The object ``name`` whole (at most ``limit`` bytes: a larger one is refused)."""
@@ -218,7 +247,11 @@ class Remote:
                  limit: int | None = None) -> int:
         """Stream ``name`` into the open file ``fd``; ``update`` sees each chunk (a checksum).
         Returns the bytes written; more than ``limit`` is an error (a server that sends more
-        than the manifest says fills no disk)."""
+        than the manifest says fills no disk). A body cut off mid-way is asked again from the
+        byte where it stopped (the same version of the object), as long as bytes keep coming:
+        the download gives up after ``RETRIES`` tries in a row that bring none, or once
+        ``RETRY_SECONDS - TIMEOUT`` pass without one (so within ``RETRY_SECONDS`` of the
+        last)."""
         if _forked():
             start = os.lseek(fd, 0, os.SEEK_CUR)
             n = self._helper(name, fd, None, limit)
@@ -226,21 +259,46 @@ class Remote:
                 for at in range(0, n, CHUNK):
                     update(memoryview(os.pread(fd, min(CHUNK, n - at), start + at)))
             return n
+        done, tag, last, idle = 0, None, time.monotonic(), 0
+        while True:
+            got = self._call(name, "download",
+                             lambda at=done, version=tag: self._get_from(name, at, version))
+            tag, before = got.meta.get("e_tag"), done
+            try:
+                for chunk in got.stream(min_chunk_size=CHUNK):
+                    _write_chunk(fd, chunk, done, limit, update)
+                    done, last = done + len(chunk), time.monotonic()
+                return done
+            except ValueError as e:         # more than the limit
+                raise OSError(f"{self.shown}/{name}: download failed: {e}") from None
+            except Exception as e:  # noqa: BLE001 - the body cut off: the network, a timeout
+                idle = 0 if done > before else idle + 1
+                quiet = time.monotonic() - last
+                if idle > RETRIES or quiet >= RETRY_SECONDS - TIMEOUT:
+                    raise OSError(f"{self.shown}/{name}: download failed after {done} bytes, "
+                                  f"none for {quiet:.0f} s and {idle} tries: "
+                                  f"{self.reason(str(e))}") from None
+                log.info("%s/%s: cut off after %d bytes (%s): asked again from there",
+                         self.shown, name, done, self.reason(str(e)))
+                time.sleep(min(0.2 * 2 ** idle, 10))
+
+    def _get_from(self, name: str, offset: int, tag: str | None):
+        """The request for ``name`` from byte ``offset`` on (of version ``tag``, where the
+        store gave one: a changed object is an error, not a splice of two)."""
         import obstore
 
-        def get() -> int:
-            n = 0
-            for chunk in obstore.get(self.store, name).stream(min_chunk_size=CHUNK):
-                if limit is not None and n + len(chunk) > limit:
-                    raise ValueError(f"more than the {limit} bytes expected")
-                view = memoryview(chunk)
-                if update is not None:
-                    update(view)
-                while view:
-                    view = view[os.write(fd, view):]
-                n += len(chunk)
-            return n
-        return self._call(name, "download", get)
+        if not offset:
+            return obstore.get(self.store, name)
+        if tag:
+            return obstore.get(self.store, name,
+                               options={"range": {"offset": offset}, "if_match": tag})
+        return obstore.get(self.store, name, options={"range": {"offset": offset}})
+
+    @property
+    def lists(self) -> bool:
+        """Whether ``objects`` can list the folder here: not a plain HTTP server's, nor in a
+        forked process (whose helper fetches objects one at a time)."""
+        return _store_kind(self.url) not in ("http", "https") and not _forked()
 
     def objects(self) -> dict[str, int]:
         """The objects directly in the set's folder: name -> size in bytes."""
@@ -366,13 +424,15 @@ def _helper_main() -> int:
     return 0
 
 
-def _without_secrets(text: str, url: str) -> str:
-    """``text`` with the URL's user, password and query string taken out."""
-    p = urllib.parse.urlsplit(url)
-    for secret in (p.password, p.username, p.query):
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+def _write_chunk(fd: int, chunk, done: int, limit: int | None, update) -> None:
+    """``chunk`` (after ``done`` bytes) checksummed by ``update`` and written to ``fd``."""
+    if limit is not None and done + len(chunk) > limit:
+        raise ValueError(f"more than the {limit} bytes expected")
+    view = memoryview(chunk)
+    if update is not None:
+        update(view)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def fetch_manifest(remote: Remote, cache) -> str:
@@ -426,31 +486,35 @@ class Fetch:
         self.path = cache.path(self.key)
 
     def __call__(self) -> str:
-        return self.cache.get(self.key, self.entry["bytes"], self._download, self._check,
+        # what one download found lives in this call, not on the object: a Fetch is pickled
+        # to spawned workers, a hash object is not picklable
+        found: dict = {}
+
+        def download(fd: int) -> None:
+            import hashlib
+
+            found["hash"] = hashlib.sha256() if "file_sha256" in self.entry else None
+            found["bytes"] = self.remote.download(
+                self.entry["file"], fd, None if found["hash"] is None else found["hash"].update,
+                limit=self.entry["bytes"])
+        return self.cache.get(self.key, self.entry["bytes"], download,
+                              lambda path: self._check(path, found),
                               f"{self.remote.shown}/{self.entry['file']}")
 
-    def _download(self, fd: int) -> None:
-        import hashlib
-
-        self._hash = hashlib.sha256() if "file_sha256" in self.entry else None
-        self._got = self.remote.download(self.entry["file"], fd,
-                                         None if self._hash is None else self._hash.update,
-                                         limit=self.entry["bytes"])
-
-    def _check(self, path: str) -> str | None:
+    def _check(self, path: str, found: dict) -> str | None:
         """What is wrong with the download at ``path`` (None: it matches the manifest)."""
         want = self.entry["bytes"]
-        if self._got != want:
-            return f"{self._got} bytes arrived, the manifest says {want}"
-        if self._hash is not None:
-            if self._hash.hexdigest() != self.entry["file_sha256"]:
+        if found["bytes"] != want:
+            return f"{found['bytes']} bytes arrived, the manifest says {want}"
+        if found["hash"] is not None:
+            if found["hash"].hexdigest() != self.entry["file_sha256"]:
                 return "its SHA-256 is not the manifest's"
             return None
         from fastdata.shards.check import verify_shard
         from fastdata.shards.reader import READERS
 
         reader = READERS[self.container](path, sizes=self.sizes, encoding=self.encoding,
-                                         count=self.entry["count"])
+                                         count=self.entry["count"], start=self.entry["start"])
         problems = verify_shard(reader, {**self.entry}, decode=False)
         return str(problems[0]).split(": ", 1)[-1] if problems else None
 

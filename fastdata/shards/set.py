@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import stat
 from collections.abc import Callable, Iterator
 
@@ -24,6 +26,8 @@ from fastdata.shards.reader import READERS, ShardReader
 from fastdata.shards.remote import Fetch, Remote, fetch_manifest, is_url
 from fastdata.shards.streaming import OpenShards, Prefetch
 
+log = logging.getLogger("fastdata")
+
 
 class ShardSet:
     """A shard set on disk: ``len(ds)``, ``ds.classes``, ``ds.labels``, ``ds.label_kind``,
@@ -42,13 +46,10 @@ class ShardSet:
             remote, cache = Remote(os.fspath(root)), ShardCache(cache_dir, cache_limit)
             self.url = remote.shown
             root = fetch_manifest(remote, cache)
+        #: a remote set's store and cache, which fetch its files again where they are damaged
+        self._remote, self._cache = remote, cache
         self.root = os.path.abspath(os.fspath(root))
-        try:
-            self.manifest = m = read_manifest(self.root)
-        except ShardFormatError as e:
-            if self.url is None:
-                raise
-            raise ShardFormatError(str(e).replace(self.root, self.url)) from None
+        self.manifest = m = self._fetched(lambda: read_manifest(self.root))
         self.container, self.encoding = m["container"], m["encoding"]
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
@@ -58,7 +59,8 @@ class ShardSet:
         self.label_kind = label_kind(m)
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
-                              encoding=self.encoding, count=s["count"]) for s in m["shards"]]
+                                    encoding=self.encoding, count=s["count"], start=s["start"])
+                       for s in m["shards"]]
         #: a remote set's readers, closed once the cache's limit needs their shards' room
         self._open: OpenShards | None = None
         if remote is not None:          # read from the node's cache, fetched on first open
@@ -73,7 +75,7 @@ class ShardSet:
                                         cache.limit)  # type: ignore[union-attr]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
         self._n = int(m["num_samples"])
-        self._check_files()
+        self._check_files(remote)
         # an open shard keeps a file descriptor per memory map (HDF5: one per size) or LMDB env
         make_room_for_files(len(self.shards) * (len(self.sizes) if self.container == "hdf5"
                                                  else 1))
@@ -91,34 +93,63 @@ class ShardSet:
         for reader in self.shards:
             reader.fits = self.readahead
 
-    def _check_files(self) -> None:
+    def _check_files(self, remote: Remote | None) -> None:
         """Each shard file that exists must be a regular file inside the set's folder (a link
-        within it is fine); no shard may claim more samples than its bytes can hold (labels and
-        CRCs at least): a damaged or hostile manifest is refused here, not read from another
-        set or allocated in TiB. A missing or damaged file is left to the read that needs it
-        (``verify`` lists them all)."""
-        if self.url is not None:        # the cache's files, checked as they are fetched
-            return
-        real_root = os.path.realpath(self.root)
+        within it is fine); no shard may claim more samples than its bytes can hold (labels
+        and CRCs at least); a remote shard must be the bytes its manifest says in the store's
+        listing (where it lists: not plain HTTP). A damaged or hostile manifest is refused
+        here, not read from another set or allocated in TiB (the loader refuses an order that
+        does not fit in memory). A missing or damaged local file is left to the read that
+        needs it (``verify`` lists them all)."""
+        listed = remote.objects() if remote is not None and remote.lists else None
         least = 8 + 4 * len(self.sizes)         # a label and a CRC per size, per sample
-        manifest = os.path.join(self.root, "manifest.json")
         for reader, entry in zip(self.shards, self.manifest["shards"]):
-            name = entry["file"]
-            if reader.count * least > entry["bytes"]:  # type: ignore[operator]
-                raise ShardFormatError(f"{manifest}: {name} cannot hold the {reader.count} "
-                                       f"samples it is given in {entry['bytes']} bytes")
-            try:
-                st = os.stat(reader.path)
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                raise ShardFormatError(f"shard {reader.path}: {e.strerror}") from None
-            real = os.path.realpath(reader.path)
-            if os.path.dirname(real) != real_root:
-                raise ShardFormatError(f"shard {reader.path} is a link to {real}, outside the "
-                                       f"set's folder: refused")
-            if not stat.S_ISREG(st.st_mode):
-                raise ShardFormatError(f"shard {reader.path} is not a regular file")
+            name, nbytes = entry["file"], entry["bytes"]
+            if listed is not None and listed.get(name, nbytes) != nbytes:
+                raise ShardFormatError(f"{self.location}/{name} is {listed[name]} bytes in the "
+                                       f"store, its manifest says {nbytes}: the set changed "
+                                       f"after it was written; convert or upload it again")
+            if remote is None:
+                self._check_local(reader)
+            if int(reader.count or 0) * least > nbytes:
+                raise ShardFormatError(f"{self.location}/manifest.json: {name} cannot hold "
+                                       f"the {reader.count} samples it is given in {nbytes} "
+                                       f"bytes")
+
+    def _check_local(self, reader: ShardReader) -> None:
+        """The shard file, where it exists, is a regular file in the set's folder."""
+        try:
+            st = os.stat(reader.path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ShardFormatError(f"shard {reader.path}: {e.strerror}") from None
+        real = os.path.realpath(reader.path)
+        if os.path.dirname(real) != os.path.realpath(self.root):
+            raise ShardFormatError(f"shard {reader.path} is a link to {real}, outside the "
+                                   f"set's folder: refused")
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardFormatError(f"shard {reader.path} is not a regular file")
+
+    def _fetched(self, read: Callable):
+        """``read()`` of one of the set's files; a remote set's fetched once more where it
+        does not check out (damaged on its way), then named by its URL.
+
+        Raises:
+            ShardFormatError: the file is damaged (a remote one twice: the store's copy)."""
+        try:
+            return read()
+        except ShardFormatError as e:
+            if self._remote is None:
+                raise
+            log.warning("%s: fetched again", str(e).replace(self.root, self.location))
+        fetch_manifest(self._remote, self._cache)
+        try:
+            return read()
+        except ShardFormatError as e:
+            what = re.split(r"[;,] convert again", str(e))[0].replace(self.root, self.location)
+            raise ShardFormatError(f"{what} (fetched twice: the store's copy is damaged; "
+                                   f"upload the set again)") from None
 
     @property
     def location(self) -> str:
@@ -143,7 +174,8 @@ class ShardSet:
         rows or regression targets (``label_kind``); a detection or segmentation set's are 0
         (its boxes or class maps are in ``annotations``)."""
         if self._labels is None and self.label_kind in ("multi_label", "regression"):
-            self._labels = read_targets(self.root, self.manifest["targets"])
+            self._labels = self._fetched(lambda: read_targets(self.root,
+                                                              self.manifest["targets"]))
         if self._labels is None:        # each checked: else a loss fails far from here
             parts = [self._shard_labels(sh) for sh in range(len(self.shards))]
             self._labels = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -154,9 +186,9 @@ class ShardSet:
         """A detection set's boxes, classes and masks, or a segmentation set's class maps
         (opened and checked on first use, in each process), else None."""
         if self._annotations is None and self.label_kind in SPATIAL_KINDS:
-            self._annotations = open_annotations(
+            self._annotations = self._fetched(lambda: open_annotations(
                 self.root, self.manifest["annotations"], self.label_kind, num_samples=self._n,
-                num_classes=len(self.classes), sizes=self.sizes)
+                num_classes=len(self.classes), sizes=self.sizes))
         return self._annotations
 
     def __getstate__(self):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -73,6 +75,36 @@ def test_what_has_no_usable_map_is_skipped(tmp_path, capsys):
     assert "segmentation" in capsys.readouterr().out
     with pytest.raises(ValueError, match="exclude each other"):
         convert(src, str(tmp_path / "o2"), sizes=[16], masks=maps, coco=maps, progress=False)
+
+
+def _png_bomb(path, side: int) -> None:
+    """A real grey PNG of ``side`` x ``side`` zeros, written row block by row block (never
+    whole in memory): a few hundred kB that decode to ``side ** 2`` bytes."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+    z, rows = zlib.compressobj(1), bytes(side + 1) * 64       # filter byte 0, then the row
+    idat = b"".join(z.compress(rows) for _ in range(side // 64)) + z.compress(
+        bytes(side + 1) * (side % 64)) + z.flush()
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 0,
+                                                                     0, 0, 0))
+                + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def test_a_decompression_bomb_class_map_is_a_note_naming_it(tmp_path):
+    """A class map claiming more pixels than Pillow decodes (2.1 x its limit) is refused as
+    its map is read: the image is kept, of no class, the map named."""
+    src, _ = detection_folder(tmp_path / "src", n=3, maps=True)
+    maps = f"{src}-maps"
+    side = int((2.1 * Image.MAX_IMAGE_PIXELS) ** 0.5)
+    _png_bomb(os.path.join(maps, "img", "1.png"), side)
+    assert os.path.getsize(os.path.join(maps, "img", "1.png")) < 4 << 20
+    m = convert(src, str(tmp_path / "out"), sizes=[16], masks=maps, progress=False)
+    reasons = {s["path"]: s["reason"] for s in m["skipped"]}
+    assert m["num_samples"] == 3 and "decompression bomb" in reasons["img/1.png"]
+    assert os.path.join(maps, "img", "1.png") in reasons["img/1.png"]
+    assert (fastdata.open(str(tmp_path / "out")).annotations.class_map(1, 16) == IGNORE).all()
 
 
 def test_an_inconsistent_class_maps_file_is_refused(tmp_path):

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -269,3 +270,32 @@ def test_an_address_where_no_cluster_listens_fails_in_one_line(source, tmp_path)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 1 and len(lines) == 1, r.stderr
     assert f"no Ray cluster answers at 127.0.0.1:{port}" in lines[0]
+
+
+def test_a_file_naming_a_cluster_that_is_gone_is_not_joined(source, tmp_path):
+    """A ``ray_current_cluster`` left by a cluster killed without ``ray stop``: without
+    ``--address`` the conversion starts a cluster of its own (Ray joined the dead one and
+    waited without end); ``--address auto`` names the file and the address in one line."""
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")     # short: Ray's socket paths
+    try:
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        stale = os.path.join(ray_tmp, "ray", "ray_current_cluster")
+        with open(stale, "w") as f:
+            f.write(f"127.0.0.1:{_free_port()}")
+        env = {k: v for k, v in ENV.items() if k != "RAY_ADDRESS"}
+        env.update(RAY_TMPDIR=ray_tmp)
+        cmd = [sys.executable, "-m", "fastdata.cli", "-q", "convert", source]
+        t = time.monotonic()
+        r = subprocess.run([*cmd, str(tmp_path / "own"), "--size", "16", "--engine", "ray"],
+                           capture_output=True, text=True, timeout=240, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert fastdata.open(str(tmp_path / "own")).manifest["num_samples"] == 17
+        r = subprocess.run([*cmd, str(tmp_path / "auto"), "--size", "16", "--engine", "ray",
+                            "--address", "auto"], capture_output=True, text=True, timeout=120,
+                           env=env)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 1 and len(lines) == 1, r.stderr
+        assert f"{stale} (the latest cluster's address, for --address auto) names" in lines[0]
+        assert time.monotonic() - t < 200
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

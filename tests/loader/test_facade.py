@@ -277,6 +277,11 @@ def test_bad_arguments(shards, kw, match):
     (lambda ld: ld.set_epoch("1"), "epoch='1' is not valid"),    # both failed only later
     (lambda ld: ld.load_state_dict({"epoch": 3}), "not a Loader.state_dict()"),  # KeyError
     (lambda ld: ld.load_state_dict({"order": {"epoch": 3}, "size": 16}), "not a loader state"),
+    # a crop no batch of which fits in memory: refused, not allocated
+    (lambda ld: ld.load_state_dict({**ld.state_dict(), "crop": 10**6}),
+     r"crop=1000000 needs [\d,.]+ GiB of memory, more than the"),
+    (lambda ld: ld.load_state_dict({**ld.state_dict(), "order": {
+        **ld.state_dict()["order"], "n": "40"}}), "n='40' is not valid"),
 ])
 def test_bad_epoch_and_state_are_named(shards, call, match):
     loader = fastdata.Loader(shards["hdf5"], batch_size=4, device="cpu")

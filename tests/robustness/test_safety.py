@@ -272,6 +272,32 @@ def test_a_manifest_at_odds_with_its_shards_is_named(small_set, damage, where):
     assert "shard-0000" in r.stdout + r.stderr or "manifest.json" in r.stderr
 
 
+def test_a_count_no_memory_holds_is_refused_not_allocated(small_set):
+    """A count its altered bytes allow: the loader refuses an epoch's order that does not fit
+    in the memory available, and verify names the shard."""
+    edit_manifest(small_set, lambda m: (m["shards"][-1].update(count=10**11, bytes=10**15),
+                                        m.update(num_samples=10**11 + 10),
+                                        m.pop("class_counts")))
+    with pytest.raises(ValueError, match=r"an epoch of 100000000010 samples needs [\d,.]+ GiB "
+                                         r"of memory, more than the [\d,.]+ GiB available: "
+                                         r"check the set's manifest with `fastdata verify"):
+        fastdata.Loader(small_set, batch_size=2, device="cpu")
+    r = run_cli("verify", small_set)
+    assert r.returncode == 1 and "DAMAGED shard-00002.h5" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_shard_copied_over_another_is_refused_as_it_opens(small_set):
+    """Shard 0's file in place of shard 1's, the manifest's entry made to match it: its own
+    start says which it is."""
+    import shutil
+
+    shutil.copy(small_set / "shard-00000.h5", small_set / "shard-00001.h5")
+    edit_manifest(small_set, lambda m: m["shards"][1].update(
+        {k: m["shards"][0][k] for k in ("bytes", "sha256")}))
+    with pytest.raises(OSError, match="shard-00001.h5.*starts at sample 0, the manifest 5"):
+        fastdata.open(small_set).read_batch([5])
+
+
 def test_labels_beyond_the_classes_are_found_by_verify(small_set):
     edit_manifest(small_set, lambda m: (m.update(classes=m["classes"][:2]),  # cut short
                                         m.pop("class_counts")))

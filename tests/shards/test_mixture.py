@@ -3,7 +3,9 @@ the class space, exact resume on any layout, both backends, and the errors."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -150,6 +152,10 @@ def test_a_single_set_says_its_source_is_0(two):
     (lambda two: fastdata.Mixture(two, weights=[0, float("nan")]), "finite weights >= 0"),
     (lambda two: fastdata.Mixture(two, classes="names"), "classes='names' is not valid"),
     (lambda two: fastdata.Mixture(two, epoch_size=0), "epoch_size=0 is not valid"),
+    (lambda two: fastdata.Mixture(two, epoch_size=10**12),
+     r"epoch_size=1000000000000 needs .* GiB of memory, more than"),
+    (lambda two: fastdata.Mixture([two[0], two[1], two[0] + "/"]),
+     r"sets\[2\] is sets\[0\] again"),
     (lambda two: fastdata.Loader(two[0], weights=[1], batch_size=2), "weights= mixes a list"),
     (lambda two: fastdata.Loader(two, batch_size=2, size=32, device="cpu"),
      "size 32 is not stored in every set of the mixture; sizes they all store: 16"),
@@ -157,6 +163,41 @@ def test_a_single_set_says_its_source_is_0(two):
 def test_bad_mixtures_are_named(two, make, match):
     with pytest.raises(ValueError, match=match):
         make(two)
+
+
+def test_extreme_weights_and_an_empty_set_of_weight_0(two, tmp_path):
+    """Weights near the largest float split the epoch as their ratio does; a set of no sample
+    given weight 0 is no part of it."""
+    m = fastdata.Mixture(two, weights=[1e308, 1e308])
+    assert m.counts.tolist() == [17, 17] and m.epoch_size == 34
+    assert sum(len(y) for _, y in plain_loader(m, train=False, batch_size=5)) == 34
+    empty = tmp_path / "empty"
+    shutil.copytree(two[1], empty)
+    manifest = json.loads((empty / "manifest.json").read_text())
+    manifest.update(shards=[], num_samples=0, class_counts=[0] * len(manifest["classes"]))
+    (empty / "manifest.json").write_text(json.dumps(manifest))
+    m = fastdata.Mixture([two[0], str(empty)], weights=[1, 0], epoch_size=30)
+    assert m.counts.tolist() == [30, 0]
+    assert sorted(set(plain_loader(m, batch_size=5).order.rank_indices().tolist())) == \
+        list(range(24))
+    with pytest.raises(ValueError, match="holds no sample but is given a weight"):
+        fastdata.Mixture([two[0], str(empty)], weights=[1, 1])
+
+
+def test_a_mixtures_state_does_not_resume_a_plain_set_nor_the_reverse(two):
+    m = fastdata.Mixture([two[0], two[1]], weights=[24, 10])
+    assert m.epoch_size == 34
+    plain = plain_loader(fastdata.Mixture([two[0]]), batch_size=4)
+    mixed = plain_loader(m, batch_size=4)
+    single = plain_loader(two[0], batch_size=4)
+    with pytest.raises(ValueError, match=r"order is drawn by 'a mixture \(24 of 24"):
+        single.load_state_dict(plain.state_dict())
+    with pytest.raises(ValueError, match="order is drawn by 'permutation'"):
+        plain.load_state_dict(single.state_dict())
+    with pytest.raises(ValueError, match="the same set or mixture"):
+        plain_loader(fastdata.Mixture(two, weights=[1, 1], epoch_size=34),
+                     batch_size=4).load_state_dict(mixed.state_dict())
+    plain_loader(m, batch_size=4).load_state_dict(mixed.state_dict())    # the same: resumes
 
 
 def test_sets_of_another_encoding_do_not_mix(two, tmp_path):

@@ -4,12 +4,11 @@ real client (obstore) through the node-local cache."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -21,14 +20,17 @@ import torch
 
 import fastdata
 from fastdata.converters.convert import convert
+from fastdata.format import ShardFormatError
 from fastdata.shards import remote
 from fastdata.shards.cache import ShardCache, shard_key
 from tests.helpers import (
     AZURE_ACCOUNT,
     AZURE_KEY,
     REPO,
+    FileServer,
     azure_server,
     children,
+    fault_proxy,
     free_port,
     gcs_server,
     gcs_upload,
@@ -38,24 +40,11 @@ from tests.helpers import (
     plain_loader,
     s3_server,
     seen,
+    shard_files,
 )
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
-
-
-@pytest.fixture(scope="module")
-def local_set(tmp_path_factory) -> str:
-    """24 samples in 5 raw HDF5 shards at 16 px."""
-    tmp = tmp_path_factory.mktemp("remote")
-    out = str(tmp / "set")
-    convert(plain_folder(tmp / "src", per_class=8), out, sizes=[16], shard_size=5, workers=1,
-            progress=False)
-    return out
-
-
-def _shards(path) -> list[str]:
-    return sorted(f for f in os.listdir(path) if f.startswith("shard-"))
 
 
 # ---------------------------------------------------------------- a real S3 server
@@ -77,7 +66,7 @@ def test_a_set_in_s3_reads_as_the_local_set_does(s3, local_set, tmp_path):
     assert len(remote_batches) == 6
     for (a, b), (c, d) in zip(remote_batches, local_batches):
         assert torch.equal(a, c) and torch.equal(b, d)
-    assert len(os.listdir(tmp_path / "objects")) == len(_shards(local_set))
+    assert len(os.listdir(tmp_path / "objects")) == len(shard_files(local_set))
 
 
 def test_the_command_line_takes_a_url(s3, tmp_path, monkeypatch, capsys):
@@ -213,81 +202,6 @@ def test_an_azure_account_at_a_plain_http_endpoint_is_read(local_set, tmp_path):
             assert torch.equal(a, c) and torch.equal(b, d)
 
 
-# ---------------------------------------------------------------- a real HTTP server, faults
-class _Served(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, root):
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.root, self.gets, self.faults = root, {}, {}
-        self.lock = threading.Lock()
-        self.delay = 0.0        # seconds a shard's answer waits (a long round trip)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def do_HEAD(self):
-        self._answer(body=False)
-
-    def do_GET(self):
-        self._answer(body=True)
-
-    def _answer(self, body: bool) -> None:
-        srv = self.server
-        name = self.path.rsplit("/", 1)[-1]
-        with srv.lock:
-            if body:
-                srv.gets[name] = srv.gets.get(name, 0) + 1
-            faults = srv.faults.get(name, [])
-            fault = faults.pop(0) if faults and body else None
-        path = os.path.join(srv.root, name)
-        if fault in (403, 404, 500) or not os.path.isfile(path):
-            code = fault or 404
-            self.send_response(code)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        data = open(path, "rb").read()
-        if body and name.startswith("shard-"):
-            time.sleep(srv.delay)
-        if fault == "corrupt":                  # as long, other bytes here and there
-            damaged = bytearray(data)
-            damaged[len(data) // 3::101] = bytes(b ^ 0xFF for b in damaged[len(data) // 3::101])
-            data = bytes(damaged)
-        if fault == "slow":
-            time.sleep(3)
-        if fault == "oversize":                 # more than the manifest says the shard is
-            data += bytes(1 << 20)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if not body:
-            return
-        if fault == "truncate":
-            self.wfile.write(data[:len(data) // 3])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_RDWR)
-            return
-        self.wfile.write(data)
-
-
-@pytest.fixture
-def http_set(local_set):
-    server = _Served(local_set)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server, f"http://127.0.0.1:{server.server_address[1]}/set"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.fixture
 def quick(monkeypatch):
     """Short timeouts and retries: a failure is named in seconds."""
@@ -313,7 +227,7 @@ def test_a_shards_labels_are_fetched_once(http_set, tmp_path):
     server, url = http_set
     ds = fastdata.open(url, cache_dir=tmp_path)
     first = ds.labels_of([0, 1, 7])
-    shard0 = _shards(server.root)[0]
+    shard0 = shard_files(server.root)[0]
     assert server.gets[shard0] == 1
     for reader in ds.shards:
         reader.close()
@@ -342,13 +256,13 @@ def test_one_download_per_shard_for_every_process_of_a_node(http_set, local_set,
                 p.kill()
                 p.join()
     assert {k: v for k, v in server.gets.items() if k.startswith("shard-")} == \
-        {f: 1 for f in _shards(local_set)}
+        {f: 1 for f in shard_files(local_set)}
 
 
 def test_the_cache_stays_under_its_limit_and_keeps_shards_in_use(http_set, local_set,
                                                                  tmp_path):
     server, url = http_set
-    sizes = [os.path.getsize(os.path.join(local_set, f)) for f in _shards(local_set)]
+    sizes = [os.path.getsize(os.path.join(local_set, f)) for f in shard_files(local_set)]
     limit = 2 * max(sizes)
     ds = fastdata.open(url, cache_dir=tmp_path, cache_limit=limit)
     cache = ShardCache(tmp_path, limit)
@@ -373,7 +287,7 @@ def test_the_cache_stays_under_its_limit_and_keeps_shards_in_use(http_set, local
 def test_server_errors_are_retried_and_a_missing_shard_is_named(http_set, local_set,
                                                                 tmp_path, quick):
     server, url = http_set
-    first = _shards(local_set)[0]
+    first = shard_files(local_set)[0]
     server.faults[first] = [500, 500]
     assert sorted(_read_all(url, tmp_path / "a")) == sorted(
         fastdata.open(local_set).labels.tolist())
@@ -387,8 +301,8 @@ def test_server_errors_are_retried_and_a_missing_shard_is_named(http_set, local_
 def test_a_shard_that_keeps_failing_is_one_line_naming_it(http_set, local_set, tmp_path,
                                                           quick, fault):
     server, url = http_set
-    first = _shards(local_set)[0]
-    server.faults[first] = [fault] * 50
+    first = shard_files(local_set)[0]
+    server.faults[first] = [fault] * 200     # each try may take 2 (a resumed request)
     t = time.monotonic()
     with pytest.raises(OSError) as e:
         _read_all(url, tmp_path)
@@ -404,7 +318,7 @@ def test_a_shard_that_keeps_failing_is_one_line_naming_it(http_set, local_set, t
 
 def test_damaged_bytes_are_fetched_again_then_refused(http_set, local_set, tmp_path):
     server, url = http_set
-    first = _shards(local_set)[0]
+    first = shard_files(local_set)[0]
     server.faults[first] = ["corrupt"]                         # once: fetched again
     want = fastdata.open(local_set).read_batch(range(24), size=16)
     assert np.array_equal(fastdata.open(url, cache_dir=tmp_path / "a")
@@ -445,7 +359,7 @@ def test_threads_filling_a_full_cache_never_find_a_shard_gone_under_them(tmp_pat
 
 def test_a_cached_shard_altered_on_disk_is_fetched_again(http_set, local_set, tmp_path):
     server, url = http_set
-    first = _shards(local_set)[0]
+    first = shard_files(local_set)[0]
     want = fastdata.open(local_set).read_batch(range(24), size=16)
     fastdata.open(url, cache_dir=tmp_path).read_batch(range(24), size=16)
     (cached,) = [p for p in (tmp_path / "objects").iterdir()
@@ -497,7 +411,7 @@ def test_a_shuffle_over_windows_opens_one_window_for_the_first_batch(http_set, t
     assert sorted(i for o in split for b in o.order.batches() for i in b.tolist()) == \
         list(range(len(ds)))
     state = split[0].state_dict()
-    with pytest.raises(ValueError, match="resume with the same shuffle_window and shard_split"):
+    with pytest.raises(ValueError, match="shuffle_window and shard_split"):
         plain_loader(ds, shard_split=6, world_size=3, train=False).load_state_dict(state)
 
 
@@ -510,8 +424,8 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
             workers=1, shuffle=True, progress=False)
-    shard = max(os.path.getsize(os.path.join(out, f)) for f in _shards(out))
-    server = _Served(out)
+    shard = max(os.path.getsize(os.path.join(out, f)) for f in shard_files(out))
+    server = FileServer(out)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/set"
     limit, peak, done = 6 * shard, [0], threading.Event()
@@ -527,9 +441,9 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
                               cache_dir=tmp_path / "cache", cache_limit=limit)
         for epoch in range(3):
             loader.set_epoch(epoch)
-            before = sum(server.gets.get(f, 0) for f in _shards(out))
+            before = sum(server.gets.get(f, 0) for f in shard_files(out))
             assert sorted(i for batch in seen(loader, ids) for i in batch) == list(range(60))
-            fetched = sum(server.gets.get(f, 0) for f in _shards(out)) - before
+            fetched = sum(server.gets.get(f, 0) for f in shard_files(out)) - before
             # 12 at best; a few twice, by the timing of the readers: no thrashing (which
             # fetches each shard twice or more)
             assert fetched <= 18, fetched
@@ -552,8 +466,8 @@ def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path,
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20 * ranks), out, sizes=[16],
             shard_size=5, workers=1, shuffle=True, progress=False)
-    shard = max(os.path.getsize(os.path.join(out, f)) for f in _shards(out))
-    server = _Served(out)
+    shard = max(os.path.getsize(os.path.join(out, f)) for f in shard_files(out))
+    server = FileServer(out)
     server.delay = 0.05
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/set"
@@ -604,7 +518,7 @@ def test_two_nodes_of_two_ranks_fetch_what_their_ranks_read_once(tmp_path, split
             workers=1, shuffle=True, progress=False)
     ds = fastdata.open(out)
     ids, files = ids_of(ds), [s["file"] for s in ds.manifest["shards"]]
-    servers = [_Served(out) for _ in range(2)]
+    servers = [FileServer(out) for _ in range(2)]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     ctx = mp.get_context("fork")
@@ -679,8 +593,9 @@ def test_a_full_or_read_only_cache_disk_is_one_line_naming_it(http_set, tmp_path
     lines = r.stdout.splitlines()
     assert len(lines) == 4 and all(line.startswith("error ") for line in lines[::3]), r
     full, _, ro, ro_new = lines
-    assert f"cache folder {tmp_path / 'disk' / 'cache'}: No space left on device: cannot " \
-           f"hold {url}/shard-" in full and "make room there" in full
+    assert re.search(rf"cache folder {tmp_path / 'disk' / 'cache'}: No space left on device "
+                     rf"for a shard of \d+ bytes \(\d+ free\): cannot hold {url}/shard-", full)
+    assert "make room there" in full
     _, partial, shards, stamps = lines[1].split()
     assert partial == "0" and shards == stamps      # no partial download, no unchecked shard
     for folder, line in (("cache", ro), ("new", ro_new)):
@@ -697,3 +612,186 @@ def test_a_download_left_by_a_killed_process_is_swept(http_set, local_set, tmp_p
     left.write_bytes(bytes(1 << 20))
     fastdata.open(url, cache_dir=tmp_path).read_batch([0], size=16)
     assert not left.exists()
+
+
+# ---------------------------------------------------------------- hostile stores
+@pytest.fixture
+def proxied(s3, monkeypatch):
+    """The S3 server behind a fault proxy (``AWS_ENDPOINT_URL`` points at the proxy)."""
+    with fault_proxy(os.environ["AWS_ENDPOINT_URL"]) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        yield proxy, s3
+
+
+def _batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x, y) for x, y in loader]
+
+
+@pytest.fixture(scope="module")
+def converted(s3, tmp_path_factory) -> str:
+    """``local_set``'s images converted straight into the bucket (each shard's whole-file
+    checksum in its manifest)."""
+    url = "s3://fastdata-test/sets/converted"
+    convert(plain_folder(tmp_path_factory.mktemp("converted") / "src", per_class=8), url,
+            sizes=[16], shard_size=5, workers=1, progress=False)
+    return url
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_process_workers_fetch_the_shards_they_read(converted, local_set, tmp_path,
+                                                    monkeypatch, context):
+    """Every shard fetched by the worker process that reads it (nothing fetched ahead): forked
+    workers through the helper process, its download checksummed from the file; spawned ones
+    with their own client, after the loader's process fetched one itself."""
+    monkeypatch.setattr(fastdata.ShardSet, "prefetch", lambda self, *a, **k: None)
+    ds = fastdata.open(converted, cache_dir=tmp_path)
+    assert all("file_sha256" in s for s in ds.manifest["shards"])
+    ds.labels_of([0])                       # one shard fetched here first
+    got = _batches(plain_loader(ds, train=False, num_workers=2, workers="process",
+                                mp_context=context))
+    want = _batches(plain_loader(local_set, train=False, num_workers=0))
+    assert len(got) == len(want) == 6
+    for (a, b), (c, d) in zip(got, want):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    assert len(os.listdir(tmp_path / "objects")) == 5
+
+
+def _tampered(client, local_set, prefix: str, edit) -> str:
+    """The set uploaded under ``prefix`` with its manifest edited by ``edit``; its URL."""
+    import json
+
+    for f in os.listdir(local_set):
+        client.upload_file(os.path.join(local_set, f), "fastdata-test", f"{prefix}/{f}")
+    with open(os.path.join(local_set, "manifest.json")) as f:
+        m = json.load(f)
+    edit(m)
+    m.pop("class_counts", None)         # a hostile manifest leaves out what would not add up
+    client.put_object(Bucket="fastdata-test", Key=f"{prefix}/manifest.json",
+                      Body=json.dumps(m).encode())
+    return f"s3://fastdata-test/{prefix}"
+
+
+def _count(m, k: int, n: int, nbytes: int | None = None) -> None:
+    m["num_samples"] += n - m["shards"][k]["count"]
+    m["shards"][k]["count"] = n
+    for s in m["shards"][k + 1:]:
+        s["start"] += n - m["shards"][k]["count"]
+    if nbytes is not None:
+        m["shards"][k]["bytes"] = nbytes
+
+
+def test_a_remote_manifest_at_odds_with_its_shards_is_refused_at_open(s3, local_set, tmp_path):
+    """Counts and sizes against the store's listing, before any order is built; two entries
+    of one whole-file checksum (one shard read twice, another never)."""
+    import boto3
+
+    client = boto3.client("s3")
+    last = len(shard_files(local_set)) - 1
+    many = _tampered(client, local_set, "t/many", lambda m: _count(m, last, 10**9))
+    with pytest.raises(ShardFormatError, match=f"{many}/manifest.json: shard-0000{last}.h5 "
+                                               f"cannot hold the 1000000000 samples"):
+        fastdata.open(many, cache_dir=tmp_path)
+    huge = _tampered(client, local_set, "t/huge", lambda m: _count(m, last, 10**9, 10**15))
+    with pytest.raises(ShardFormatError, match=rf"{huge}/shard-0000{last}.h5 is \d+ bytes in "
+                                               rf"the store, its manifest says 10{{15}}"):
+        fastdata.open(huge, cache_dir=tmp_path)
+    with open(os.path.join(local_set, shard_files(local_set)[0]), "rb") as f:
+        whole = hashlib.sha256(f.read()).hexdigest()
+    twice = _tampered(client, local_set, "t/twice", lambda m: [
+        s.update(file_sha256=whole) for s in m["shards"][:2]])
+    with pytest.raises(ShardFormatError, match=r"shards\[1\].file_sha256"):
+        fastdata.open(twice, cache_dir=tmp_path)
+
+
+def test_counts_a_plain_http_server_cannot_list_are_bounded(http_set, local_set, tmp_path):
+    """Without a listing, a count too large for memory is refused as the loader is made, and
+    a shard larger than the disk as it is fetched; neither allocates it."""
+    import json
+
+    server, url = http_set
+    root = tmp_path / "served"
+    shutil.copytree(local_set, root)
+    with open(root / "manifest.json") as f:
+        m = json.load(f)
+    _count(m, len(m["shards"]) - 1, 10**11, 10**15)
+    m.pop("class_counts")
+    (root / "manifest.json").write_text(json.dumps(m))
+    server.root = str(root)
+    ds = fastdata.open(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match=r"an epoch of 1000000000\d\d samples needs .* GiB of "
+                                         r"memory, more than the .* available"):
+        plain_loader(ds)
+    with pytest.raises(OSError, match=r"No space left on device for a shard of 10{15} bytes"):
+        ds.read_batch([len(ds) - 1])
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Downloads written 256 bytes at a time: a small shard's body cut off mid-way leaves
+    some of it written (a shard of the real size leaves megabytes)."""
+    monkeypatch.setattr(remote, "CHUNK", 256)
+
+
+def test_a_body_cut_off_resumes_where_it_stopped(proxied, local_set, tmp_path, quick,
+                                                 small_chunks):
+    proxy, url = proxied
+    first = shard_files(local_set)[0]
+    proxy.faults[first], proxy.stall_s = ["stall"], 3
+    want = fastdata.open(local_set).read_batch(range(24), size=16)
+    assert np.array_equal(fastdata.open(url, cache_dir=tmp_path).read_batch(range(24), size=16),
+                          want)
+    asked = [r for name, r in proxy.ranges if name == first]
+    assert asked[0] is None and len(asked) == 2 and asked[1].startswith("bytes=")
+    assert int(asked[1][6:].split("-")[0]) > 0          # from the byte where it stopped
+
+
+def test_a_slow_steady_link_brings_a_shard_longer_than_one_try(proxied, local_set, tmp_path,
+                                                               quick, small_chunks):
+    """Each try ends at the request's timeout (1 s here), each brings more: the shard arrives
+    (each once started again from byte 0)."""
+    proxy, url = proxied
+    first = shard_files(local_set)[0]
+    size = os.path.getsize(os.path.join(local_set, first))
+    proxy.rates[first] = size / 3.5                 # 3.5 s for the shard
+    want = fastdata.open(local_set).read_batch(range(5), size=16)
+    assert np.array_equal(fastdata.open(url, cache_dir=tmp_path).read_batch(range(5), size=16),
+                          want)
+    asked = [r for name, r in proxy.ranges if name == first]
+    assert len(asked) >= 3 and all(r.startswith("bytes=") for r in asked[1:])
+
+
+def test_a_server_that_stops_answering_is_named_within_the_retry_bound(proxied, local_set,
+                                                                       tmp_path, quick):
+    proxy, url = proxied
+    first = shard_files(local_set)[0]
+    proxy.faults[first] = ["hang"] * 20
+    ds = fastdata.open(url, cache_dir=tmp_path)
+    t = time.monotonic()
+    with pytest.raises(OSError) as e:
+        ds.read_batch(range(5))
+    # RETRY_SECONDS (4 s here) after the last byte, and one request's TIMEOUT at most
+    assert time.monotonic() - t < remote.RETRY_SECONDS + 2 * remote.TIMEOUT + 2
+    text = str(e.value)
+    assert f"{url}/{first}: download failed after 0 bytes" in text and "timed out" in text
+    assert "\n" not in text
+
+
+def test_a_servers_text_reaches_no_terminal_raw_and_keeps_no_secret(proxied, monkeypatch,
+                                                                    tmp_path):
+    proxy, url = proxied
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-never-shown")
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    proxy.faults["manifest.json"] = [("error", f"<Error>\x1b]0;owned\x07 {secret} "
+                                               f"session-token-never-shown</Error>")] * 10
+    with pytest.raises(OSError) as e:
+        fastdata.open(url, cache_dir=tmp_path)
+    text = str(e.value)
+    assert "\x1b" not in text and "\\x1b]0;owned\\x07" in text, text
+    assert secret not in text and "session-token-never-shown" not in text and "***" in text
+    proxy.faults["manifest.json"] = [("error", "\x1b[2J")] * 10
+    r = subprocess.run([sys.executable, "-m", "fastdata.cli", "info",
+                        "s3://fastdata-test/\x1b]0;x\x07set"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "FASTDATA_CACHE": str(tmp_path / "c")})
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert "s3://fastdata-test/\\x1b]0;x\\x07set/manifest.json" in r.stderr, r.stderr
+    assert remote.redact("s3://BUCKET/Set?X-Amz-Signature=1") == "s3://BUCKET/Set"
