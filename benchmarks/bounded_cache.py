@@ -66,16 +66,16 @@ def main() -> None:
         import torch
 
         import fastdata
-        from fastdata.shards import remote
+        from fastdata.shards.stores import objectstore
 
         torch.set_num_threads(1)
         downloads = [0]
-        download = remote.Fetch._download
+        download = objectstore.ObjectStore.download
 
-        def counted(self, fd):
+        def counted(self, *args, **kwargs):
             downloads[0] += 1
-            return download(self, fd)
-        remote.Fetch._download = counted   # type: ignore[method-assign]
+            return download(self, *args, **kwargs)
+        objectstore.ObjectStore.download = counted   # type: ignore[method-assign]
         limit = a.cache_shards * max(e["bytes"] for e in manifest["shards"])
         loader = fastdata.Loader(f"s3://{BUCKET}/set", batch_size=64, crop=224, device="cpu",
                                  num_workers=2, shuffle_window=2, cache_dir=cache,

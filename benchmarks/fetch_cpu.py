@@ -43,7 +43,7 @@ def main() -> None:
     chunks = [k << 10 for k in (a.chunk or [256, 1024, 8192])]
     work = tempfile.mkdtemp(dir="/tmp")
     from fastdata.converters.convert import convert
-    from fastdata.shards import remote
+    from fastdata.shards.stores import objectstore
 
     local = os.path.join(work, "set")
     convert(a.photos, local, sizes=[256], shard_size=250, progress=False)
@@ -59,12 +59,12 @@ def main() -> None:
         client.create_bucket(Bucket=BUCKET)
         for n in names:
             client.upload_file(os.path.join(local, n), BUCKET, f"set/{n}")
-        store = remote.Remote(f"s3://{BUCKET}/set")
+        store = objectstore.ObjectStore(f"s3://{BUCKET}/set")
         out = os.path.join(work, "download")
         per_mb: dict[int, list[float]] = {c: [] for c in chunks}
         for _ in range(a.rounds):
             for c in chunks:
-                remote.CHUNK = c
+                objectstore.CHUNK = c
                 start = _cpu()
                 for n in names:
                     with open(out, "wb") as f:

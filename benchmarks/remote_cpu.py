@@ -14,8 +14,9 @@ as ``benchmarks/peers_cpu.py`` converts them (JPEG quality 90), uploaded beside.
 ``--link RTT_MS:MB_PER_S`` puts ``benchmarks/limiter.py`` between the readers and the server
 (``none``: straight to the server). Every run is a fresh interpreter with an empty cache:
 RandomResizedCrop 224 + flip + normalise to float32, batch 64, 2 workers (fastdata: its
-threads, ``shuffle_window=2`` from the bucket and from the disk alike; from the bucket with no
-``cache_limit``, then with a limit of 6 shards of the 12); fastdata 3 epochs from the bucket
+threads, or processes with ``--workers process``; ``shuffle_window=2`` from the bucket and
+from the disk alike; from the bucket with no ``cache_limit``, then with a limit of 6 shards of
+the 12); fastdata 3 epochs from the bucket
 (the first cold), 2 from the disk, the peers 2. Measured per epoch: img/s, the first batch's
 time, CPU ms per image (the process and its children), memory (fastdata: the process's RSS
 at the epoch's end; the peers: the peak PSS of the process and its workers); the cache's
@@ -64,7 +65,7 @@ FASTDATA = r"""
 import os, sys, time, json
 import torch, fastdata
 torch.set_num_threads(1)
-url, cache, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None
+url, cache, limit, workers = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None, sys.argv[4]
 
 def cpu():
     t = os.times()
@@ -77,7 +78,7 @@ def rss():
 t0 = time.perf_counter()
 remote = url.startswith("s3://")
 loader = fastdata.Loader(url, batch_size=64, crop=224, device="cpu", num_workers=2,
-                         shuffle_window=2, cache_dir=cache if remote else None,
+                         workers=workers, shuffle_window=2, cache_dir=cache if remote else None,
                          cache_limit=limit if remote else None)
 out = []
 for epoch in range(3 if remote else 2):
@@ -220,9 +221,9 @@ def seaweedfs_server(work: str) -> tuple[subprocess.Popen, int]:
 
 def _link_rate(url: str, names: list[str], nbytes: int) -> float:
     """Bytes/s of every shard downloaded 4 at a time, as the loader's prefetch does."""
-    from fastdata.shards.remote import Remote
+    from fastdata.shards.stores import open_store
 
-    remote = Remote(url)
+    remote = open_store(url)
 
     def one(name):
         fd = os.open(os.devnull, os.O_WRONLY)
@@ -331,6 +332,8 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=1, help="read each photo this many times")
     p.add_argument("--encoding", action="append", choices=("raw", "jpeg"), default=None,
                    help="fastdata's sets to read (default: raw and jpeg)")
+    p.add_argument("--workers", choices=("thread", "process"), default="thread",
+                   help="fastdata's reader workers: threads or processes")
     p.add_argument("--server", choices=("moto", "seaweedfs"), default="moto",
                    help="the S3 server: moto's (Python) or SeaweedFS's (Go)")
     a = p.parse_args()
@@ -376,14 +379,15 @@ def main() -> None:
                                      for _ in range(2))
             print(json.dumps({"link": link, "link_mb_s": round(rate / 1e6, 1)}), flush=True)
             results += _rounds(a.rounds, link, rate, env, sets, shards, venvs, endpoint, work,
-                               [procs[0]] + ([lim] if lim is not None else []))
+                               [procs[0]] + ([lim] if lim is not None else []), a.workers)
         _summary(results, shards)
     finally:
         for proc in procs:
             proc.kill()
 
 
-def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work, side) -> list[dict]:
+def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work, side,
+            workers: str) -> list[dict]:
     out = []
     cache = os.path.join(work, "cache")
     for r in range(rounds):
@@ -393,8 +397,8 @@ def _rounds(rounds, link, rate, env, sets, shards, venvs, endpoint, work, side) 
             for where, bound in (("local", 0), ("s3", 0), ("s3, cache of 6 shards", limit)):
                 url = sets[enc] if where == "local" else f"s3://{BUCKET}/{enc}"
                 side_cpu = _cpu_s(side)
-                epochs, peak = _run([sys.executable, "-c", FASTDATA, url, cache, str(bound)], env,
-                                    cache, bound or None)
+                epochs, peak = _run([sys.executable, "-c", FASTDATA, url, cache, str(bound),
+                                     workers], env, cache, bound or None)
                 out.append({"link": link, "round": r, "run": f"fastdata {enc} {where}",
                             "epochs": epochs, "cache_peak": peak, "cache_limit": bound,
                             "server_link_cpu_s": round(_cpu_s(side) - side_cpu, 3),

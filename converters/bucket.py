@@ -36,7 +36,7 @@ from fastdata.format import (
 )
 from fastdata.outdir import FINAL_NAMES, FolderBusyError
 from fastdata.shards.cache import ShardCache
-from fastdata.shards.remote import Remote
+from fastdata.shards.stores import Store, open_store
 
 log = logging.getLogger("fastdata.convert")
 
@@ -53,11 +53,11 @@ STALE_SECONDS = 600
 def staging_folder(url: str, cache_dir: str | os.PathLike | None = None) -> str:
     """The local folder a conversion into ``url`` writes its shards in before they go up: in
     the node cache at ``cache_dir`` (default ``default_cache_dir()``)."""
-    digest = hashlib.sha256(Remote(url).shown.encode()).hexdigest()[:32]
+    digest = hashlib.sha256(open_store(url).shown.encode()).hexdigest()[:32]
     return os.path.join(ShardCache(cache_dir).root, "uploads", digest)
 
 
-def upload_shard(remote: Remote, path: str) -> tuple[int, str]:
+def upload_shard(remote: Store, path: str) -> tuple[int, str]:
     """The finished shard at ``path`` into the store under its name, then removed here;
     returns its size and whole-file SHA-256."""
     size = os.path.getsize(path)
@@ -75,7 +75,7 @@ class Bucket:
     """
 
     def __init__(self, url: str):
-        self.remote = Remote(url)
+        self.remote = open_store(url)
         self.url, self.shown = self.remote.url, self.remote.shown
         self.journal: list[dict] = []       # the uploaded shards' entries, in order
         self._header: dict = {}

@@ -41,7 +41,7 @@ def output_folder(out: str) -> str | None:
     store's URL (``s3://``, ``gs://``...)."""
     import urllib.parse
 
-    from fastdata.shards.remote import is_url
+    from fastdata.shards.stores import is_url
 
     if out.lower().startswith("file://"):
         return urllib.parse.unquote(urllib.parse.urlsplit(out).path)

@@ -9,7 +9,7 @@ DISTRIBUTION = "fastdata-shards"
 
 EXTRAS = {"nvidia.dali": ("dali", "NVIDIA DALI"), "matplotlib": ("plot", "matplotlib"),
           "torchvision": (None, "torchvision"), "lightning": ("lightning", "Lightning"),
-          "ray": ("ray", "Ray"), "obstore": ("remote", "obstore")}
+          "ray": ("ray", "Ray"), "obstore": ("remote", "obstore"), "fsspec": ("fsspec", "fsspec")}
 
 
 def require(module: str, feature: str):

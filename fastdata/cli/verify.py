@@ -13,7 +13,7 @@ HELP = "recompute checksums, decode every JPEG"
 
 
 def run(a) -> int:
-    from fastdata.shards.remote import is_url, redact
+    from fastdata.shards.stores import is_url, redact
     from fastdata.shards.verify import verify
 
     problems = verify(a.shards, progress=not a.quiet)
@@ -31,7 +31,7 @@ def _advise(where: str, damaged: list[str]) -> None:
     """How to redo the ``damaged`` files of the set at ``where``."""
     import shlex
 
-    from fastdata.shards.remote import is_url, redact
+    from fastdata.shards.stores import is_url, redact
 
     if is_url(where):               # the cache fetched each twice: the store's copy is bad
         echo(f"the store's copies of {', '.join(map(printable, damaged))} are damaged: upload "

@@ -65,7 +65,8 @@ class Mixture:
         replacement: draw each set's samples with replacement (default: without, as far as
             the set's size allows).
         classes: ``"offset"`` or ``"union"`` (how the sets' class indices map to one space).
-        cache_dir, cache_limit: the node cache of the sets given as URLs (``fastdata.open``'s).
+        cache_dir: the node cache of the sets given as URLs (``fastdata.open``'s).
+        cache_limit: the most bytes of shards that cache keeps (None: no limit).
 
     Raises:
         ValueError: no set, a bad weight (named), sets of different encodings, sizes or

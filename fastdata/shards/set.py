@@ -23,7 +23,8 @@ from fastdata.shards.annotations import Annotations, ClassMaps, open_annotations
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
-from fastdata.shards.remote import Fetch, Remote, fetch_manifest, is_url
+from fastdata.shards.remote import Fetch, fetch_manifest
+from fastdata.shards.stores import Store, is_url, open_store
 from fastdata.shards.streaming import OpenShards, Prefetch
 
 log = logging.getLogger("fastdata")
@@ -43,7 +44,7 @@ class ShardSet:
         if is_url(root):
             from fastdata.shards.cache import ShardCache
 
-            remote, cache = Remote(os.fspath(root)), ShardCache(cache_dir, cache_limit)
+            remote, cache = open_store(os.fspath(root)), ShardCache(cache_dir, cache_limit)
             self.url = remote.shown
             root = fetch_manifest(remote, cache)
         #: a remote set's store and cache, which fetch its files again where they are damaged
@@ -93,7 +94,7 @@ class ShardSet:
         for reader in self.shards:
             reader.fits = self.readahead
 
-    def _check_files(self, remote: Remote | None) -> None:
+    def _check_files(self, remote: Store | None) -> None:
         """Each shard file that exists must be a regular file inside the set's folder (a link
         within it is fine); no shard may claim more samples than its bytes can hold (labels
         and CRCs at least); a remote shard must be the bytes its manifest says in the store's

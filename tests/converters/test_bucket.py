@@ -127,9 +127,9 @@ def test_a_detection_set_in_a_bucket_reads_as_from_a_folder(s3, tmp_path):
 def test_a_large_shard_goes_up_in_parts(s3, tmp_path, monkeypatch):
     """A shard larger than a part (5 MiB here, the least S3 takes) is a multipart upload:
     the object is the file byte for byte, its SHA-256 the manifest's."""
-    from fastdata.shards import remote
+    from fastdata.shards.stores import objectstore
 
-    monkeypatch.setattr(remote, "PART", 5 << 20)
+    monkeypatch.setattr(objectstore, "PART", 5 << 20)
     src = plain_folder(tmp_path / "src", per_class=20)
     options = {**OPTIONS, "sizes": [256], "shard_size": 100}
     up = convert(src, f"s3://{BUCKET}/large", **options)

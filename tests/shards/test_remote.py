@@ -21,8 +21,8 @@ import torch
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.format import ShardFormatError
-from fastdata.shards import remote
 from fastdata.shards.cache import ShardCache, shard_key
+from fastdata.shards.stores import objectstore, redact
 from tests.helpers import (
     AZURE_ACCOUNT,
     AZURE_KEY,
@@ -205,9 +205,9 @@ def test_an_azure_account_at_a_plain_http_endpoint_is_read(local_set, tmp_path):
 @pytest.fixture
 def quick(monkeypatch):
     """Short timeouts and retries: a failure is named in seconds."""
-    monkeypatch.setattr(remote, "TIMEOUT", 1)
-    monkeypatch.setattr(remote, "CONNECT_TIMEOUT", 1)
-    monkeypatch.setattr(remote, "RETRY_SECONDS", 4)
+    monkeypatch.setattr(objectstore, "TIMEOUT", 1)
+    monkeypatch.setattr(objectstore, "CONNECT_TIMEOUT", 1)
+    monkeypatch.setattr(objectstore, "RETRY_SECONDS", 4)
 
 
 def _read_all(url, cache_dir, **kw) -> list[int]:
@@ -729,7 +729,7 @@ def test_counts_a_plain_http_server_cannot_list_are_bounded(http_set, local_set,
 def small_chunks(monkeypatch):
     """Downloads written 256 bytes at a time: a small shard's body cut off mid-way leaves
     some of it written (a shard of the real size leaves megabytes)."""
-    monkeypatch.setattr(remote, "CHUNK", 256)
+    monkeypatch.setattr(objectstore, "CHUNK", 256)
 
 
 def test_a_body_cut_off_resumes_where_it_stopped(proxied, local_set, tmp_path, quick,
@@ -770,7 +770,7 @@ def test_a_server_that_stops_answering_is_named_within_the_retry_bound(proxied, 
     with pytest.raises(OSError) as e:
         ds.read_batch(range(5))
     # RETRY_SECONDS (4 s here) after the last byte, and one request's TIMEOUT at most
-    assert time.monotonic() - t < remote.RETRY_SECONDS + 2 * remote.TIMEOUT + 2
+    assert time.monotonic() - t < objectstore.RETRY_SECONDS + 2 * objectstore.TIMEOUT + 2
     text = str(e.value)
     assert f"{url}/{first}: download failed after 0 bytes" in text and "timed out" in text
     assert "\n" not in text
@@ -794,4 +794,4 @@ def test_a_servers_text_reaches_no_terminal_raw_and_keeps_no_secret(proxied, mon
                        timeout=60, env={**os.environ, "FASTDATA_CACHE": str(tmp_path / "c")})
     assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
     assert "s3://fastdata-test/\\x1b]0;x\\x07set/manifest.json" in r.stderr, r.stderr
-    assert remote.redact("s3://BUCKET/Set?X-Amz-Signature=1") == "s3://BUCKET/Set"
+    assert redact("s3://BUCKET/Set?X-Amz-Signature=1") == "s3://BUCKET/Set"

@@ -1,7 +1,0 @@
-"""Deprecated: ``fastdata.lightning`` is now ``fastdata.integrations.lightning`` (this alias
-goes in the next release)."""
-from fastdata._deprecated import forward
-
-
-def __getattr__(name: str):
-    return forward(__name__, "fastdata.integrations.lightning", name)
