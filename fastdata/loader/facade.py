@@ -77,11 +77,8 @@ def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform,
     if t.dtype == torch.uint8:
         raise ValueError("batch_transform needs a float dtype (it sees values in [0, 1], "
                          "normalised after it); dtype=uint8 skips normalisation")
-    to_unit = CropStage(train=t.train, crop=t.crop, dtype=torch.float32,
-                        channels_last=t.channels_last, mean=(0.0,) * 3, std=(1.0,) * 3,
-                        scale=t.scale, ratio=t.ratio, half_products=t.half_products)
     norm = Normalize(t.mean, t.std, t.dtype, t.memory_format)
-    return to_unit, BatchHook(batch_transform, norm)
+    return t.to_unit(), BatchHook(batch_transform, norm)
 
 
 def _dataset(path, weights, cache: dict) -> ShardSet | Mixture:
@@ -306,20 +303,6 @@ class Loader:
     def needs_crop_stage(self) -> bool:
         """False when batches go out exactly as stored (uint8, no crop, no augmentation)."""
         return self.augment or self.crop is not None or self.dtype != torch.uint8
-
-    # ---- names of the previous release, kept for one more ----
-    def needs_transform(self) -> bool:
-        """Deprecated: ``needs_crop_stage()``."""
-        warnings.warn("Loader.needs_transform() is deprecated; use needs_crop_stage()",
-                      DeprecationWarning, stacklevel=2)
-        return self.needs_crop_stage()
-
-    @property
-    def transform(self) -> CropStage:
-        """Deprecated: ``crop_stage``."""
-        warnings.warn("Loader.transform is deprecated; use Loader.crop_stage",
-                      DeprecationWarning, stacklevel=2)
-        return self.crop_stage
 
     def _spec(self) -> Spec:
         return Spec(dataset=self.dataset, order=self.order, device=self.device, size=self.size,

@@ -234,6 +234,15 @@ class CropStage:
         other.crop = crop
         return other
 
+    def to_unit(self) -> CropStage:
+        """A copy whose output is float32 values in [0, 1], not normalised (what runs before a
+        batch transform, the normalisation after it), all else kept: crop, flip, ratios,
+        kernel and the half-precision products."""
+        other = copy.copy(self)
+        other.dtype, other.mean, other.std = torch.float32, (0.0,) * 3, (1.0,) * 3
+        other._constants = {}
+        return other
+
     @property
     def memory_format(self):
         return torch.channels_last if self.channels_last else torch.contiguous_format

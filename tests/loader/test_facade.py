@@ -424,11 +424,3 @@ def test_a_hook_that_hangs_meets_the_deadline_naming_the_batch(shards, backend, 
     else:
         assert re.search(rf"its first sample: {named}", str(e.value))
     loader.close()
-
-
-def test_the_previous_names_of_the_crop_stage_still_read_with_a_warning(shards):
-    loader = plain_loader(shards["hdf5"])
-    with pytest.warns(DeprecationWarning, match="use Loader.crop_stage"):
-        assert loader.transform is loader.crop_stage
-    with pytest.warns(DeprecationWarning, match=r"use needs_crop_stage\(\)"):
-        assert loader.needs_transform() is loader.needs_crop_stage() is False

@@ -179,3 +179,19 @@ def test_layouts_hold_the_same_values(dtype, train):
     else:
         ref, atol = (plain.float() / 255 - mean) / std, 0.05
     assert torch.allclose(y[True].float(), ref, atol=atol)
+
+
+def test_the_stage_before_a_batch_transform_keeps_all_but_the_normalisation():
+    """Values in [0, 1] in float32, every other choice kept (flip, the evaluation ratio, the
+    kernel were once dropped)."""
+    stage = CropStage(train=True, crop=16, dtype=torch.bfloat16, flip=0.0, eval_ratio=0.5,
+                      kernel="per_sample", scale=(0.5, 0.9), ratio=(0.9, 1.1))
+    unit = stage.to_unit()
+    assert unit.dtype == torch.float32 and unit.mean == (0.0,) * 3 and unit.std == (1.0,) * 3
+    for name in ("train", "crop", "flip", "_eval_ratio", "kernel", "scale", "ratio",
+                 "half_products", "channels_last"):
+        assert getattr(unit, name) == getattr(stage, name), name
+    assert stage.dtype == torch.bfloat16 and stage.mean != unit.mean      # a copy
+    x = torch.randint(0, 256, (2, 20, 24, 3), dtype=torch.uint8)
+    out = unit(x, generator=torch.Generator().manual_seed(0))
+    assert out.dtype == torch.float32 and 0 <= out.min() and out.max() <= 1
