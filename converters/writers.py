@@ -39,8 +39,8 @@ from fastdata.outdir import temp_path
 
 # raw LMDB: payload bytes per transaction, about (at least one sample). LMDB copies each value
 # into pages it mallocs and frees them all at the commit: kept under glibc's trim threshold
-# (128 KiB, or twice the largest block it has mapped and freed), they are reused; ~3 MiB went
-# back to the OS at each commit, and the next transaction's pages faulted in anew
+# (128 KiB, or twice the largest block it has mapped and freed), they are reused, where a
+# larger transaction's went back to the OS at each commit and the next one's faulted in anew
 COMMIT_BYTES = 64 << 10
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 

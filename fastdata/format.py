@@ -26,7 +26,6 @@ segmentation sets (version 3) keep their boxes or class maps in ``ANNOTATIONS``
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import functools
@@ -411,26 +410,17 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
 
 def write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a fresh temporary file renamed into place: ``path``
-    is either the old file or the whole new one, and nothing is written through a link
-    planted at either name. A failure (a full disk, Ctrl-C) leaves no temporary file behind.
+    """Write a set's record ``data`` to ``path`` (``outdir.replace_atomically``, synced).
 
     Raises:
         OSError: the write failed; the message names ``path``.
     """
-    from fastdata.outdir import temp_path
+    from fastdata.outdir import replace_atomically
 
-    tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        replace_atomically(path, data)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
             raise OSError(e.errno, f"no space left on the device to write {path}; make room, "
                                    f"then run the same command again (a conversion: with "
                                    f"--resume)") from e

@@ -23,6 +23,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("fastdata")
 
@@ -124,6 +125,39 @@ def temp_path(path: str) -> str:
     finally:
         os.close(fd)
     return tmp
+
+
+def replace_atomically(path: str, data: bytes | Callable[[str], None], *,
+                       durable: bool = True) -> None:
+    """Write ``path`` through a fresh temporary file beside it (``temp_path``) renamed into
+    place: ``path`` is the old file or the whole new one, nothing is written through a link
+    planted at either name, and a failure (a full disk, Ctrl-C) leaves no temporary file.
+
+    Args:
+        path: the file to write.
+        data: its bytes, or a function that writes the temporary file given its path
+            (``torch.save``).
+        durable: synced to the disk before the rename (a record that must outlive a crash;
+            a cache's copy need not).
+    """
+    tmp = temp_path(path)
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def is_regular(path: str) -> bool:

@@ -281,7 +281,7 @@ class Bench:
         """One batch of the set's own images (centre crops, normalised) and labels, on the
         device in the step's layout: the model sees the same kind of data as when fed. (The
         layout matters: an NCHW batch here against channels_last loader batches made fed runs
-        read 120-130% of the ceiling on this project's CPU.)"""
+        read above the ceiling on a CPU.)"""
         from fastdata.ops.crop import CropStage
         from fastdata.ops.targets import Targets, batch_targets
 

@@ -39,6 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from fastdata.outdir import replace_atomically
+
 log = logging.getLogger("fastdata")
 SUBFOLDERS = ("objects", "stamps", "locks", "tmp", "sets", "uploads")
 #: the cache folder's mark (the Cache Directory Tagging Specification's: backup tools skip
@@ -87,12 +89,9 @@ def _claim(root: str) -> None:
                       f"folder it names)")
     if _is_cache(root):
         return
-    if any(not name.startswith(f".{TAG}.") for name in os.listdir(root)):    # another's
+    if any(not name.startswith(f"{TAG}.tmp-") for name in os.listdir(root)):  # another's
         raise OSError(_NOT_OURS.format(root=root))
-    tmp = os.path.join(root, f".{TAG}.{os.getpid()}.{secrets.token_hex(4)}")
-    with open(tmp, "x", encoding="utf-8") as f:
-        f.write(TAG_TEXT)
-    os.replace(tmp, os.path.join(root, TAG))
+    replace_atomically(os.path.join(root, TAG), TAG_TEXT.encode(), durable=False)
 
 
 # a lock is a POSIX record lock (``lockf``): one a forked child never inherits (an ``flock``
@@ -251,10 +250,7 @@ class ShardCache:
     def _stamp(self, key: str) -> None:
         facts = self._facts(os.lstat(self.path(key)))
         # beside the stamps, not in tmp/: a shard's room counts every file in tmp/
-        tmp = os.path.join(self.root, "stamps", f".{key}.{os.getpid()}.{secrets.token_hex(4)}")
-        with open(tmp, "x") as f:
-            f.write(facts)
-        os.replace(tmp, os.path.join(self.root, "stamps", key))
+        replace_atomically(os.path.join(self.root, "stamps", key), facts.encode(), durable=False)
 
     def _present(self, key: str, size: int) -> bool:
         """The shard is cached as it checked out: a regular file (not a link, whatever its

@@ -176,8 +176,8 @@ def _places(where: np.ndarray, local: np.ndarray, nbytes: int) -> list:
     """``(address, bytes)`` spans that hold the raw LMDB values ``local`` of ``nbytes``, from
     ``where`` (each value's address once read, else 0): exact for a value read before; else
     guessed from the nearest value below it that was read, since a shard's values lie in key
-    order, each the same number of pages after the one before (its sizes together, 49 pages
-    at 256 px), with a tree page between now and then (1.4% of the steps at 256 px): a span
+    order, each the same number of pages after the one before (its sizes together), with a
+    tree page between now and then (a small share of the steps): a span
     from the smallest step seen between read values, widened by the largest, at most twice
     the value. A wrong guess costs those bytes; an address outside the map is refused."""
     at = where[local]

@@ -29,7 +29,7 @@ from fastdata.checks import choice, flag, integer
 from fastdata.env import check_fits
 from fastdata.format import SPATIAL_KINDS
 from fastdata.shards.mapped import guard_faults
-from fastdata.shards.set import ShardSet, batch_buffer, stored_size
+from fastdata.shards.set import ShardSet, batch_buffer, sample_indices, stored_size
 
 CLASS_RULES = ("offset", "union")
 
@@ -222,14 +222,7 @@ class Mixture:
     def _split(self, indices):
         """``(k, positions in indices, local indices)`` for each set ``sets[k]`` among
         ``indices``."""
-        idx = np.asarray(indices).reshape(-1)
-        if idx.size and not np.issubdtype(idx.dtype, np.integer):
-            raise TypeError(f"sample indices must be integers, got {idx.dtype}")
-        idx = idx.astype(np.int64)
-        outside = (idx < 0) | (idx >= self._total)
-        if outside.any():
-            raise IndexError(f"sample index {idx[outside][0]} out of range for {self._total} "
-                             f"samples")
+        idx = sample_indices(indices, self._total)
         src = self.source_of(idx)
         for k in np.unique(src).tolist():
             where = np.flatnonzero(src == k)
@@ -281,7 +274,7 @@ class Mixture:
         out = batch_buffer(len(np.asarray(indices).reshape(-1)), s, out)
         faults = guard_faults()
         for k, where, local in self._split(indices):
-            self.sets[k]._read_into(local, s, out, where)
+            self.sets[k].read_into(local, s, out, where)
         if guard_faults() != faults:
             self.check_intact(indices)
         return out

@@ -38,12 +38,9 @@ def fetch_manifest(remote: Store, cache) -> str:
 
 
 def _write(folder: str, name: str, data: bytes) -> None:
-    import secrets
+    from fastdata.outdir import replace_atomically
 
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
-    with open(tmp, "xb") as f:
-        f.write(data)
-    os.replace(tmp, os.path.join(folder, name))
+    replace_atomically(os.path.join(folder, name), data, durable=False)    # fetched again
 
 
 class Fetch:

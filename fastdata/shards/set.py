@@ -254,19 +254,7 @@ class ShardSet:
             ValueError: not one sequence of indices.
             IndexError: an index out of range (named).
         """
-        idx = np.asarray(indices)
-        if idx.size and not np.issubdtype(idx.dtype, np.integer):
-            raise TypeError(f"sample indices must be integers, got {idx.dtype} "
-                            f"(e.g. {idx.reshape(-1)[0]!r})")
-        if idx.ndim > 1:        # numpy would give (2, 3, S, S, 3) for (2, 3): not a batch
-            raise ValueError(f"sample indices must be one sequence, got shape {idx.shape}")
-        idx = idx.astype(np.int64, copy=False).reshape(-1)
-        lo, n = (idx.min() if idx.size else 0), self._n
-        if idx.size and (lo < -n or idx.max() >= n):
-            bad = idx[(idx < -n) | (idx >= n)][0]
-            raise IndexError(f"sample index {bad} out of range for {n} samples")
-        if lo < 0:                                      # from the end, as Python and numpy
-            idx = np.where(idx < 0, idx + n, idx)
+        idx = sample_indices(indices, self._n)
         shard = np.searchsorted(self._starts, idx, side="right") - 1
         return shard, idx - self._starts[shard]
 
@@ -305,11 +293,12 @@ class ShardSet:
     def _read_batch(self, indices, size, out) -> np.ndarray:
         s = self.size if size is None else self.stored_size(size)
         out = batch_buffer(len(np.asarray(indices).reshape(-1)), s, out)
-        self._read_into(indices, s, out, np.arange(len(out)))
+        self.read_into(indices, s, out, np.arange(len(out)))
         return out
 
-    def _read_into(self, indices, s: int, out: np.ndarray, at: np.ndarray) -> None:
-        """Sample ``indices[k]`` at size ``s`` into ``out[at[k]]``."""
+    def read_into(self, indices, s: int, out: np.ndarray, at: np.ndarray) -> None:
+        """Sample ``indices[k]`` at the stored size ``s`` into row ``at[k]`` of ``out`` (a
+        ``(B, s, s, 3)`` uint8 array), as a ``Mixture`` fills a batch of several sets."""
         shard, local = self.locate(indices)
         with self._using(np.unique(shard).tolist()):
             self._read_shards(shard, local, s, out, at)
@@ -388,6 +377,28 @@ def batch_buffer(n: int, s: int, out: np.ndarray | None) -> np.ndarray:
     if out.shape != (n, s, s, 3) or out.dtype != np.uint8:
         raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
     return out
+
+
+def sample_indices(indices, n: int) -> np.ndarray:
+    """``indices`` as int64 indices into ``n`` samples, negative ones counted from the end (as
+    Python and numpy count): the one index rule of sets and mixtures.
+
+    Raises:
+        TypeError: indices that are not integers.
+        ValueError: not one sequence of indices.
+        IndexError: an index out of range (named).
+    """
+    idx = np.asarray(indices)
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"sample indices must be integers, got {idx.dtype} "
+                        f"(e.g. {idx.reshape(-1)[0]!r})")
+    if idx.ndim > 1:        # numpy would give (2, 3, S, S, 3) for (2, 3): not a batch
+        raise ValueError(f"sample indices must be one sequence, got shape {idx.shape}")
+    idx = idx.astype(np.int64, copy=False).reshape(-1)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"sample index {bad} out of range for {n} samples")
+    return np.where(idx < 0, idx + n, idx) if idx.size and idx.min() < 0 else idx
 
 
 def _by_shard(shard: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:

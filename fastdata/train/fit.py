@@ -15,7 +15,6 @@ Each rank also appends one JSON line per epoch to ``checkpoint_dir/log-rank<r>.j
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -33,7 +32,7 @@ from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer
 from fastdata.interrupt import SigintLatch
-from fastdata.outdir import FolderLock, temp_path
+from fastdata.outdir import FolderLock, replace_atomically
 from fastdata.train.distributed import all_reduce_sum, any_rank, barrier, cpu_group
 from fastdata.train.step import TrainStep
 
@@ -154,14 +153,7 @@ def _scores_text(rec: dict) -> str:
 
 
 def _save(path: str, state: dict) -> None:
-    tmp = temp_path(path)   # a fresh name: nothing planted in the folder is written through
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    replace_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
 def _lock(checkpoint_dir: str, rank: int, group) -> FolderLock | None:

@@ -214,3 +214,19 @@ def test_worker_processes_read_a_mixture_as_threads_do(two):
     threads, procs = (read(plain_loader(m, num_workers=2, workers=w, with_source=True), ids)
                       for w in ("thread", "process"))
     assert threads == procs and len(threads) == 8
+
+
+def test_a_mixture_takes_indices_as_a_set_does(two):
+    """One index rule: negative indices from the end, one sequence, integers."""
+    m, first = fastdata.Mixture(two), fastdata.open(two[0])
+    assert np.array_equal(m.read_batch([-1, 0], size=16),
+                          m.read_batch([len(m) - 1, 0], size=16))
+    assert np.array_equal(m[-1][0], m[len(m) - 1][0]) and np.array_equal(
+        first.read_batch([-1]), first.read_batch([len(first) - 1]))
+    for target in (m, first):
+        with pytest.raises(IndexError, match="sample index -1000 out of range"):
+            target.read_batch([-1000], size=16)
+        with pytest.raises(ValueError, match="one sequence"):
+            target.read_batch([[0, 1]], size=16)
+        with pytest.raises(TypeError, match="must be integers"):
+            target.read_batch([0.5], size=16)

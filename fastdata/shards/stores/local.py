@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import urllib.parse
 from collections.abc import Iterator
 
+from fastdata.outdir import replace_atomically
 from fastdata.shards.stores.base import CHUNK, Store, register_store
 
 
@@ -65,15 +65,8 @@ class LocalStore(Store):
                     if e.is_file(follow_symlinks=False)}
 
     def put(self, name: str, data: bytes) -> None:
-        tmp = self._path(f".{name}.{os.getpid()}.{secrets.token_hex(4)}")
         with self._named(name, "upload"):
-            try:
-                with open(tmp, "xb") as f:
-                    f.write(data)
-                os.replace(tmp, self._path(name))
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)
+            replace_atomically(self._path(name), data)
 
     def create(self, name: str, data: bytes) -> None:
         with self._named(name, "create"):
