@@ -593,8 +593,10 @@ def test_a_full_or_read_only_cache_disk_is_one_line_naming_it(http_set, tmp_path
     lines = r.stdout.splitlines()
     assert len(lines) == 4 and all(line.startswith("error ") for line in lines[::3]), r
     full, _, ro, ro_new = lines
-    assert re.search(rf"cache folder {tmp_path / 'disk' / 'cache'}: No space left on device "
-                     rf"for a shard of \d+ bytes \(\d+ free\): cannot hold {url}/shard-", full)
+    # refused before it is reserved where the disk is too small for it, else as it fills up
+    assert re.search(rf"cache folder {tmp_path / 'disk' / 'cache'}: No space left on device"
+                     rf"( for a shard of \d+ bytes \(\d+ free\))?: cannot hold {url}/shard-",
+                     full)
     assert "make room there" in full
     _, partial, shards, stamps = lines[1].split()
     assert partial == "0" and shards == stamps      # no partial download, no unchecked shard
