@@ -2,6 +2,7 @@
 every store shares (which strings are URLs, how one is shown, which names it holds)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -152,6 +153,23 @@ class Store:
             done[0] += len(chunk)
         self._copy(name, write, limit)
         return done[0]
+
+    @contextlib.contextmanager
+    def _named(self, name: str, what: str):
+        """Failures inside as one ``OSError`` naming the object (``FileNotFoundError`` for
+        one that is not there); a refused name, an existing object and a missing package
+        pass as they are."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
+        except (ImportError, FileExistsError, ValueError):
+            raise
+        except OSError as e:
+            raise OSError(f"{self.shown}/{name}: {what} failed: {e.strerror or e}") from None
+        except Exception as e:      # noqa: BLE001 - a file system's or client's own errors
+            raise OSError(f"{self.shown}/{name}: {what} failed: {type(e).__name__}: "
+                          f"{str(e)[:300]}") from None
 
     def _copy(self, name: str, take: Callable, limit: int | None) -> None:
         n = 0

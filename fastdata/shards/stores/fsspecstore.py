@@ -34,19 +34,6 @@ class FsspecStore(Store):
         _ = self.fs
         return f"{self._root.rstrip('/')}/{plain_name(name)}"
 
-    @contextlib.contextmanager
-    def _named(self, name: str, what: str):
-        """Failures inside as one ``OSError`` naming the object."""
-        try:
-            yield
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
-        except (ImportError, FileExistsError):
-            raise
-        except Exception as e:      # noqa: BLE001 - a file system's own errors
-            raise OSError(f"{self.shown}/{name}: {what} failed: {type(e).__name__}: "
-                          f"{str(e)[:300]}") from None
-
     def chunks(self, name: str) -> Iterator[bytes]:
         with self._named(name, "reading"):
             f = self.fs.open(self._path(name), "rb")

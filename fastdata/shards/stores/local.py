@@ -34,18 +34,6 @@ class LocalStore(Store):
     def _path(self, name: str) -> str:
         return os.path.join(self.root, plain_name(name))
 
-    @contextlib.contextmanager
-    def _named(self, name: str, what: str):
-        """Failures inside as one ``OSError`` naming the object."""
-        try:
-            yield
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.shown}/{name}: not found") from None
-        except FileExistsError:
-            raise
-        except OSError as e:
-            raise OSError(f"{self.shown}/{name}: {what} failed: {e.strerror or e}") from None
-
     def chunks(self, name: str) -> Iterator[bytes]:
         with self._named(name, "reading"):
             fd = os.open(self._path(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
