@@ -206,7 +206,7 @@ def cluster_address(address: str | None) -> str:
 
 
 def _ray_temp_dir() -> str:
-    """Ray's folder of session files, as Ray finds it (``$RAY_TMPDIR``, else ``$TMPDIR``,
+    """Ray's temporary folder, as Ray finds it (``$RAY_TMPDIR``, else ``$TMPDIR``,
     else ``/tmp``; then ``ray``)."""
     return os.path.join(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp",
                         "ray")

@@ -781,15 +781,15 @@ def test_a_server_that_stops_answering_is_named_within_the_retry_bound(proxied, 
 def test_a_servers_text_reaches_no_terminal_raw_and_keeps_no_secret(proxied, monkeypatch,
                                                                     tmp_path):
     proxy, url = proxied
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-never-shown")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "temporary-token-never-shown")
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
     proxy.faults["manifest.json"] = [("error", f"<Error>\x1b]0;owned\x07 {secret} "
-                                               f"session-token-never-shown</Error>")] * 10
+                                               f"temporary-token-never-shown</Error>")] * 10
     with pytest.raises(OSError) as e:
         fastdata.open(url, cache_dir=tmp_path)
     text = str(e.value)
     assert "\x1b" not in text and "\\x1b]0;owned\\x07" in text, text
-    assert secret not in text and "session-token-never-shown" not in text and "***" in text
+    assert secret not in text and "temporary-token-never-shown" not in text and "***" in text
     proxy.faults["manifest.json"] = [("error", "\x1b[2J")] * 10
     r = subprocess.run([sys.executable, "-m", "fastdata.cli", "info",
                         "s3://fastdata-test/\x1b]0;x\x07set"], capture_output=True, text=True,
