@@ -17,13 +17,9 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 import limiter  # noqa: E402 - benchmarks/limiter.py
 from remote_cpu import moto_server  # noqa: E402 - benchmarks/remote_cpu.py
 

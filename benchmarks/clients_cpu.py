@@ -15,10 +15,7 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 CHILD = r"""
 import concurrent.futures as cf, json, os, sys, time
@@ -68,12 +65,10 @@ def main() -> None:
     p.add_argument("--link", action="append", default=None)
     a = p.parse_args()
     import boto3
-
-    from fastdata.converters.convert import convert
-
-    sys.path.insert(0, HERE)
     import limiter
     from remote_cpu import moto_server
+
+    from fastdata.converters.convert import convert
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         local = os.path.join(tmp, "set")

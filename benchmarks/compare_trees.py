@@ -28,6 +28,7 @@ and the CPU time of all the run's processes per image.
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import shutil
@@ -35,6 +36,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from harness import interleaved, write_results
 
 # each child runs one tree's code: its fastdata, and its converters/ folder as
 # fastdata.converters (an editable install would map that name to the installed tree's folder)
@@ -83,16 +86,18 @@ print(n / best)
 LOADER = PRELUDE + """
 import sys, time
 import torch, fastdata
+from harness import tree_cpu_seconds as cpu    # the live worker processes' CPU included
 torch.set_num_threads(1)
-import os
-loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", num_workers=2,
-                         channels_last=sys.argv[3] == "channels_last", backend=sys.argv[5],
-                         workers=sys.argv[6], mp_context=sys.argv[7] or None,
-                         dtype=getattr(torch, sys.argv[8]))
-
-def cpu():
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+options = dict(num_workers=2, workers=sys.argv[6], mp_context=sys.argv[7] or None)
+if hasattr(fastdata, "TorchBackend"):       # a tree whose backends own their options
+    backend = (fastdata.TorchBackend(**options) if sys.argv[5] == "torch" else
+               fastdata.DaliBackend(num_workers=2))
+    options = {}
+else:
+    backend = sys.argv[5]
+loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", backend=backend,
+                         channels_last=sys.argv[3] == "channels_last",
+                         dtype=getattr(torch, sys.argv[8]), **options)
 
 epochs, t, n = int(sys.argv[4]), None, 0
 for e in range(epochs):
@@ -105,34 +110,36 @@ print(n / (time.perf_counter() - t), 1000 * (cpu() - c) / n)
 """
 
 
-def interleaved(trees: dict, rounds: int, label: str, script: str, *args: str) -> None:
-    """``script`` run per tree, alternating, ``rounds`` times; prints medians and the ratio."""
-    rates: dict[str, list[float]] = {k: [] for k in trees}
-    cpus: dict[str, list[float]] = {k: [] for k in trees}   # ms per image, if the job says
-    synced: dict[str, list[float]] = {k: [] for k in trees}     # img/s with the sync after
-    for r in range(rounds):     # each side first in every other round: no bias from order
-        for name, tree in (list(trees.items()) if r % 2 == 0 else list(trees.items())[::-1]):
-            out = subprocess.run([sys.executable, "-c", script, tree,
-                                  *(a.replace("{name}", name) for a in args)],
-                                 check=True, capture_output=True, text=True)
-            rate, *cpu = map(float, out.stdout.splitlines()[-1].split())
-            rates[name].append(rate)
-            cpus[name] += cpu[:1]
-            synced[name] += cpu[1:]
-    ratio = [t / r for t, r in zip(rates["this"], rates["ref"])]
-    print(f"{label}: ref {statistics.median(rates['ref']):.0f} img/s, "
-          f"this {statistics.median(rates['this']):.0f} img/s, this/ref "
-          f"{statistics.median(ratio):.2f}x (rounds {min(ratio):.2f}-{max(ratio):.2f})")
-    if cpus["this"]:
-        ratio = [t / r for t, r in zip(cpus["this"], cpus["ref"])]
-        print(f"{label}: CPU (all processes) ref {statistics.median(cpus['ref']):.3f}, this "
-              f"{statistics.median(cpus['this']):.3f} ms/img, this/ref "
-              f"{statistics.median(ratio):.3f} (rounds {min(ratio):.3f}-{max(ratio):.3f})")
-    if synced["this"]:
-        ratio = [t / r for t, r in zip(synced["this"], synced["ref"])]
-        print(f"{label}: on disk (the sync after) ref {statistics.median(synced['ref']):.0f}, "
-              f"this {statistics.median(synced['this']):.0f} img/s, this/ref "
-              f"{statistics.median(ratio):.2f}x (rounds {min(ratio):.2f}-{max(ratio):.2f})")
+FIGURES = ("img_s", "cpu_ms_per_img", "img_s_on_disk")     # what a job's child prints, in order
+
+
+def _run(script: str, tree: str, name: str, args) -> dict:
+    # the child imports the tree's fastdata and, from this folder, the harness
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", script, tree,
+                          *(a.replace("{name}", name) for a in args)],
+                         check=True, capture_output=True, text=True, env=env)
+    return dict(zip(FIGURES, map(float, out.stdout.splitlines()[-1].split())))
+
+
+def compare(trees: dict, rounds: int, label: str, script: str, *args: str) -> dict:
+    """``script`` run per tree, interleaved, ``rounds`` times; prints medians and the ratio
+    this/ref of each figure, and returns them as a results row."""
+    runs = interleaved({name: functools.partial(_run, script, tree, name, args)
+                        for name, tree in trees.items()}, rounds)
+    row: dict = {"label": label, "rounds": rounds}
+    for figure in FIGURES:
+        if figure not in runs["this"][0]:
+            continue
+        ratio = [t[figure] / r[figure] for t, r in zip(runs["this"], runs["ref"]) if r[figure]]
+        ref, this = (statistics.median(r[figure] for r in runs[k]) for k in ("ref", "this"))
+        row[figure] = {"ref": ref, "this": this, "this/ref": statistics.median(ratio or [0]),
+                       "rounds this/ref": [min(ratio or [0]), max(ratio or [0])]}
+        print(f"{label}: {figure} ref {ref:.4g}, this {this:.4g}, this/ref "
+              f"{statistics.median(ratio or [0]):.3f} (rounds {min(ratio or [0]):.3f}-"
+              f"{max(ratio or [0]):.3f})")
+    return row
 
 
 def main() -> None:
@@ -158,6 +165,8 @@ def main() -> None:
                     help="loader: how worker processes start (default: Python's)")
     ap.add_argument("--dtype", action="append", choices=("float32", "bfloat16", "uint8"),
                     help="loader: the output's dtype; repeatable (default float32)")
+    ap.add_argument("--json", metavar="PATH", help="also write the rows there "
+                    "(benchmarks/README.md, the results' schema)")
     ap.add_argument("--epochs", type=int, default=1,
                     help="loader: epochs per run; with more than one, the first is untimed")
     a = ap.parse_args()
@@ -173,28 +182,30 @@ def main() -> None:
                  f"outputs) or build it")
     tmp = tempfile.mkdtemp(prefix="fd-ab-")
     try:
-        if a.job == "convert":
-            for container in ("hdf5", "lmdb"):
-                interleaved(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
-                            os.path.join(tmp, "{name}"), container, str(a.size),
-                            "torch" if a.torch else "-", "fresh" if a.fresh else "-")
-            return
-        if a.job == "scan":
-            interleaved(trees, a.rounds, "scan", SCAN, a.photos)
-            return
-        from fastdata.converters.convert import convert
-
-        shards = os.path.join(tmp, "raw")
-        convert(a.photos, shards, container=a.container, sizes=[a.size], encoding=a.encoding,
-                progress=False)
-        for dtype in a.dtype or ["float32"]:
-            for layout in ("NCHW", "channels_last"):
-                interleaved(trees, a.rounds, f"loader {a.backend} {a.container} {a.encoding} "
-                            f"RRC224 {dtype} "
-                            f"{layout}, {a.workers} workers", LOADER, shards, layout,
-                            str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype)
+        rows = _job(a, trees, tmp)
     finally:
         shutil.rmtree(tmp)
+    if a.json:
+        write_results(a.json, f"compare_trees {a.job}", rows)
+
+
+def _job(a, trees: dict, tmp: str) -> list[dict]:
+    if a.job == "convert":
+        return [compare(trees, a.rounds, f"{container} {a.size}px", CONVERT, a.photos,
+                        os.path.join(tmp, "{name}"), container, str(a.size),
+                        "torch" if a.torch else "-", "fresh" if a.fresh else "-")
+                for container in ("hdf5", "lmdb")]
+    if a.job == "scan":
+        return [compare(trees, a.rounds, "scan (files/s)", SCAN, a.photos)]
+    from fastdata.converters.convert import convert
+
+    shards = os.path.join(tmp, "raw")
+    convert(a.photos, shards, container=a.container, sizes=[a.size], encoding=a.encoding,
+            progress=False)
+    return [compare(trees, a.rounds, f"loader {a.backend} {a.container} {a.encoding} RRC224 "
+                    f"{dtype} {layout}, {a.workers} workers", LOADER, shards, layout,
+                    str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype)
+            for dtype in a.dtype or ["float32"] for layout in ("NCHW", "channels_last")]
 
 
 if __name__ == "__main__":

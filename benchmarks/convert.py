@@ -55,7 +55,7 @@ def convert_once(kind: str, src: str, out: str, size: int, workers: int) -> tupl
     if kind == "naive":
         fn = functools.partial(naive, src, out, size)
     else:
-        fn = functools.partial(convert, src, out, container=kind, sizes=[size], workers=workers,
+        fn = functools.partial(convert, src, out, container=kind, sizes=[size], num_workers=workers,
                                progress=False)
     t = time.perf_counter()
     fn()

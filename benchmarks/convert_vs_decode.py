@@ -4,7 +4,7 @@
 
 Each round, in a fresh interpreter each (no import or page cache advantage for either), the
 sides alternating which goes first:
-- ``convert``: ``fastdata.converters.convert.convert(photos, tmp, sizes=[SIZE], workers=N)``,
+- ``convert``: ``fastdata.converters.convert.convert(photos, tmp, sizes=[SIZE], num_workers=N)``,
   raw HDF5, its whole wall time (scan, decode, resize, pack, write, manifest);
 - ``decode (scaled)``: N processes that each read and decode their share of the files with
   libjpeg-turbo at the smallest DCT scale that still covers SIZE (what the converter decodes,
@@ -29,7 +29,7 @@ CONVERT = """
 import sys, time, shutil
 from fastdata.converters.convert import convert
 out, t = sys.argv[2], time.perf_counter()
-m = convert(sys.argv[1], out, sizes=[int(sys.argv[3])], workers=int(sys.argv[4]),
+m = convert(sys.argv[1], out, sizes=[int(sys.argv[3])], num_workers=int(sys.argv[4]),
             overwrite=True, progress=False)
 print(m["num_samples"] / (time.perf_counter() - t))
 shutil.rmtree(out)

@@ -17,12 +17,8 @@ import os
 import resource
 import shutil
 import statistics
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 from remote_cpu import moto_server  # noqa: E402 - benchmarks/remote_cpu.py
 
 BUCKET = "fetch"

@@ -142,7 +142,8 @@ def main() -> None:
                        batch_transform=RECIPES[r](len(ds.classes)))
             rows[f"{r}-{n}"] = rate(dev, lambda: step(*next(fed)), a.steps, b)
     for n in (int(p) for p in a.procs.split(",") if p):
-        procs = _fed(ds, a, dev, dtype, num_workers=n, workers="process")
+        procs = _fed(ds, a, dev, dtype, backend=fastdata.TorchBackend(num_workers=n,
+                                                                      workers="process"))
         rows[f"procs-{n}"] = rate(dev, lambda: step(*next(procs)), a.steps, b)
     if a.profile:
         _profile(dev, lambda: step(*next(it)), a.profile)

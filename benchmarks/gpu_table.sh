@@ -36,7 +36,7 @@ prepare() {
   [ -d "$DATA/photos" ] || "$PY" benchmarks/make_photos.py "$DATA/photos" ${PHOTOS_DEB:+--deb "$PHOTOS_DEB"}
   for kind in raw:hdf5 raw:lmdb jpeg:hdf5; do
     enc=${kind%%:*} fmt=${kind##*:}
-    "${FD[@]}" -q convert "$DATA/photos" "$DATA/$enc-$fmt" --format "$fmt" --encoding "$enc" \
+    "${FD[@]}" -q convert "$DATA/photos" "$DATA/$enc-$fmt" --container "$fmt" --encoding "$enc" \
       --size 128,256,512 --resume
   done
   "${FD[@]}" info --env

@@ -19,8 +19,6 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 LOAD = """
 import json, sys, time
 import torch, fastdata              # a training script has them imported already
@@ -60,7 +58,6 @@ print(json.dumps({"rc": rc, "seconds": seconds, "peak_rss_mb": peak / 1024}))
 def measure(root: str, n: int, size: int) -> dict:
     src = os.path.join(root, f"images-{n}")
     out = os.path.join(root, f"shards-{n}")
-    sys.path.insert(0, HERE)
     from make_imagenet_like import make
 
     make(src, n)

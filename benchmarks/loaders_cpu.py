@@ -99,8 +99,9 @@ def main():
                               dict(dtype=torch.uint8, augment=False, channels_last=True))]
             warm(paths[c])
             for tag, kw in variants:
-                loader = fastdata.Loader(paths[c], batch_size=64, device="cpu", num_workers=2,
-                                         workers=kind, **kw)
+                backend = fastdata.TorchBackend(num_workers=2, workers=kind)
+                loader = fastdata.Loader(paths[c], batch_size=64, device="cpu", backend=backend,
+                                         **kw)
                 rate, rss = throughput(loader, epochs=5)
                 loader.close()
                 print(f"{tag} {c} {kind}: {rate:.0f} img/s = {rate / base:.1f}x baseline; "

@@ -270,7 +270,7 @@ import fastdata
 from fastdata.converters.convert import convert as _convert
 
 def convert(src, out):
-    _convert(src, out, sizes=[256], workers=2, progress=False, overwrite=True)
+    _convert(src, out, sizes=[256], num_workers=2, progress=False, overwrite=True)
 
 def loader(out):
     return fastdata.Loader(out, batch_size=64, crop=224, device="cpu", num_workers=2)
@@ -280,7 +280,7 @@ import fastdata
 from fastdata.converters.convert import convert as _convert
 
 def convert(src, out):
-    _convert(src, out, sizes=[256], encoding="jpeg", workers=2, progress=False,
+    _convert(src, out, sizes=[256], encoding="jpeg", num_workers=2, progress=False,
              overwrite=True)
 
 def loader(out):

@@ -31,15 +31,12 @@ import json
 import os
 import random
 import statistics
-import sys
 
 import numpy as np
 import torch
-from PIL import Image, ImageEnhance, ImageOps
-
-sys.path.insert(0, os.path.dirname(__file__))
 from compare_cpu import warm  # noqa: E402
 from loaders_cpu import throughput  # noqa: E402
+from PIL import Image, ImageEnhance, ImageOps
 
 import fastdata  # noqa: E402
 from fastdata import transforms as T  # noqa: E402
@@ -148,6 +145,9 @@ def heavy_recipe(classes: int) -> tuple[T.Compose, T.RandomChoice]:
 def contenders(photos: str, shards: str, classes: int, dali: bool = False) -> dict:
     heavy, mix = heavy_recipe(classes)
     fd = dict(batch_size=BATCH, crop=CROP, device="cpu", num_workers=WORKERS)
+    # the PIL hooks, which hold the GIL, in worker processes
+    procs = dict(batch_size=BATCH, crop=CROP, device="cpu",
+                 backend=fastdata.TorchBackend(workers="process", num_workers=WORKERS))
 
     def folder(jitter, erase):
         dl = torch.utils.data.DataLoader(PerImage(photos, jitter=jitter, erase=erase),
@@ -160,10 +160,10 @@ def contenders(photos: str, shards: str, classes: int, dali: bool = False) -> di
         "heavy": fastdata.Loader(shards, batch_transform=heavy, **fd),
         "heavy, per image": folder(pil_jitter, True),
         "PIL ColorJitter sample_transform": fastdata.Loader(
-            shards, sample_transform=jitter_sample, workers="process", **fd),
+            shards, sample_transform=jitter_sample, **procs),
         "PIL ColorJitter, per image": folder(pil_jitter, False),
         "PIL TrivialAugment sample_transform": fastdata.Loader(
-            shards, sample_transform=trivial_sample, workers="process", **fd),
+            shards, sample_transform=trivial_sample, **procs),
         "PIL TrivialAugment, per image": folder(trivial_augment, False),
         "TrivialAugment batch_transform": fastdata.Loader(
             shards, batch_transform=T.TrivialAugment(), **fd),

@@ -55,7 +55,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
 import limiter  # noqa: E402 - benchmarks/limiter.py
 import peers_cpu  # noqa: E402 - the peers' conversion and augmentation, shared
 

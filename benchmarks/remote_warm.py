@@ -19,8 +19,6 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 from remote_cpu import BUCKET, SHARD_SIZE, moto_server  # noqa: E402
 
 RUN = r"""

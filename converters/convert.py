@@ -99,7 +99,8 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
         raise ValueError(f"sizes {list(sizes)} make raw images of {per_sample / 2**30:.1f} GiB, "
                          f"{in_flight(workers, sizes)} of them in flight between {workers} decode "
                          f"worker{'s' if workers > 1 else ''} and the writer, and this process "
-                         f"may use {memory / 2**30:.1f} GiB: use smaller sizes or fewer --workers")
+                         f"may use {memory / 2**30:.1f} GiB: use smaller sizes or fewer "
+                         f"--num-workers")
 
 
 def _nothing_found(scan: Scan) -> str:
@@ -152,7 +153,7 @@ def _validated(*, engine, address, container, sizes, encoding, quality, fit, wor
     if not sizes:
         raise ValueError("give at least one size (a power of two >= 8)")
     quality = integer("quality", quality, 1, 100)
-    workers = integer("workers", workers, 1, optional=True) or usable_cpus()
+    workers = integer("num_workers", workers, 1, optional=True) or usable_cpus()
     shard_size = (integer("shard_size", shard_size, 1, optional=True)
                   or default_shard_size(sizes, encoding))
     if overwrite and resume:
@@ -162,7 +163,7 @@ def _validated(*, engine, address, container, sizes, encoding, quality, fit, wor
 
 def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int] = (256,),
             encoding: str = "raw",
-            quality: int = 90, fit: str = "crop", workers: int | None = None,
+            quality: int = 90, fit: str = "crop", num_workers: int | None = None,
             shard_size: int | None = None, on_error: str = "skip", overwrite: bool = False,
             resume: bool = False, progress: bool = True, labels: str | None = None,
             engine: str = "local", address: str | None = None, shuffle: bool = False,
@@ -178,7 +179,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         sizes: the stored square sizes, powers of two >= 8.
         encoding: ``"raw"`` uint8 pixels or ``"jpeg"`` records (at ``quality``, 1-100).
         fit: how a non-square image becomes a square: ``"crop"``, ``"pad"`` or ``"stretch"``.
-        workers: decode processes of the local engine (default: the usable cores).
+        num_workers: decode processes of the local engine (default: the usable cores).
         shard_size: source files per shard (default: ~256 MiB of raw pixels a shard). A shard
             holds the readable ones of one such range of the file list (sorted, or in the
             order ``shuffle`` draws).
@@ -188,7 +189,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         progress: show progress bars.
         labels: a CSV file of labels (``fastdata.converters.labels``) instead of class folder
             names.
-        engine: ``"local"`` (``workers`` decode processes) or ``"ray"`` (a task per shard on a
+        engine: ``"local"`` (``num_workers`` decode processes) or ``"ray"`` (a task per shard on a
             Ray cluster: ``fastdata.converters.ray_engine``); the same shards either way.
         address: the Ray cluster's address (default: ``RAY_ADDRESS``, or a local cluster that
             ``ray.init`` starts).
@@ -214,7 +215,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     """
     sizes, quality, workers, shard_size = _validated(
         engine=engine, address=address, container=container, sizes=sizes, encoding=encoding,
-        quality=quality, fit=fit, workers=workers, shard_size=shard_size, on_error=on_error,
+        quality=quality, fit=fit, workers=num_workers, shard_size=shard_size, on_error=on_error,
         overwrite=overwrite, resume=resume)
     bucket, folder = None, output_folder(out)
     if folder is None:

@@ -45,6 +45,16 @@ COMMIT_BYTES = 64 << 10
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
+#: container name -> its writer (``register``), as ``fastdata.shards.READERS`` for readers
+WRITERS: dict[str, type[ShardWriter]] = {}
+
+
+def register(cls: type[ShardWriter]) -> type[ShardWriter]:
+    """Class decorator: ``cls`` writes the shards of its ``container``."""
+    WRITERS[cls.container] = cls
+    return cls
+
+
 class ShardWriter:
     """One shard, written to a temporary file beside ``path``: ``add`` at most ``capacity``
     samples, then ``finish`` (or ``abort``)."""
@@ -218,6 +228,7 @@ def _pwrite_all(fd: int, buffers, offset: int, fallback: int | None = None) -> N
             views[0] = views[0][n:]
 
 
+@register
 class HDF5Writer(ShardWriter):
     container = "hdf5"
     _fd = _direct = None
@@ -338,6 +349,7 @@ def _lmdb_bytes(values) -> int:
     return total + total // 64 + 4 * PAGE
 
 
+@register
 class LMDBWriter(ShardWriter):
     container = "lmdb"
     _env = _txn = None
@@ -425,4 +437,3 @@ class LMDBWriter(ShardWriter):
         os.truncate(path, used)
 
 
-WRITERS: dict[str, type[ShardWriter]] = {w.container: w for w in (HDF5Writer, LMDBWriter)}

@@ -6,13 +6,14 @@ and verifying shards (``fastdata convert / info / verify``) never pay torch's im
 from fastdata.shards import Mixture, ShardSet, open  # noqa: A004
 
 __version__ = "0.1.0"
-__all__ = ["open", "ShardSet", "Mixture", "Loader", "Targets", "TrainStep", "__version__"]
+__all__ = ["open", "ShardSet", "Mixture", "Loader", "Backend", "TorchBackend", "DaliBackend",
+           "Targets", "TrainStep", "__version__"]
 
 
 def __getattr__(name: str):
-    if name == "Loader":
-        from fastdata.loader import Loader
-        return Loader
+    if name in ("Loader", "Backend", "TorchBackend", "DaliBackend"):
+        import fastdata.loader
+        return getattr(fastdata.loader, name)
     if name == "Targets":
         from fastdata.ops.targets import Targets
         return Targets

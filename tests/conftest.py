@@ -35,6 +35,6 @@ def shards(tmp_path_factory):
     out = {}
     for c in ("hdf5", "lmdb"):
         out[c] = str(tmp / c)
-        convert(src, out[c], container=c, sizes=[16, 32], shard_size=6, workers=1,
+        convert(src, out[c], container=c, sizes=[16, 32], shard_size=6, num_workers=1,
                 progress=False)
     return out

@@ -277,6 +277,16 @@ def seen(loader, ids) -> list[list[int]]:
     return out
 
 
+def backend_of(name: str, workers: str = "thread", num_workers: int = 2):
+    """A backend by name with ``num_workers`` readers of the kind ``workers`` (the torch
+    backend's; DALI's are threads)."""
+    import fastdata
+
+    if name == "dali":
+        return fastdata.DaliBackend(num_workers=num_workers)
+    return fastdata.TorchBackend(workers=workers, num_workers=num_workers)
+
+
 def plain_loader(path, **kw):
     """A loader of the stored uint8 images as they are (16 px, on the CPU, 4 a batch)."""
     import torch

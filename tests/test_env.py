@@ -15,7 +15,8 @@ def test_worker_defaults_follow_the_cpus_this_process_may_use(shards, tmp_path):
     from fastdata.env import usable_cpus
 
     code = ("import os, fastdata; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            f"print(fastdata.Loader({shards['hdf5']!r}, batch_size=4, device='cpu').num_workers)")
+            f"print(fastdata.Loader({shards['hdf5']!r}, batch_size=4, device='cpu')"
+            f".backend.host.num_workers)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -5,7 +5,7 @@
   and the plot; ``baseline``: the ImageFolder + PIL + DataLoader pipeline.
 """
 from fastdata.bench.report import check_plot_path, figure, plot, table, unreliable
-from fastdata.bench.runner import BACKENDS, Bench, rss_tree_mb
+from fastdata.bench.runner import CONTENDERS, Bench, rss_tree_mb
 
-__all__ = ["BACKENDS", "Bench", "check_plot_path", "figure", "plot", "rss_tree_mb", "table",
+__all__ = ["CONTENDERS", "Bench", "check_plot_path", "figure", "plot", "rss_tree_mb", "table",
            "unreliable"]

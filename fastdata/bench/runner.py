@@ -39,7 +39,8 @@ from fastdata.interrupt import SigintLatch
 log = logging.getLogger("fastdata.bench")
 
 
-BACKENDS = ("baseline", "torch", "dali")
+#: what `fastdata bench` can compare: the baseline pipeline and each loader backend
+CONTENDERS = ("baseline", "torch", "dali")
 #: batches of a row traced with ``--profile``
 PROFILE_BATCHES = 5
 
@@ -109,10 +110,10 @@ class _Clock:
 def _valid_backends(backends, *, crop, **counts) -> list[str]:
     """The backends, each once in the order given; raises ValueError on a bad argument."""
     backends = list(dict.fromkeys(backends))
-    bad = [b for b in backends if b not in BACKENDS]
+    bad = [b for b in backends if b not in CONTENDERS]
     if bad or not backends:
         raise ValueError(f"backends={','.join(bad) or '(none)'} is not valid; choose from "
-                         f"{', '.join(BACKENDS)}")
+                         f"{', '.join(CONTENDERS)}")
     for name, v in counts.items():
         integer(name, v, 0 if name == "warmup" else 1)
     integer("crop", crop, 1, optional=True)
@@ -149,7 +150,7 @@ def _source_folder(source: str | None, ds) -> str | None:
 
 
 class Bench:
-    def __init__(self, out, *, source: str | None = None, backends=BACKENDS,
+    def __init__(self, out, *, source: str | None = None, backends=CONTENDERS,
                  model: str = "none", batch_size: int = 64, size: int | None = None,
                  crop: int | None = None, warmup: int = 5, batches: int = 50, repeat: int = 3,
                  device=None, precision: str | None = None, num_workers: int | None = None,

@@ -12,7 +12,7 @@ HELP = "pack an image folder (root/<class>/...) into shards"
 
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
-CONVERT_DEFAULTS = {"format": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
+CONVERT_DEFAULTS = {"container": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
                     "fit": "crop", "shard_size": None, "labels": None, "coco": None, "masks": None,
                     "shuffle": None}
 
@@ -30,7 +30,7 @@ def _convert_options(a) -> dict:
             shown = lambda v: ",".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
             log.info("resuming with the options recorded in %s: %s", where, " ".join(
                 f"--{k.replace('_', '-')}" + ("" if v is True else f" {shown(v)}")
-                for k, v in (("format", saved.get("container")), ("size", saved.get("sizes")),
+                for k, v in (("container", saved.get("container")), ("size", saved.get("sizes")),
                              ("encoding", saved.get("encoding")),
                              ("quality", saved.get("quality")), ("fit", saved.get("fit")),
                              ("shard_size", saved.get("shard_size")),
@@ -42,7 +42,7 @@ def _convert_options(a) -> dict:
     if "quality" in given and o["encoding"] != "jpeg":
         raise ValueError(f"--quality {a.quality} applies to --encoding jpeg only (this "
                          f"conversion stores {o['encoding']} pixels): leave it out")
-    return {"container": o["format"], "sizes": sorted({s for group in o["size"] for s in group}),
+    return {"container": o["container"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
             "shard_size": o["shard_size"], "labels": o["labels"], "coco": o["coco"],
             "masks": o["masks"], "shuffle": bool(o["shuffle"])}
@@ -52,7 +52,7 @@ def run(a) -> int:
     from fastdata.converters.convert import ConversionError, convert
 
     try:
-        convert(a.src, a.out, **_convert_options(a), workers=a.workers, on_error=a.on_error,
+        convert(a.src, a.out, **_convert_options(a), num_workers=a.workers, on_error=a.on_error,
                 overwrite=a.overwrite, resume=a.resume, progress=not a.quiet, engine=a.engine,
                 address=a.address)
     except ConversionError as e:        # unreadable inputs: the data's fault, no traceback
@@ -67,8 +67,8 @@ def add_args(c: argparse.ArgumentParser) -> None:
                    "(s3://bucket/path, gs://, az://; needs fastdata-shards[remote])")
     resumed = " (with --resume and none of the options that shape the set: the ones it was " \
         "started with)"
-    c.add_argument("--format", choices=CONTAINERS, default=None,
-                   help="container (default hdf5)")
+    c.add_argument("--container", "--format", dest="container", choices=CONTAINERS,
+                   default=None, help="container (default hdf5)")
     c.add_argument("--size", type=sizes_arg, action="append", metavar="S[,S...]",
                    help="stored square size(s), powers of two >= 8; repeatable (default 256)")
     c.add_argument("--encoding", choices=ENCODINGS, default=None,
@@ -88,8 +88,8 @@ def add_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--masks", default=None, metavar="DIR",
                    help="a segmentation set: the class map of SRC/<path>/<name>.<ext> is "
                         "DIR/<path>/<name>.png (8-bit class indices, 255: none)")
-    c.add_argument("--workers", type=int, default=None, help="decode processes (default: "
-                   "the cores this process may use)")
+    c.add_argument("--num-workers", "--workers", dest="workers", type=int, default=None,
+                   help="decode processes (default: the cores this process may use)")
     c.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="where shards are made: local decode processes, or a task per shard "
                         "on a Ray cluster (needs fastdata-shards[ray]; the same shards)")

@@ -13,18 +13,17 @@ from fastdata.kernels import jpeg
 JPEG_DECODES = ("auto", "cpu", "gpu")
 
 
-def jpeg_decode_where(choice_: str, device, encoding: str, backend: str, per_sample: bool) -> str:
+def jpeg_decode_where(choice_: str, device, encoding: str, per_sample: bool) -> str:
     """Where the torch backend decodes JPEG shards: ``"gpu"`` (nvJPEG, through torchvision's
     batched ``decode_jpeg`` on the device: no decode on the host cores, which a GPU node has
     few of per GPU) or ``"cpu"`` (libjpeg-turbo in the reader threads). ``"auto"``: the GPU
     where the batches go to a CUDA device and torchvision can decode there, and no
     ``sample_transform`` needs the pixels on the host."""
     choice("jpeg_decode", choice_, JPEG_DECODES)
-    if choice_ == "cpu" or encoding != "jpeg" or backend != "torch" or per_sample:
+    if choice_ == "cpu" or encoding != "jpeg" or per_sample:
         if choice_ == "gpu":
             why = ("a sample_transform needs the decoded pixels on the host" if per_sample else
-                   f"it decodes JPEG shards in the torch backend; this set stores {encoding} "
-                   f"and backend={backend!r}")
+                   f"it decodes JPEG shards; this set stores {encoding}")
             raise ValueError(f"jpeg_decode='gpu' is not possible here: {why}; leave it 'auto'")
         return "cpu"
     if device.type != "cuda":

@@ -1,4 +1,5 @@
-"""``fastdata.Loader``: one constructor, interchangeable backends (a registry by name).
+"""``fastdata.Loader``: one constructor, interchangeable backends (``BACKENDS`` by name, or a
+``Backend`` instance with its own options).
 
 The facade validates the arguments, owns the ``Order`` (the one order and partition of both
 backends) and the stages (the built-in crop stage, the users' hooks); a backend only turns this
@@ -7,9 +8,7 @@ batch contract").
 """
 from __future__ import annotations
 
-import importlib
 import os
-import pickle
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -17,19 +16,20 @@ import numpy as np
 import torch
 
 from fastdata.checks import choice, flag, integer, positive
-from fastdata.env import check_fits, local_world_size, resolve_device, usable_cpus
-from fastdata.loader.decode import jpeg_decode_where
+from fastdata.env import check_fits, local_world_size, resolve_device
+from fastdata.loader.dali_backend import DaliBackend
 from fastdata.loader.spec import Backend, Spec
+from fastdata.loader.torch_backend import TorchBackend
 from fastdata.ops.batch import BatchHook, takes_generator
 from fastdata.ops.crop import CropStage
 from fastdata.ops.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
 from fastdata.ops.targets import Targets
 from fastdata.order import Draw, Order, ShardWindows
-from fastdata.shards import Mixture, ShardSet
+from fastdata.shards import Mixture, SampleSource, ShardSet
 from fastdata.transforms import check_classes
 
-BACKENDS = {"torch": "fastdata.loader.torch_backend:TorchBackend",
-            "dali": "fastdata.loader.dali_backend:DaliBackend"}
+#: the backends a name picks (``Loader(backend="torch")``, ``fastdata train --backend``)
+BACKENDS: dict[str, Callable[..., Backend]] = {"torch": TorchBackend, "dali": DaliBackend}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "uint8": torch.uint8}
 
@@ -42,18 +42,8 @@ def _dist_rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _picklable(name: str, fn) -> None:
-    try:
-        pickle.dumps(fn)
-    except Exception as e:  # noqa: BLE001 - pickle raises many kinds
-        raise ValueError(f"{name}={fn!r} cannot be sent to worker processes "
-                         f"(workers='process'): {type(e).__name__}: {e}; define it at the top "
-                         f"level of a module (not a lambda or a nested function), or use "
-                         f"workers='thread'") from None
-
-
-def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform, batch_transform,
-           workers: str, train: bool) -> tuple[CropStage, BatchHook | None]:
+def _hooks(dataset: SampleSource, crop_stage: CropStage, sample_transform, batch_transform,
+           train: bool) -> tuple[CropStage, BatchHook | None]:
     """Check the users' transforms. With a batch transform, the built-in stage stops at float32
     values in [0, 1] and the normalisation follows the transform: returns the crop stage to
     run and the batch hook (None without a batch transform). An evaluation loader (``train``
@@ -62,8 +52,6 @@ def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform,
                      ("batch_transform", batch_transform)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name} must be callable or None, not {type(fn).__name__}")
-        if fn is not None and workers == "process":
-            _picklable(name, fn)
     if batch_transform is None:
         return crop_stage, None
     if dataset.label_kind == "class":
@@ -81,14 +69,28 @@ def _hooks(dataset: ShardSet | Mixture, crop_stage: CropStage, sample_transform,
     return t.to_unit(), BatchHook(batch_transform, norm)
 
 
-def _dataset(path, weights, cache: dict) -> ShardSet | Mixture:
+def _backend(backend, num_workers, prefetch) -> Backend:
+    """The backend ``Loader(backend=...)`` names, with the shorthand options of a name."""
+    if isinstance(backend, Backend):
+        given = [k for k, v in (("num_workers", num_workers), ("prefetch", prefetch))
+                 if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} given beside backend={backend!r}: give "
+                             f"them to the backend (e.g. TorchBackend(num_workers=4))")
+        return backend
+    cls = BACKENDS[choice("backend", backend, BACKENDS)]
+    return cls(num_workers=num_workers, **({} if prefetch is None else {"prefetch": prefetch}))
+
+
+def _dataset(path, weights, cache: dict) -> SampleSource:
     """What ``Loader(path, weights=...)`` reads."""
     if isinstance(path, (list, tuple)):
         return Mixture(path, weights=weights, **cache)
     if weights is not None:
         raise ValueError("weights= mixes a list of sets: pass path=[set_a, set_b, ...] (or "
                          "a fastdata.Mixture)")
-    return path if isinstance(path, (ShardSet, Mixture)) else ShardSet(path, **cache)
+    # an open set, a mixture or any other SampleSource is read as it is
+    return ShardSet(path, **cache) if isinstance(path, (str, os.PathLike)) else path
 
 
 class Loader:
@@ -105,8 +107,11 @@ class Loader:
             ``http(s)://``, ``file://``: ``docs/loading.md``, "Shard sets in an object
             store"), an open ``ShardSet``, a ``Mixture``, or a list of sets to mix (with
             ``weights``; "Mixing sets").
-        backend: ``"torch"`` (reader threads or processes, augmentation on the device) or
-            ``"dali"`` (an NVIDIA DALI pipeline fed by the same order).
+        backend: ``"torch"`` (reader threads or processes, augmentation on the device),
+            ``"dali"`` (an NVIDIA DALI pipeline fed by the same order), or a backend with its
+            own options: ``fastdata.TorchBackend(workers="process", mp_context=...,
+            jpeg_decode=...)``, ``fastdata.DaliBackend(...)`` or a ``fastdata.Backend`` of
+            one's own (``docs/loading.md``, "Backends"). The loader works on its own copy.
         batch_size: samples per batch on this rank.
         train: training order and augmentation (shuffled, full batches, RandomResizedCrop and
             flip), or evaluation (in order, every sample once over the ranks, centre crop).
@@ -136,13 +141,9 @@ class Loader:
         drop_last: drop each epoch's partial batch (default: ``train``).
         rank: this process's rank (default: ``torch.distributed``'s, else 0).
         world_size: the ranks sharing the set (default: ``torch.distributed``'s, else 1).
-        num_workers: reader threads or processes (default: the usable cores, at most 8);
-            0 reads in the calling thread.
-        workers: ``"thread"`` or ``"process"`` (the torch backend's).
-        prefetch: batches read ahead of the consumer.
-        mp_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` for process workers.
-        jpeg_decode: where JPEG shards are decoded by the torch backend: ``"auto"``,
-            ``"cpu"`` or ``"gpu"`` (nvJPEG through torchvision).
+        num_workers: the backend named by ``backend``'s reader threads (default: the usable
+            cores, at most 8); 0 reads in the calling thread. A backend instance takes its own.
+        prefetch: batches read ahead of the consumer (default 2; as ``num_workers``).
         sample_transform: ``fn(image, rng) -> image`` per stored image, before the crop, in
             the reader workers; a torchvision transform (any ``nn.Module``) is called as
             ``t(image)`` on (3, S, S) uint8 tensors (``docs/augmentation.md``).
@@ -180,8 +181,8 @@ class Loader:
         ShardFormatError: ``path`` is not a readable shard set.
     """
 
-    def __init__(self, path: str | os.PathLike | ShardSet | Mixture | Sequence,
-                 *, backend: str = "torch",
+    def __init__(self, path: str | os.PathLike | SampleSource | Sequence,
+                 *, backend: str | Backend = "torch",
                  batch_size: int, train: bool = True, size: int | None = None,
                  crop: int | None = None, augment: bool | None = None,
                  device: str | torch.device | None = None,
@@ -192,15 +193,14 @@ class Loader:
                  shuffle: bool | None = None, shuffle_window: int | None = None,
                  shard_split: int | None = None, seed: int = 0, drop_last: bool | None = None,
                  rank: int | None = None, world_size: int | None = None,
-                 num_workers: int | None = None, workers: str = "thread", prefetch: int = 2,
-                 mp_context: str | None = None, jpeg_decode: str = "auto",
+                 num_workers: int | None = None, prefetch: int | None = None,
                  sample_transform: Callable | None = None,
                  batch_transform: Callable | None = None,
                  weights: Sequence[float] | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
                  with_source: bool = False, timeout: float | None = None,
                  targets: str | Targets = "list"):
-        choice("backend", backend, BACKENDS)
+        backend = _backend(backend, num_workers, prefetch)
         self.dataset = _dataset(path, weights, {"cache_dir": cache_dir,
                                                 "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
@@ -210,20 +210,14 @@ class Loader:
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype={dtype!r} is not valid; choose one of {', '.join(DTYPES)}")
         self.device = resolve_device(device)
-        choice("workers", workers, ("thread", "process"))
-        choice("mp_context", mp_context, ("fork", "spawn", "forkserver", None))  # None: default
-        num_workers = min(8, usable_cpus()) if num_workers is None else num_workers
-        num_workers = integer("num_workers", num_workers, 0)
-        prefetch = integer("prefetch", prefetch, 1)
         self.timeout = None if timeout is None else positive("timeout", timeout)
         if rank is None or world_size is None:
             r, w = _dist_rank_world()
             rank = r if rank is None else rank
             world_size = w if world_size is None else world_size
         ds = self.dataset
-        draw: Draw | None = ds.draw if isinstance(ds, Mixture) else None
-        n = ds.epoch_size if isinstance(ds, Mixture) else len(ds)
-        draw = _window_draw(ds, shuffle_window, shard_split, world_size) or draw
+        n = ds.epoch_size
+        draw: Draw | None = _window_draw(ds, shuffle_window, shard_split, world_size) or ds.draw
         # the epoch's indices, drawn and shuffled: a manifest's count, refused, not an OOM
         check_fits(f"an epoch of {n} samples", 24 * n,
                    f"check the set's manifest with `fastdata verify {ds.location}`")
@@ -243,17 +237,11 @@ class Loader:
                           dtype=dtype, channels_last=self.channels_last, mean=mean, std=std,
                           scale=scale, ratio=ratio)
         self.crop_stage, self.batch_hook = _hooks(self.dataset, stage, sample_transform,
-                                                  batch_transform, workers, self.train)
+                                                  batch_transform, self.train)
         self.sample_hook = sample_transform
         self._check_upscale()
-        self.num_workers, self.workers, self.prefetch = num_workers, workers, prefetch
-        self.mp_context = mp_context
-        self.jpeg_decode = jpeg_decode_where(jpeg_decode, self.device, self.dataset.encoding,
-                                             backend,
-                                        sample_transform is not None)
-        module, cls = BACKENDS[backend].split(":")
-        self.backend_name = backend
-        self._backend: Backend = getattr(importlib.import_module(module), cls)(self._spec())
+        #: this loader's copy of the backend, bound to its settings
+        self.backend: Backend = backend.bind(self._spec())
 
     # ---- the contract ----
     @property
@@ -309,8 +297,6 @@ class Loader:
                     crop=self.crop, crop_stage=self.crop_stage,
                     needs_crop_stage=self.needs_crop_stage(),
                     sample_hook=self.sample_hook, batch_hook=self.batch_hook,
-                    num_workers=self.num_workers, workers=self.workers, prefetch=self.prefetch,
-                    mp_context=self.mp_context, jpeg_decode=self.jpeg_decode,
                     timeout=self.timeout, targets=self.targets)
 
     def __len__(self) -> int:
@@ -362,13 +348,11 @@ class Loader:
         batches, epoch, start = order.batches(), order.epoch, order.position
         seeds = (order.batch_seed(epoch, start + k) for k in range(len(batches)))
         # a remote set: its shards fetched in the order the pass reads them
-        processes = self.num_workers if self.workers == "process" and \
-            self.backend_name == "torch" else 1
-        fetch = self.dataset.prefetch(np.concatenate(batches), processes=processes,
+        fetch = self.dataset.fetch_ahead(np.concatenate(batches), processes=self.backend.processes,
                                       ranks=self._cache_sharers()) if batches else None
         consumed = 0
         try:
-            for k, (images, labels) in enumerate(self._backend.iterate(self._spec(), batches,
+            for k, (images, labels) in enumerate(self.backend.iterate(self._spec(), batches,
                                                                        seeds)):
                 if me == self._iterations:
                     order.position += 1
@@ -391,17 +375,16 @@ class Loader:
         return min(local_world_size(), self.order.world_size, parts)
 
     def _sources(self, indices) -> torch.Tensor:
-        src = self.dataset.source_of(indices) if isinstance(self.dataset, Mixture) else \
-            torch.zeros(len(indices), dtype=torch.int64)
+        src = self.dataset.source_of(indices)
         return torch.as_tensor(src, dtype=torch.int64).to(self.device, non_blocking=True)
 
     def close(self) -> None:
         """Stop the backend's threads and worker processes (a later pass starts them again)."""
-        self._backend.close()
+        self.backend.close()
 
     def __repr__(self) -> str:
         where = getattr(self.dataset, "url", None) or self.dataset.root
-        return (f"Loader({where!r}, backend={self.backend_name!r}, "
+        return (f"Loader({where!r}, backend={self.backend!r}, "
                 f"batch_size={self.order.batch_size}, train={self.train}, size={self._size}, "
                 f"crop={self.crop}, device={str(self.device)!r}, {len(self)} batches/epoch)")
 
@@ -412,7 +395,7 @@ def _window_draw(ds, shuffle_window, shard_split, world_size) -> ShardWindows | 
     parts = integer("shard_split", shard_split, 1, optional=True)
     if window is None and parts is None:
         return None
-    if isinstance(ds, Mixture):
+    if ds.draw is not None:
         raise ValueError("shuffle_window and shard_split read one set's shards in their own "
                          "order; a Mixture draws its own: leave them None")
     if parts is not None and parts % integer("world_size", world_size, 1):

@@ -1,10 +1,10 @@
 """What the loader facade hands a backend: ``Spec``, the settings of one pass, and the
-``Backend`` base every backend implements."""
+``Backend`` base every backend implements (its options, a copy bound to each loader)."""
 from __future__ import annotations
 
-import concurrent.futures as cf
+import copy
 import dataclasses
-from collections import deque
+import inspect
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -14,29 +14,7 @@ from fastdata.ops.batch import BatchHook
 from fastdata.ops.crop import CropStage
 from fastdata.ops.targets import Targets
 from fastdata.order import Order
-from fastdata.shards import Mixture, ShardSet
-
-
-def ordered(pool, fn, jobs, depth: int, timeout: float | None = None,
-            late: Callable[[tuple], BaseException] | None = None):
-    """``fn(*job)`` for each job on ``pool``, results in job order, at most ``depth`` in flight
-    (the read-ahead of both backends' reader threads). ``timeout``: seconds to wait for each
-    result once it is the next one; past it, ``late(job)`` is raised."""
-    window: deque = deque()
-
-    def take():
-        job, future = window.popleft()
-        try:
-            return future.result(timeout=timeout)
-        except cf.TimeoutError:
-            raise (late(job) if late is not None else TimeoutError(job)) from None
-
-    for job in jobs:
-        window.append((job, pool.submit(fn, *job)))
-        if len(window) >= depth:
-            yield take()
-    while window:
-        yield take()
+from fastdata.shards import SampleSource
 
 
 def past_deadline(spec, indices, where: str = "") -> TimeoutError:
@@ -56,7 +34,7 @@ class Spec:
     start of each): the backends hold no loader, and a pass in flight keeps the settings it
     started with when the loader's size or crop changes."""
 
-    dataset: ShardSet | Mixture
+    dataset: SampleSource
     order: Order
     device: torch.device
     size: int
@@ -69,11 +47,6 @@ class Spec:
     sample_hook: Callable | None
     #: the user's ``batch_transform`` with the normalisation after it
     batch_hook: BatchHook | None
-    num_workers: int
-    workers: str
-    prefetch: int
-    mp_context: str | None
-    jpeg_decode: str
     #: seconds an image may take to be read, decoded and hooked (None: no limit)
     timeout: float | None = None
     #: how a detection set's targets come out (their form, the boxes a crop keeps)
@@ -86,12 +59,42 @@ class Spec:
 
 
 class Backend:
-    """Base of loader backends: ``iterate(spec, ...)`` yields ``(images, labels)`` per batch."""
+    """Base of loader backends. An instance holds the options of how batches are made (its
+    keyword-only constructor validates them); a loader works on its own copy, ``bind(spec)``,
+    so that one instance may configure several loaders. ``iterate(spec, ...)`` yields
+    ``(images, labels)`` per batch (``docs/format.md``, "The batch contract")."""
 
     name = ""
+    _options: dict = {}
 
-    def __init__(self, spec: Spec):
-        """``spec``: the loader's settings when it was made (threads, devices)."""
+    def _given(self, **options) -> None:
+        """Keep the constructor's arguments that differ from its defaults (``options``)."""
+        defaults = inspect.signature(type(self).__init__).parameters
+        self._options = {k: v for k, v in options.items() if v != defaults[k].default}
+
+    def options(self) -> dict:
+        """The constructor's arguments given other than their defaults (for ``repr``)."""
+        return dict(self._options)
+
+    def bind(self, spec: Spec) -> Backend:
+        """A copy for the loader whose settings ``spec`` gives, checked against them.
+
+        Raises:
+            ValueError: an option that cannot apply to this loader (naming why).
+            ImportError: what the backend needs is not installed (naming the pip extra).
+        """
+        bound = copy.copy(self)
+        bound.start(spec)
+        return bound
+
+    def start(self, spec: Spec) -> None:
+        """Check ``spec`` and make this copy's state (threads, pipelines): called on the copy
+        ``bind`` makes."""
+
+    @property
+    def processes(self) -> int:
+        """The processes that read a remote set's shards (its fetch-ahead shares the cache)."""
+        return 1
 
     def iterate(self, spec: Spec, batches: list[np.ndarray], seeds: Iterator[int]):
         """``batches``: this rank's batches of sample indices still to read in the epoch;
@@ -99,4 +102,9 @@ class Backend:
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        """Stop the threads and processes the backend started (a later pass starts them
+        again)."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({args})"

@@ -1,36 +1,31 @@
 """The torch backend: whole-batch reads in worker threads or processes, recycled (pinned)
 buffers, uint8 until the device, prefetch on a side CUDA stream, augmentation on the device.
 
-Host stage: each task reads one batch with ``ShardSet.read_batch`` (indices sorted for locality
-inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform runs in the same
-task, so it is spread over the workers (raw shards: it crops views of the memory maps, LMDB's
-while the batch's read transactions are held, with no batch copy). On CUDA the buffer, the
-labels and the crop parameters are pinned, copied ``non_blocking`` on a side stream and
-transformed there, ``prefetch`` batches ahead of the consumer. Worker processes make a CPU
+Host stage (``host``): each task reads one batch with ``ShardSet.read_batch`` (indices sorted
+for locality inside) into a recycled uint8 NHWC buffer. On ``device="cpu"`` the transform runs
+in the same task, so it is spread over the workers (raw shards: it crops views of the memory
+maps, LMDB's while the batch's read transactions are held, with no batch copy). On CUDA the
+buffer, the labels and the crop parameters are pinned, copied ``non_blocking`` on a side stream
+and transformed there, ``prefetch`` batches ahead of the consumer. Worker processes make a CPU
 device's batches in shared buffers the parent lends them (``SharedRing``).
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
 import ctypes
 import itertools
-import weakref
 from collections import deque
 
 import numpy as np
 import torch
 
-from fastdata.format import SPATIAL_KINDS
+from fastdata.checks import choice
 from fastdata.kernels import jpeg
 from fastdata.loader.buffers import BufferPool, tensor_in
-from fastdata.loader.decode import decode_regions
-from fastdata.loader.spec import Backend, ordered, past_deadline
-from fastdata.loader.workers import WorkerProcesses, one_intraop_thread
+from fastdata.loader.decode import JPEG_DECODES, decode_regions, jpeg_decode_where
+from fastdata.loader.host import HostReader, HostStage, check_picklable
+from fastdata.loader.spec import Backend
 from fastdata.ops.boxes import packed_params
-from fastdata.ops.sample import apply_sample_transform
-from fastdata.ops.targets import batch_targets, map_tensors
-from fastdata.shards.mapped import guard_faults
+from fastdata.ops.targets import map_tensors
 
 
 def _tensor(view: np.ndarray) -> torch.Tensor:
@@ -58,29 +53,20 @@ def decode_on_device(jpegs: list[torch.Tensor], device) -> torch.Tensor:
     return torch.stack(images).permute(0, 2, 3, 1).contiguous()
 
 
-class _BatchReader:
-    """Read (and on CPU, transform) one batch. Picklable for worker processes."""
+class _BatchReader(HostReader):
+    """Read (and on CPU, transform) one batch: ``(images, labels, params)``."""
 
-    def __init__(self, spec):
-        self.ds, self.size, self.crop_stage = spec.dataset, spec.size, spec.crop_stage
-        self.on_host = spec.device.type == "cpu"        # CPU: all output work in the workers
+    def __init__(self, spec, jpeg_decode: str):
+        super().__init__(spec)
         self.needs_crop_stage = spec.needs_crop_stage
-        self.key = (spec.size, spec.crop)
         self.pin = spec.device.type == "cuda"
-        self.gpu_jpeg = spec.jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
-        self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
-        #: a detection or segmentation set's: its boxes, masks or class maps go through each
-        #: image's crop and flip
-        self.ann = getattr(spec.dataset, "label_kind", "class") in SPATIAL_KINDS
-        self.targets = spec.targets
+        self.gpu_jpeg = jpeg_decode == "gpu"       # decoded on the device (``_cuda``)
         # JPEG records decoded only where their crops need them: on the host, into the
         # crop stage's CPU kernels (which take images of any size; "batched" stacks them)
         self.regions = (self.on_host and self.needs_crop_stage and self.sample_hook is None
                         and getattr(self.ds, "encoding", None) == "jpeg"
                         and self.crop_stage.kernel != "batched" and jpeg.available())
         self._pools: dict = {}
-        #: batch seed -> the image the sample hook is on, for a batch past its deadline
-        self.progress: dict[int, list[int]] = {}
 
     def _pool(self, key, shape, dtype, result: bool = True):
         if key not in self._pools:
@@ -104,7 +90,7 @@ class _BatchReader:
         return self._pool(key, shape, dtype, result).get() if t is None else t
 
     def ring_bytes(self, batch: int) -> int | None:
-        """The bytes of a batch made in a buffer of ``_buffer``'s (see ``_read``); None where
+        """The bytes of a batch made in a buffer of ``_buffer``'s (see ``read``); None where
         it is not (on a CUDA device)."""
         t = self.crop_stage
         if not self.on_host:
@@ -113,27 +99,11 @@ class _BatchReader:
         return batch * 3 * side * side * t.dtype.itemsize
 
     def __getstate__(self):
-        return {**self.__dict__, "_pools": {}, "progress": {}}
+        return {**super().__getstate__(), "_pools": {}}
 
-    def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
-        """``(images, labels, params)``; ``seed``: the batch's augmentation's
-        (``Order.batch_seed``); ``ring``: a buffer to make the images in."""
-        faults = guard_faults()
-        with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
-            batch = self._read(indices, seed, hold, ring)
-        if guard_faults() != faults:    # a shard was cut short under the views: name it
-            self.ds.check_intact(indices)
-        return batch
-
-    def _targets(self, indices, params) -> list[dict] | dict:
-        """A detection or segmentation batch's targets through its crops and flips
-        (``params``; None: the stored squares as they are)."""
-        return batch_targets(self.ds.annotations, indices, params, self.size,
-                             self.crop_stage.crop, self.targets)
-
-    def _read(self, indices, seed, hold, ring):
+    def read(self, indices, seed, hold, ring):
         s = self.size
-        labels = torch.from_numpy(self.ds.labels_of(indices)) if not self.ann else None
+        labels = self.labels(indices)
         if self.gpu_jpeg:       # the JPEGs themselves: nvJPEG decodes them on the device
             return self._for_device(_encoded(self.ds.read_encoded(indices, s)), labels, seed,
                                     indices)
@@ -153,8 +123,7 @@ class _BatchReader:
         params = drawn = None
         raw: torch.Tensor | list[torch.Tensor]
         if self.regions:        # the crops drawn first: each JPEG decoded where they fall
-            boxes, flips = drawn = self.crop_stage.params(b, s, s,
-                                                          torch.Generator().manual_seed(seed))
+            boxes, flips = drawn = self.draw(b, seed)
             out = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=False)
             raw, boxes = decode_regions(self.ds.read_encoded(indices, s), boxes, out, lambda k: (
                 self.ds.read_batch(indices[k:k + 1], size=s, out=out[k:k + 1].numpy())))
@@ -165,23 +134,16 @@ class _BatchReader:
             # the stored pixels are the result on a device, and as channels_last uint8
             as_is = not self.on_host or not self.needs_crop_stage and self.crop_stage.channels_last
             batch = self._buffer((b, s), (b, s, s, 3), torch.uint8, ring, result=as_is)
-            self.ds.read_batch(indices, size=s, out=batch.numpy())
+            self.pixels(indices, seed, batch.numpy())
             raw = batch
-            if self.sample_hook is not None:
-                at = self.progress[seed] = [-1]
-                try:
-                    apply_sample_transform(self.sample_hook, batch.numpy(), seed,
-                                           self.ds.sample_names(indices), at)
-                finally:       # a pass after a deadline may read the same batch again
-                    self.progress.pop(seed, None)
         return raw, params, drawn
 
     def _on_host(self, raw, labels, indices, seed, ring, params, drawn):
         """A CPU device's batch made from the stored pixels ``raw`` (``_stored``)."""
         b, s = len(indices), self.size
         if not self.needs_crop_stage:         # the stored uint8 as is, as (B,3,S,S)
-            if self.ann:
-                labels = self._targets(indices, None)
+            if self.spatial:
+                labels = self.targets(indices, None)
             nchw = raw.permute(0, 3, 1, 2)   # an NHWC buffer viewed as NCHW is channels_last
             if self.crop_stage.channels_last:
                 return nchw, labels, None
@@ -190,10 +152,10 @@ class _BatchReader:
         g = torch.Generator().manual_seed(seed)
         t = self.crop_stage
         o = t.crop or s
-        if self.ann:            # the crops drawn first, as the stage would: the boxes follow
+        if self.spatial:        # the crops drawn first, as the stage would: the boxes follow
             if params is None:
                 params = drawn = t.params(b, s, s, g)
-            labels = self._targets(indices, drawn)
+            labels = self.targets(indices, drawn)
         if t.channels_last:
             out = self._buffer(("out", b, o), (b, o, o, 3), t.dtype, ring).permute(0, 3, 1, 2)
         else:
@@ -212,13 +174,12 @@ class _BatchReader:
         b = len(indices)
         drawn = None
         if self.needs_crop_stage:
-            g = torch.Generator().manual_seed(seed)
-            drawn = self.crop_stage.params(b, self.size, self.size, g)
-        if self.ann:        # made here, moved with the images (small next to them)
+            drawn = self.draw(b, seed)
+        if self.spatial:        # made here, moved with the images (small next to them)
             # a forked worker cannot touch CUDA: the DataLoader pins them in the parent
             pin = self.pin and torch.utils.data.get_worker_info() is None
             pinned = map_tensors(torch.Tensor.pin_memory if pin else lambda t: t,
-                                 self._targets(indices, drawn))
+                                 self.targets(indices, drawn))
         else:
             pinned = self._pool(("labels", *labels.shape), labels.shape,
                                 labels.dtype).get().copy_(labels)
@@ -229,66 +190,60 @@ class _BatchReader:
 
 
 class TorchBackend(Backend):
+    """Batches read whole in reader threads or worker processes into recycled (pinned) buffers,
+    uint8 until the device, augmented there (on a CPU device, in the workers).
+
+    Args:
+        workers: ``"thread"`` (default) or ``"process"`` (the hooks must then be picklable).
+        num_workers: reader threads or processes (default: the usable cores, at most 8); 0
+            reads in the calling thread.
+        prefetch: batches read ahead of the consumer (and, on CUDA, staged on the device).
+        mp_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` for worker processes (default:
+            torch's).
+        jpeg_decode: where JPEG shards are decoded: ``"auto"`` (on the GPU where batches go to
+            a CUDA device, torchvision can decode there and no ``sample_transform`` needs the
+            pixels on the host), ``"cpu"`` or ``"gpu"`` (nvJPEG through torchvision).
+
+    Raises:
+        ValueError: an option out of its choices or range (naming the valid ones).
+    """
+
     name = "torch"
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self._pool: cf.ThreadPoolExecutor | None = None
+    def __init__(self, *, workers: str = "thread", num_workers: int | None = None,
+                 prefetch: int = 2, mp_context: str | None = None, jpeg_decode: str = "auto"):
+        self._given(workers=workers, num_workers=num_workers, prefetch=prefetch,
+                    mp_context=mp_context, jpeg_decode=jpeg_decode)
+        self.host = HostStage(workers=workers, num_workers=num_workers, prefetch=prefetch,
+                              mp_context=mp_context)
+        self.jpeg_decode = choice("jpeg_decode", jpeg_decode, JPEG_DECODES)
         self._reader: _BatchReader | None = None
-        self._workers: WorkerProcesses | None = None   # kept from one pass to the next
-        self._all_workers: weakref.WeakSet = weakref.WeakSet()   # for close(), passes' own too
         self._stream = None         # the side stream that copies and augments on CUDA
 
-    # ---- host stage: ordered batches from threads, processes or the calling thread ----
-    def _read(self, spec, reader, batches, seeds):
-        jobs = zip(batches, seeds)
-        if spec.num_workers == 0:
-            for job in jobs:
-                yield reader(*job)
-        elif spec.workers == "thread":
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(spec.num_workers, thread_name_prefix="fastdata",
-                                                   initializer=one_intraop_thread)
-            yield from ordered(self._pool, reader, jobs, spec.num_workers + spec.prefetch,
-                               spec.batch_timeout, lambda job: self._late(spec, reader, job))
-        else:
-            yield from self._processes(spec, reader, jobs)
+    def start(self, spec):
+        if self.host.workers == "process":
+            check_picklable(spec)
+        self.jpeg_decode = jpeg_decode_where(self.jpeg_decode, spec.device,
+                                             spec.dataset.encoding, spec.sample_hook is not None)
+        # each loader's own: threads, worker processes, buffers
+        self.host = HostStage(**{k: getattr(self.host, k) for k in (
+            "workers", "num_workers", "prefetch", "mp_context")})
 
-    def _late(self, spec, reader, job) -> TimeoutError:
-        """The error of a batch past its deadline; the pool, whose thread is stuck in it, is
-        let go of (a thread cannot be stopped: it runs on) and the next pass makes another."""
-        indices, seed = job
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-        at = reader.progress.get(seed)
-        k = at[0] if at else -1
-        name = spec.dataset.sample_names(indices)
-        return past_deadline(spec, indices, f"sample_transform has not returned on {name(k)}"
-                             if k >= 0 else "")
-
-    def _processes(self, spec, reader, jobs):
-        w = self._workers
-        if w is not None and w.busy:    # a pass still under way has them: this one its own
-            w = WorkerProcesses(reader, spec, persistent=False)
-        elif w is None or not w.usable((reader, spec.num_workers, spec.prefetch, spec.mp_context,
-                                         spec.timeout)):
-            self._workers = None        # first: the old ones stop before new ones start
-            w = self._workers = WorkerProcesses(reader, spec, persistent=True)
-        self._all_workers.add(w)
-        yield from w.run(jobs)
+    @property
+    def processes(self) -> int:
+        return self.host.processes
 
     def iterate(self, spec, batches, seeds):
         if self._reader is None or self._reader.key != (spec.size, spec.crop):
             # kept across epochs: its recycled buffers are already faulted in
-            self._reader = _BatchReader(spec)
+            self._reader = _BatchReader(spec, self.jpeg_decode)
         reader = self._reader       # this loop's, even if the size or crop changes meanwhile
         if spec.device.type == "cpu":
-            for images, labels, _ in self._read(spec, reader, batches, seeds):
+            for images, labels, _ in self.host.run(spec, reader, batches, seeds):
                 yield images, labels
         else:       # each seed drawn once, for the read and for the batch hook on the device
             seeds, hook_seeds = itertools.tee(seeds)
-            read = self._read(spec, reader, batches, seeds)
+            read = self.host.run(spec, reader, batches, seeds)
             yield from self._cuda(spec, zip(read, hook_seeds), reader)
 
     def _cuda(self, spec, host, reader):
@@ -322,7 +277,7 @@ class TorchBackend(Backend):
 
         for item, seed in host:
             pending.append(stage(item, seed))
-            if len(pending) > spec.prefetch:
+            if len(pending) > self.host.prefetch:
                 yield self._hand_over(*pending.popleft())
         while pending:
             yield self._hand_over(*pending.popleft())
@@ -336,12 +291,5 @@ class TorchBackend(Backend):
         return x, y
 
     def close(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self.host.close()
         self._reader = None
-        self._workers = None
-        for w in list(self._all_workers):    # an iterator still held keeps them otherwise
-            w.shutdown()
-
-

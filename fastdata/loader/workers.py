@@ -1,4 +1,4 @@
-"""The torch backend's workers: reader threads limited to one OpenMP thread each, and worker
+"""The host stage's workers: reader threads limited to one OpenMP thread each, and worker
 processes through torch's DataLoader, one whole batch per item, made in ring buffers the parent
 lends them."""
 from __future__ import annotations
@@ -96,24 +96,30 @@ class WorkerProcesses:
     their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
     them again delays each pass's first batch, by a second with spawn)."""
 
-    def __init__(self, reader, spec, *, persistent: bool):
-        """``spec``: the pass's ``Spec``."""
+    def __init__(self, reader, spec, stage, *, persistent: bool):
+        """``spec``: the pass's ``Spec``; ``stage``: the ``HostStage`` whose counts and start
+        method apply."""
         nbytes = reader.ring_bytes(spec.order.batch_size)
         self.ring = None
         if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
             # the jobs in flight, the batch the consumer holds, one it has just been handed
-            self.ring = SharedRing(spec.num_workers * spec.prefetch + 2, nbytes)
-        self.key = (reader, spec.num_workers, spec.prefetch, spec.mp_context, spec.timeout)
+            self.ring = SharedRing(stage.num_workers * stage.prefetch + 2, nbytes)
+        self.key = self.key_of(reader, spec, stage)
         self.spec = spec
         self.busy = self.broken = self.closed = False
         self._iterator = None
         self._lending = _Lending(self.ring)
         self._dl = torch.utils.data.DataLoader(
             _BatchDataset(reader, self.ring), batch_size=None, sampler=self._lending,
-            collate_fn=_as_sent, num_workers=spec.num_workers, prefetch_factor=spec.prefetch,
-            multiprocessing_context=spec.mp_context, persistent_workers=persistent,
+            collate_fn=_as_sent, num_workers=stage.num_workers, prefetch_factor=stage.prefetch,
+            multiprocessing_context=stage.mp_context, persistent_workers=persistent,
             pin_memory=spec.device.type == "cuda",     # pins for the current CUDA device
             timeout=spec.batch_timeout or 0)
+
+    @staticmethod
+    def key_of(reader, spec, stage) -> tuple:
+        """What a pass's workers must have been made for to be used again."""
+        return reader, stage.num_workers, stage.prefetch, stage.mp_context, spec.timeout
 
     def usable(self, key) -> bool:
         """Whether a pass may use these workers: made for ``key``, and none has failed or died

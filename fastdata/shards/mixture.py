@@ -232,6 +232,9 @@ class Mixture:
         """Set ``k``'s class labels ``y`` in the mixture's class space."""
         return self._maps[k][y] if self._maps is not None else y + self.offsets[k]
 
+    #: a mixture of detection or segmentation sets is refused: it has no targets
+    annotations = None
+
     @property
     def labels(self) -> np.ndarray:
         """Each sample's label in the mixture's class space."""
@@ -253,9 +256,9 @@ class Mixture:
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
-    def prefetch(self, indices, in_flight: int | None = None, processes: int = 1,
-                 ranks: int = 1) -> _Prefetches | None:
-        """Each remote set's ``prefetch`` of its share of ``indices`` (None if none is
+    def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,
+                 ranks: int = 1) -> _FetchesAhead | None:
+        """Each remote set's ``fetch_ahead`` of its share of ``indices`` (None if none is
         remote)."""
         if all(s.url is None for s in self.sets):
             return None
@@ -263,9 +266,9 @@ class Mixture:
         for k, where, local in self._split(indices):
             mine = np.zeros(len(np.asarray(indices).reshape(-1)) + 1, np.int64)
             mine[where + 1] = 1
-            parts.append((self.sets[k].prefetch(local, in_flight, processes, ranks),
+            parts.append((self.sets[k].fetch_ahead(local, in_flight, processes, ranks),
                           np.cumsum(mine)))
-        return _Prefetches([(p, c) for p, c in parts if p is not None])
+        return _FetchesAhead([(p, c) for p, c in parts if p is not None])
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:
@@ -324,12 +327,12 @@ class Mixture:
             s.close()
 
 
-class _Prefetches:
-    """The remote sets' ``Prefetch`` of a mixture's pass: ``advance(n)`` tells each how many
+class _FetchesAhead:
+    """The remote sets' ``FetchAhead`` of a mixture's pass: ``advance(n)`` tells each how many
     of its samples are among the pass's first ``n``."""
 
     def __init__(self, parts: list):
-        self.parts = parts          # (Prefetch, cumulative count of its samples)
+        self.parts = parts          # (FetchAhead, cumulative count of its samples)
 
     def advance(self, n: int) -> None:
         for p, counts in self.parts:

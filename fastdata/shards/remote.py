@@ -80,7 +80,7 @@ class Fetch:
             if found["hash"].hexdigest() != self.entry["file_sha256"]:
                 return "its SHA-256 is not the manifest's"
             return None
-        from fastdata.shards.check import verify_shard
+        from fastdata.shards.integrity import verify_shard
         from fastdata.shards.reader import READERS
 
         reader = READERS[self.container](path, sizes=self.sizes, encoding=self.encoding,

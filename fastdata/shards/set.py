@@ -19,13 +19,14 @@ from fastdata.format import (
     read_manifest,
     read_targets,
 )
+from fastdata.order import Draw
 from fastdata.shards.annotations import Annotations, ClassMaps, open_annotations
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.mapped import guard_faults, make_room_for_files, page_aligned
 from fastdata.shards.reader import READERS, ShardReader
 from fastdata.shards.remote import Fetch, fetch_manifest
 from fastdata.shards.stores import Store, is_url, open_store
-from fastdata.shards.streaming import OpenShards, Prefetch
+from fastdata.shards.streaming import FetchAhead, OpenShards
 
 log = logging.getLogger("fastdata")
 
@@ -71,7 +72,7 @@ class ShardSet:
                 reader.path = reader.fetch.path
             if cache.limit is not None:  # type: ignore[union-attr]
                 # half the limit for the shards readers keep open, half for those still to
-                # be read (Prefetch)
+                # be read (FetchAhead)
                 self._open = OpenShards(self.shards, [s["bytes"] for s in m["shards"]],
                                         cache.limit)  # type: ignore[union-attr]
         self._starts = np.array([s["start"] for s in m["shards"]], np.int64)
@@ -164,6 +165,18 @@ class ShardSet:
     def __len__(self) -> int:
         return self._n
 
+    #: the epoch's own draw of indices (a ``Mixture``'s); None: each sample once
+    draw: Draw | None = None
+
+    @property
+    def epoch_size(self) -> int:
+        """Samples in an epoch: all of them."""
+        return self._n
+
+    def source_of(self, indices) -> np.ndarray:
+        """0 for each of ``indices`` (a ``Mixture`` says which of its sets)."""
+        return np.zeros(len(np.asarray(indices).reshape(-1)), np.int64)
+
     def __repr__(self) -> str:
         where = self.location
         return (f"ShardSet({where!r}, {self._n} samples, {len(self.classes)} classes, "
@@ -227,10 +240,10 @@ class ShardSet:
                           f"{self.location}`")
         return part
 
-    def prefetch(self, indices, in_flight: int | None = None, processes: int = 1,
-                 ranks: int = 1) -> Prefetch | None:
+    def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,
+                 ranks: int = 1) -> FetchAhead | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
-        first read them (``streaming.Prefetch``: ``in_flight`` at a time, by default as many
+        first read them (``streaming.FetchAhead``: ``in_flight`` at a time, by default as many
         as keep about 64 MiB in flight), and with a ``cache_limit`` no further ahead than the
         cache holds beside the shards still to be read; None for a local set. A failed fetch
         is left to the read that needs the shard. ``processes``: how many processes read the
@@ -242,7 +255,7 @@ class ShardSet:
         shard, _ = self.locate(indices)
         if self._open is not None:
             self._open.processes = processes * ranks
-        return Prefetch(self.shards, self.manifest["shards"], shard, in_flight,
+        return FetchAhead(self.shards, self.manifest["shards"], shard, in_flight,
                         None if self._open is None else self._open.finish, share=ranks)
 
     def locate(self, indices) -> tuple[np.ndarray, np.ndarray]:

@@ -1,5 +1,5 @@
 """How a remote set's shards come and go in a pass: fetched ahead in the order the pass reads
-them (``Prefetch``), and let go once read (``OpenShards``), so that a set larger than its
+them (``FetchAhead``), and let go once read (``OpenShards``), so that a set larger than its
 node's cache streams through it."""
 from __future__ import annotations
 
@@ -98,14 +98,14 @@ class OpenShards:
                 total -= self.sizes[sh]
 
 
-#: the bytes a prefetch keeps in flight, about: enough to fill a link whose round trip is long
+#: the bytes a fetch-ahead keeps in flight, about: enough to fill a link whose round trip is long
 #: beside the time a shard takes to arrive (small shards), few downloads of large ones
 IN_FLIGHT_BYTES = 64 << 20
 
 
-class Prefetch:
+class FetchAhead:
     """A remote set's shards fetched in the background in the order a pass (the shard of each
-    of its samples: ``shard``) first reads them (``ShardSet.prefetch``): 2 at a time until the
+    of its samples: ``shard``) first reads them (``ShardSet.fetch_ahead``): 2 at a time until the
     pass's first batch is consumed (those shards get the link's bandwidth), then ``in_flight``
     (default: as many as make ``IN_FLIGHT_BYTES``, 2 to 8). With a ``cache_limit``, the pass
     plans on its ``share``-th of it (the passes of the node that read other shards into the
@@ -137,10 +137,10 @@ class Prefetch:
         self._readers, self._consumed, self._stopped = readers, 0, False
         self._cond = threading.Condition()
         self._pool = cf.ThreadPoolExecutor(in_flight, thread_name_prefix="fastdata-fetch")
-        threading.Thread(target=self._run, daemon=True, name="fastdata-prefetch").start()
+        threading.Thread(target=self._run, daemon=True, name="fastdata-fetch-ahead").start()
 
     def _room(self, i: int) -> bool:
-        """Whether shard ``_seq[i]`` fits the half of the limit that is the prefetch's beside
+        """Whether shard ``_seq[i]`` fits the half of the limit that is the fetch-ahead's beside
         the earlier ones the pass has not begun to read (the other half holds the shards being
         read: ``OpenShards``' budget), with room for one more shard beside all those the pass
         still has to read (a reader's own fetch, which makes room by evicting)."""

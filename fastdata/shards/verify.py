@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from fastdata.format import ANNOTATIONS, SPATIAL_KINDS, TARGETS, ShardFormatError
-from fastdata.shards.check import Problem, verify_shard
+from fastdata.shards.integrity import Problem, verify_shard
 from fastdata.shards.set import ShardSet
 
 __all__ = ["Problem", "verify", "verify_shard"]

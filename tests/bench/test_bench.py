@@ -22,7 +22,7 @@ from tests.helpers import plain_folder
 def bench_set(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     src = plain_folder(tmp / "src", per_class=6)
-    convert(src, str(tmp / "shards"), container="hdf5", sizes=[16, 32], workers=1,
+    convert(src, str(tmp / "shards"), container="hdf5", sizes=[16, 32], num_workers=1,
             progress=False)
     return src, str(tmp / "shards")
 
@@ -142,7 +142,7 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
     src, shards = bench_set
     gone = str(tmp_path / "gone")
     shutil.copytree(src, gone)
-    convert(gone, str(tmp_path / "orphan"), sizes=[16], workers=1, progress=False)
+    convert(gone, str(tmp_path / "orphan"), sizes=[16], num_workers=1, progress=False)
     shutil.rmtree(gone)                            # the manifest's source folder is gone
     js = tmp_path / "s.json"
     assert main(["-q", "bench", str(tmp_path / "orphan"), "--backends", "baseline,torch,torch",
@@ -168,7 +168,7 @@ def test_bench_skips_what_cannot_run_and_rejects_bad_values(bench_set, tmp_path,
 def test_baseline_leaves_out_the_inputs_the_conversion_skipped(bench_set, tmp_path, caplog):
     src = shutil.copytree(bench_set[0], tmp_path / "src")
     (src / "a" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a JPEG")
-    convert(str(src), str(tmp_path / "shards"), sizes=[16], workers=1, progress=False)
+    convert(str(src), str(tmp_path / "shards"), sizes=[16], num_workers=1, progress=False)
     js = tmp_path / "b.json"
     argv = ["-q", "bench", str(tmp_path / "shards"), "--backends", "baseline", "--batch-size",
             "18", "--warmup", "0", "--batches", "1", "--repeat", "1", "--workers", "1",
@@ -185,7 +185,7 @@ def test_baseline_leaves_out_the_inputs_the_conversion_skipped(bench_set, tmp_pa
 def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
     src, shards = bench_set
     jpeg = str(tmp_path / "jpeg")
-    convert(src, jpeg, container="lmdb", encoding="jpeg", sizes=[16], workers=1, progress=False)
+    convert(src, jpeg, container="lmdb", encoding="jpeg", sizes=[16], num_workers=1, progress=False)
     js = tmp_path / "m.json"
     argv = ["bench", shards, jpeg, "--backends", "baseline,torch", "--batch-size", "4",
             "--warmup", "0", "--batches", "1", "--repeat", "1", "--workers", "1",
@@ -199,7 +199,7 @@ def test_one_run_compares_shard_sets(bench_set, tmp_path, capsys, caplog):
     assert "torch lmdb jpeg" in capsys.readouterr().out
     assert main(argv[:-3] + ["--size", "32"]) == 2     # not stored in the JPEG set
     assert "size 32 is not stored in" in caplog.text and "jpeg" in caplog.text
-    convert(src, str(tmp_path / "tiny"), sizes=[8], workers=1, progress=False)
+    convert(src, str(tmp_path / "tiny"), sizes=[8], num_workers=1, progress=False)
     assert main(["-q", "bench", shards, str(tmp_path / "tiny")]) == 2
     assert "share no stored size" in caplog.text
 
@@ -212,7 +212,7 @@ def test_ctrl_c_keeps_the_rows_done(bench_set, tmp_path, capsys, monkeypatch, mo
         pytest.skip("SIGINT is not Python's default handler here")
     src, shards = bench_set
     lmdb = str(tmp_path / "lmdb")
-    convert(src, lmdb, container="lmdb", sizes=[32], workers=1, progress=False)
+    convert(src, lmdb, container="lmdb", sizes=[32], num_workers=1, progress=False)
     calls, real = [], Bench._loader
 
     def loader(self, backend, ds):
@@ -380,7 +380,7 @@ def test_bench_reads_detection_and_segmentation_sets(tmp_path, kind, model):
 
     src, ann = detection_folder(tmp_path / "src", n=8, maps=True)
     out = str(tmp_path / "set")
-    convert(src, out, sizes=[32], workers=1, progress=False,
+    convert(src, out, sizes=[32], num_workers=1, progress=False,
             **({"coco": ann} if kind == "detection" else {"masks": f"{src}-maps"}))
     js = tmp_path / "b.json"
     assert main(["-q", "bench", out, "--model", model, "--backends", "baseline,torch",

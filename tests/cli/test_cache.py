@@ -19,7 +19,7 @@ def test_the_cache_is_shown_and_cleared_of_what_no_reader_holds(tmp_path, capsys
                                                                   monkeypatch):
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=8), out, sizes=[16], shard_size=5,
-            workers=1, progress=False)       # 24 samples, 5 shards
+            num_workers=1, progress=False)       # 24 samples, 5 shards
     cache = tmp_path / "cache"
     assert main(["cache", str(cache)]) == 0
     assert capsys.readouterr().out == f"{cache}: no cache here\n"

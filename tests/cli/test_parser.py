@@ -20,6 +20,15 @@ def test_the_worker_count_is_num_workers_as_in_the_loader(command):
     assert "--num-workers" in help_text
 
 
+def test_convert_names_its_options_as_the_python_api_does():
+    """``convert(num_workers=, container=)``: the command line's names are the same."""
+    parse = build_parser("convert").parse_args
+    a = parse(["convert", "s", "o", "--num-workers", "3", "--container", "lmdb"])
+    assert (a.workers, a.container) == (3, "lmdb")
+    b = parse(["convert", "s", "o", "--workers", "2", "--format", "lmdb"])  # the older names
+    assert (b.workers, b.container) == (2, "lmdb")
+
+
 def test_train_crops_by_default_to_what_the_model_is_made_for(tmp_path, caplog):
     """Without --crop a built-in model (full resolution in its first stage) trains at up to
     64 px and any other at up to 224: the stored size (here 128) made a CPU epoch crawl."""

@@ -29,7 +29,7 @@ from tests.helpers import (
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
 BUCKET = "fastdata-out"
-OPTIONS = {"sizes": [8, 16], "shard_size": 4, "workers": 1, "progress": False}
+OPTIONS = {"sizes": [8, 16], "shard_size": 4, "num_workers": 1, "progress": False}
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ from fastdata.converters import decode
 from fastdata.converters.convert import convert
 real = decode.prepare
 decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
-convert(sys.argv[1], sys.argv[2], sizes=[8, 16], shard_size=4, workers=1, progress=False)
+convert(sys.argv[1], sys.argv[2], sizes=[8, 16], shard_size=4, num_workers=1, progress=False)
 """
 
 

@@ -29,7 +29,7 @@ def odd(tmp_path):
     src = tmp_path / "src"
     expect = odd_folder(src, tmp_path / "outside")
     before = tree_digest(src)
-    m = convert(str(src), str(tmp_path / "out"), sizes=[8, 16], fit="stretch", workers=2,
+    m = convert(str(src), str(tmp_path / "out"), sizes=[8, 16], fit="stretch", num_workers=2,
                 shard_size=5, progress=False)
     return src, tmp_path / "out", m, expect, before
 
@@ -143,7 +143,7 @@ def test_on_error_raise_names_the_file(tmp_path):
     src = tmp_path / "src"
     odd_folder(src, tmp_path / "outside")
     with pytest.raises(ConversionError, match="broken/"):
-        convert(str(src), str(tmp_path / "out"), sizes=[8], on_error="raise", workers=1,
+        convert(str(src), str(tmp_path / "out"), sizes=[8], on_error="raise", num_workers=1,
                 progress=False)
 
 
@@ -170,7 +170,7 @@ def test_a_class_left_without_images_is_named_empty(tmp_path, caplog):
     Image.new("RGB", (20, 20)).save(src / "a" / "x.png")
     (src / "b" / "y.jpg").write_text("not a jpeg")
     (src / "__MACOSX" / "a" / "._x.png").write_bytes(b"\0\5\26\7")
-    m = convert(str(src), str(tmp_path / "out"), sizes=[8], workers=1, progress=False)
+    m = convert(str(src), str(tmp_path / "out"), sizes=[8], num_workers=1, progress=False)
     assert m["classes"] == ["__MACOSX", "a", "b"] and m["empty_classes"] == ["__MACOSX", "b"]
     assert "2 classes without a readable image, kept so that labels match the folder names: " \
         "__MACOSX, b" in caplog.text
@@ -181,7 +181,7 @@ def test_forked_decoders_never_collect_the_callers_garbage(tmp_path):
     after training): a worker that collected one would die (see the loader's test)."""
     src, log = plain_folder(tmp_path / "src", per_class=2), tmp_path / "freed"
     with garbage_left_for_forks(log):
-        convert(src, str(tmp_path / "out"), sizes=[8], workers=2, progress=False)
+        convert(src, str(tmp_path / "out"), sizes=[8], num_workers=2, progress=False)
     assert log.read_text().split() == [str(os.getpid())]      # freed here, and only here
 
 
@@ -199,10 +199,10 @@ def _die_on(name, real=decode.prepare):
 def test_dead_or_hung_worker_is_detected_and_skipped(tmp_path, monkeypatch, culprit, container):
     src = plain_folder(tmp_path / "src", per_class=6)
     os.rename(os.path.join(src, "b", "img_000.png"), os.path.join(src, "b", culprit))
-    convert(src, str(tmp_path / "clean"), sizes=[8], workers=2, progress=False)
+    convert(src, str(tmp_path / "clean"), sizes=[8], num_workers=2, progress=False)
     monkeypatch.setattr(decode, "prepare", _die_on(culprit))       # inherited by forked workers
     monkeypatch.setattr(pool_mod, "ITEM_TIMEOUT_S", 1.0)
-    m = convert(src, str(tmp_path / "out"), container=container, sizes=[8], workers=2,
+    m = convert(src, str(tmp_path / "out"), container=container, sizes=[8], num_workers=2,
                 progress=False)
     assert m["num_samples"] == 17
     assert [s["path"] for s in m["skipped"]] == [f"b/{culprit}"]
@@ -217,7 +217,7 @@ def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monk
     """One worker held up by its first image while the other finishes later batches: the
     shards are those of a single worker, in input order."""
     src, log = plain_folder(tmp_path / "src", per_class=8), str(tmp_path / "log")
-    convert(src, str(tmp_path / "one"), sizes=[8], workers=1, shard_size=7, progress=False)
+    convert(src, str(tmp_path / "one"), sizes=[8], num_workers=1, shard_size=7, progress=False)
 
     def prepare(path, opts, *args, real=decode.prepare):
         if path.endswith("img_000.png") and os.sep + "a" + os.sep in path:
@@ -226,7 +226,7 @@ def test_results_that_come_back_out_of_order_are_written_in_order(tmp_path, monk
             f.write(os.path.relpath(path, src) + "\n")
         return real(path, opts, *args)
     monkeypatch.setattr(decode, "prepare", prepare)     # inherited by forked workers
-    m = convert(src, str(tmp_path / "two"), sizes=[8], workers=2, shard_size=7, progress=False)
+    m = convert(src, str(tmp_path / "two"), sizes=[8], num_workers=2, shard_size=7, progress=False)
     finished = open(log).read().split()
     assert finished.index(os.path.join("a", "img_000.png")) >= 8      # a later batch was first
     assert [s["sha256"] for s in m["shards"]] == [
@@ -243,7 +243,7 @@ def test_spawned_decoders_give_the_same_shards(tmp_path, monkeypatch, encoding):
     before their slots are reused."""
     src = plain_folder(tmp_path / "src", per_class=14)
     (tmp_path / "src" / "b" / "bad.jpg").write_text("not a jpeg")
-    kw = dict(sizes=[8, 16], encoding=encoding, workers=1, shard_size=40, progress=False)
+    kw = dict(sizes=[8, 16], encoding=encoding, num_workers=1, shard_size=40, progress=False)
     forked = convert(src, str(tmp_path / "fork"), **kw)
     monkeypatch.setattr(pool_mod.mp, "get_all_start_methods", lambda: ["spawn"])
     spawned = convert(src, str(tmp_path / "spawn"), **kw)

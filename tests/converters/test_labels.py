@@ -77,12 +77,13 @@ def test_multi_label_sets_load_as_float_multi_hot_on_both_backends(flat, tmp_pat
                                                                     for k in range(N)]
     assert ds[3][1].tolist() == targets(3)
     kw = dict(batch_size=4, size=16, dtype=torch.uint8, augment=False, shuffle=False,
-              device="cpu", num_workers=2)
-    runs = [list(fastdata.Loader(out, **kw)),
-            list(fastdata.Loader(out, workers="process", **kw))]
+              device="cpu")
+    processes = fastdata.TorchBackend(workers="process", num_workers=2)
+    runs = [list(fastdata.Loader(out, num_workers=2, **kw)),
+            list(fastdata.Loader(out, backend=processes, **kw))]
     if container == "lmdb":
         pytest.importorskip("nvidia.dali")
-        runs.append(list(fastdata.Loader(out, backend="dali", **kw)))
+        runs.append(list(fastdata.Loader(out, backend="dali", num_workers=2, **kw)))
     for run in runs:
         y = torch.cat([y for _, y in run])
         assert y.dtype == torch.float32 and y.tolist() == [targets(k) for k in range(N)]

@@ -102,8 +102,8 @@ def _same_shards(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
 def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_path, container):
     local = convert(source, str(tmp_path / "local"), container=container, sizes=[8, 16],
-                    shard_size=SHARD, workers=1, progress=False)
-    r = _ray_convert(source, tmp_path / "ray", cluster, "--format", container)
+                    shard_size=SHARD, num_workers=1, progress=False)
+    r = _ray_convert(source, tmp_path / "ray", cluster, "--container", container)
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "ray" / "manifest.json") as f:
         on_ray = json.load(f)
@@ -127,7 +127,7 @@ def test_a_detection_set_on_ray_is_the_local_one(cluster, tmp_path):
     conversion's."""
     src, ann = detection_folder(tmp_path / "src", n=7)
     local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, coco=ann,
-                    workers=1, progress=False)
+                    num_workers=1, progress=False)
     r = _ray_convert(src, tmp_path / "ray", cluster, "--coco", ann)
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "ray" / "manifest.json") as f:
@@ -139,7 +139,7 @@ def test_a_detection_set_on_ray_is_the_local_one(cluster, tmp_path):
 def test_ray_tasks_upload_the_shards_the_local_converter_writes(cluster, s3, source, tmp_path,
                                                                  monkeypatch):
     monkeypatch.setitem(ENV, "FASTDATA_CACHE", str(tmp_path / "cache"))
-    local = convert(source, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, workers=1,
+    local = convert(source, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, num_workers=1,
                     progress=False)
     r = _ray_convert(source, "s3://fastdata-ray/set", cluster)
     assert r.returncode == 0, r.stderr
@@ -157,7 +157,7 @@ def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):
     temporary files of tasks in flight: ``--resume`` keeps the shards, clears the rest and
     finishes, on either engine, with the shards of an uninterrupted run."""
     whole = convert(source, str(tmp_path / "whole"), sizes=[8, 16], shard_size=SHARD,
-                    workers=1, progress=False)
+                    num_workers=1, progress=False)
     for engine, out in (("ray", tmp_path / "r"), ("local", tmp_path / "l")):
         r = _ray_convert(source, out, cluster)
         assert r.returncode == 0, r.stderr
@@ -172,7 +172,7 @@ def test_ray_resumes_what_a_killed_run_left(cluster, source, tmp_path):
             with open(out / "manifest.json") as f:
                 resumed = json.load(f)
         else:
-            resumed = convert(source, str(out), sizes=[8, 16], shard_size=SHARD, workers=1,
+            resumed = convert(source, str(out), sizes=[8, 16], shard_size=SHARD, num_workers=1,
                               resume=True, progress=False)
         _same_shards(whole, resumed)
         assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
@@ -199,7 +199,7 @@ def test_a_killed_driver_is_resumed_with_the_shards_it_placed(cluster, tmp_path)
     assert r.returncode == 0, r.stderr
     with open(out / "manifest.json") as f:
         resumed = json.load(f)
-    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, num_workers=1,
                     progress=False)
     _same_shards(whole, resumed)
     assert not [n for n in os.listdir(out) if ".tmp" in n], os.listdir(out)
@@ -236,7 +236,7 @@ def test_a_task_whose_worker_dies_is_retried(cluster, tmp_path):
     assert proc.wait(timeout=240) == 0, proc.stderr.read()
     with open(out / "manifest.json") as f:
         retried = json.load(f)
-    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, workers=1,
+    whole = convert(src, str(tmp_path / "whole"), sizes=[8, 128], shard_size=4, num_workers=1,
                     progress=False)
     _same_shards(whole, retried)
     assert verify(str(out)) == []

@@ -29,7 +29,7 @@ from fastdata.converters.convert import convert
 real = decode.prepare
 decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
 convert(sys.argv[1], sys.argv[2], container=sys.argv[3], encoding=sys.argv[4], sizes=[8, 16],
-        shard_size=4, workers=1, progress=False)
+        shard_size=4, num_workers=1, progress=False)
 """
 
 
@@ -73,9 +73,9 @@ def test_resume_after_kill_or_ctrl_c_matches_uninterrupted(tmp_path, container, 
         fastdata.open(out)
 
     resumed = convert(src, str(out), container=container, encoding=encoding, sizes=[8, 16],
-                      shard_size=4, workers=1, resume=True, progress=False)
+                      shard_size=4, num_workers=1, resume=True, progress=False)
     clean = convert(src, str(tmp_path / "clean"), container=container, encoding=encoding,
-                    sizes=[8, 16], shard_size=4, workers=1, progress=False)
+                    sizes=[8, 16], shard_size=4, num_workers=1, progress=False)
     assert resumed == clean        # same order, same shards, same checksums, whole manifest
     assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "clean"))
     assert verify(str(out)) == []
@@ -141,7 +141,7 @@ def test_lmdb_commits_fall_on_the_same_samples_after_a_resume(folder, tmp_path, 
     byte for byte, as the manifest's sizes say."""
     monkeypatch.setattr(writers, "COMMIT_BYTES", 2 * 3 * (8 * 8 + 32 * 32))    # every 2 samples
     out = tmp_path / "o"
-    kw = dict(container="lmdb", sizes=[8, 32], shard_size=5, workers=2, progress=False)
+    kw = dict(container="lmdb", sizes=[8, 32], shard_size=5, num_workers=2, progress=False)
     full = convert(folder, str(out), **kw)
     files = {s["file"]: (out / s["file"]).read_bytes() for s in full["shards"]}
     os.remove(out / full["shards"][2]["file"])
@@ -227,7 +227,7 @@ def test_verify_reads_lmdb_shards_out_of_the_page_cache_with_readahead(folder, t
     with readahead, whatever the set's size."""
     monkeypatch.setattr(fastdata.shards.set, "available_memory", lambda: 64 << 10)
     out = tmp_path / "l"
-    convert(folder, str(out), container="lmdb", sizes=[64], workers=1, progress=False)
+    convert(folder, str(out), container="lmdb", sizes=[64], num_workers=1, progress=False)
     shard = str(out / fastdata.open(out).manifest["shards"][0]["file"])
     pages = os.path.getsize(shard) // 4096
     found: list = []
@@ -245,8 +245,8 @@ def test_damaged_shards_fail_loudly_naming_the_file(folder, tmp_path):
     assert data.count(payload) == 1
     shard.write_bytes(data.replace(payload, bytes(len(payload))))    # no longer a JPEG
     for workers in ("thread", "process"):   # a worker process's error comes across as it is
-        loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu", num_workers=2,
-                                 workers=workers)
+        loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu",
+                                 backend=fastdata.TorchBackend(num_workers=2, workers=workers))
         for _ in range(2):                  # and again on the next pass, not a hang
             with pytest.raises(OSError, match=f"{shard.name}: sample 2 .* not a readable "
                                               f"JPEG.*fastdata verify"):
@@ -302,12 +302,12 @@ def test_damaged_labels_are_named_not_a_loss_error(folder, tmp_path):
 _FULL_DISK = """
 mount -t tmpfs -o size=64k tmpfs "$DISK" || exit 99
 for fmt in lmdb hdf5; do
-    $CLI convert "$SRC" "$DISK/$fmt" --format $fmt --size 16,32 --shard-size 5
+    $CLI convert "$SRC" "$DISK/$fmt" --container $fmt --size 16,32 --shard-size 5
     echo "rc $fmt $?"; ls "$DISK/$fmt"
 done
 mount -o remount,size=256m tmpfs "$DISK"
 for fmt in lmdb hdf5; do
-    $CLI convert "$SRC" "$DISK/$fmt" --format $fmt --size 16,32 --shard-size 5 --resume
+    $CLI convert "$SRC" "$DISK/$fmt" --container $fmt --size 16,32 --shard-size 5 --resume
     echo "resumed $fmt $?"
     $CLI verify "$DISK/$fmt"; echo "verify $fmt $?"
 done
@@ -330,7 +330,7 @@ def test_a_full_disk_is_an_error_and_resume_finishes(folder, tmp_path):
 
 def test_resume_without_options_takes_those_it_was_started_with(folder, tmp_path, caplog):
     out = tmp_path / "o"
-    opts = ["--format", "lmdb", "--size", "8,16", "--encoding", "jpeg", "--quality", "80",
+    opts = ["--container", "lmdb", "--size", "8,16", "--encoding", "jpeg", "--quality", "80",
             "--fit", "pad", "--shard-size", "5"]
     assert cli(["-q", "convert", folder, str(out), *opts]) == 0
     full = json.loads((out / "manifest.json").read_text())
@@ -341,7 +341,7 @@ def test_resume_without_options_takes_those_it_was_started_with(folder, tmp_path
         caplog.clear()
         assert cli(["convert", folder, str(out), "--resume"]) == 0
         where = "manifest.json" if len(gone) == 1 else "shard-00000.lmdb"
-        assert f"resuming with the options recorded in {out / where}: --format lmdb --size " \
+        assert f"resuming with the options recorded in {out / where}: --container lmdb --size " \
                f"8,16 --encoding jpeg --quality 80 --fit pad --shard-size 5" in caplog.text
         assert json.loads((out / "manifest.json").read_text()) == full
     assert cli(["-q", "convert", folder, str(out), "--resume", "--size", "8"]) == 2  # given: used

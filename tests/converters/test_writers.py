@@ -20,7 +20,7 @@ def test_a_file_size_limit_is_one_line_naming_the_shard_and_the_fix(tmp_path, co
     """h5py's error ran over several lines, with its buffer's address and the time."""
     src = plain_folder(tmp_path / "src", per_class=4)
     r = subprocess.run([sys.executable, "-m", "fastdata.cli", "-q", "convert", src,
-                        str(tmp_path / "o"), "--size", "256", "--format", container],
+                        str(tmp_path / "o"), "--size", "256", "--container", container],
                        capture_output=True, text=True, timeout=120, preexec_fn=_small_files)
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]

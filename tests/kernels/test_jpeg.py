@@ -85,11 +85,12 @@ def test_records_it_refuses_are_decoded_whole():
 def test_a_loader_gives_the_same_batches_with_and_without_it(tmp_path, monkeypatch, workers):
     out = str(tmp_path / "jpeg")
     convert(plain_folder(tmp_path / "src", per_class=8, size=(70, 50)), out, sizes=[32],
-            encoding="jpeg", shard_size=5, workers=1, progress=False)
+            encoding="jpeg", shard_size=5, num_workers=1, progress=False)
 
     def batches():
-        loader = fastdata.Loader(out, batch_size=6, crop=24, device="cpu", num_workers=2,
-                                 workers=workers, seed=3)
+        loader = fastdata.Loader(out, batch_size=6, crop=24, device="cpu",
+                                 backend=fastdata.TorchBackend(num_workers=2, workers=workers),
+                                 seed=3)
         return [(x.clone(), y.clone()) for e in range(2) if not loader.set_epoch(e)
                 for x, y in loader]
     calls = []

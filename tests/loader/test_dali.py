@@ -28,7 +28,7 @@ def jpeg_shards(tmp_path_factory, shards):
     for c in ("hdf5", "lmdb"):
         out[c] = str(tmp / f"jpeg-{c}")
         convert(src, out[c], container=c, encoding="jpeg", sizes=[16, 32], shard_size=7,
-                workers=1, progress=False)
+                num_workers=1, progress=False)
     return out
 
 
@@ -89,7 +89,7 @@ def test_raw_batches_reuse_a_few_arrays(shards, container, monkeypatch):
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert sorted(i for b in seen(loader, ids) for i in b) == list(range(N))
-    assert len(made) <= 2 * loader.prefetch + 4 < 3 * len(loader)
+    assert len(made) <= 2 * loader.backend.prefetch + 4 < 3 * len(loader)
 
 
 def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):
@@ -106,7 +106,7 @@ def test_cpu_batches_come_from_a_pool_and_held_ones_stay_intact(shards):
     assert order == list(range(N))
     del held
     ptrs = {x.data_ptr() for x, _ in loader}     # let go as it goes: a few buffers, reused
-    assert len(ptrs) <= 2 * loader.prefetch + 4 < len(loader)
+    assert len(ptrs) <= 2 * loader.backend.prefetch + 4 < len(loader)
 
 
 @pytest.mark.parametrize("kind", ["hdf5", "jpeg-lmdb"])
@@ -171,7 +171,7 @@ def test_a_new_crop_every_epoch_keeps_one_pipeline(shards):
         loader.crop = 8 + 2 * epoch
         assert {x.shape[-1] for x, _ in loader} == {loader.crop}
         threads.append(len(os.listdir("/proc/self/task")) if os.path.isdir("/proc") else 0)
-    assert len(loader._backend._pipes) == 1
+    assert len(loader.backend._pipes) == 1
     assert threads[-1] <= threads[1], threads
 
 
@@ -188,12 +188,14 @@ def test_missing_dali_names_the_extra_and_import_stays_light(shards):
     assert "pip install 'fastdata-shards[dali]'" in r.stdout and "backend='dali'" in r.stdout
 
 
-def test_torch_only_arguments_are_named_not_silently_dropped(shards):
-    with pytest.warns(UserWarning, match=r"workers='process', mp_context='spawn' apply to the "
-                                         r"torch backend only and are ignored"):
-        loader = fastdata.Loader(shards["hdf5"], backend="dali", batch_size=4, device="cpu",
-                                 workers="process", mp_context="spawn")
+def test_a_dali_backend_takes_its_own_options(shards):
+    backend = fastdata.DaliBackend(num_workers=1, prefetch=1)
+    loader = fastdata.Loader(shards["hdf5"], backend=backend, batch_size=4, device="cpu")
+    assert loader.backend.threads == 1 and loader.backend.host.num_workers == 1
     assert len(labels_of(loader)) == len(loader)
+    with pytest.raises(ValueError, match=r"prefetch given beside backend=DaliBackend\("
+                                         r"num_workers=1, prefetch=1\)"):
+        fastdata.Loader(shards["hdf5"], backend=backend, batch_size=4, prefetch=3)
 
 
 def test_fork_child_does_not_destroy_inherited_pipelines(shards):
@@ -203,7 +205,7 @@ def test_fork_child_does_not_destroy_inherited_pipelines(shards):
     import faulthandler
     import gc
 
-    from fastdata.loader import dali_backend
+    from fastdata.loader import dali_ops
 
     threshold = gc.get_threshold()
     gc.collect()
@@ -226,7 +228,7 @@ def test_fork_child_does_not_destroy_inherited_pipelines(shards):
         gc.enable()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     gc.collect()
-    assert not dali_backend._HELD and not list(dali_backend._PIPELINES)    # the parent frees it
+    assert not dali_ops._HELD and not list(dali_ops._PIPELINES)    # the parent frees it
 
 
 @gpu

@@ -20,14 +20,14 @@ def sets(tmp_path_factory):
     src, ann = detection_folder(tmp / "src", n=10, maps=True)
     out = {"segmentation": str(tmp / "segmentation")}
     convert(src, out["segmentation"], sizes=[64, 128], masks=f"{src}-maps", shard_size=4,
-            workers=1, progress=False)
+            num_workers=1, progress=False)
     for container, encoding, fit in (("hdf5", "raw", "crop"), ("lmdb", "raw", "crop"),
                                      ("hdf5", "raw", "pad"), ("hdf5", "raw", "stretch"),
                                      ("hdf5", "jpeg", "crop")):
         key = f"{container}-{encoding}-{fit}"
         out[key] = str(tmp / key)
         convert(src, out[key], container=container, encoding=encoding, fit=fit,
-                sizes=[64, 128], coco=ann, shard_size=4, workers=1, progress=False)
+                sizes=[64, 128], coco=ann, shard_size=4, num_workers=1, progress=False)
     return out
 
 
@@ -116,7 +116,8 @@ def test_threads_processes_and_containers_give_the_same_targets(sets):
         return [t for _, ts in ld for t in ts]
 
     a = all_targets(sets["hdf5-raw-crop"], num_workers=0)
-    for path, kw in ((sets["hdf5-raw-crop"], {"num_workers": 2, "workers": "process"}),
+    processes = fastdata.TorchBackend(num_workers=2, workers="process")
+    for path, kw in ((sets["hdf5-raw-crop"], {"backend": processes}),
                      (sets["lmdb-raw-crop"], {"num_workers": 2}),
                      (sets["hdf5-jpeg-crop"], {"num_workers": 2})):
         b = all_targets(path, **kw)
@@ -228,7 +229,8 @@ def test_class_maps_follow_crops_and_flips(sets):
     r = math.ceil(64 / math.sqrt(0.25 * 128 ** 2 * 0.75))
     for workers in ("thread", "process"):
         ld = fastdata.Loader(sets["segmentation"], batch_size=5, crop=64, dtype="uint8",
-                             device="cpu", num_workers=2, workers=workers, seed=1,
+                             device="cpu", backend=fastdata.TorchBackend(num_workers=2,
+                                                                         workers=workers), seed=1,
                              scale=(0.25, 1.0))
         for epoch in range(2):
             ld.set_epoch(epoch)

@@ -16,6 +16,7 @@ import fastdata
 from fastdata.converters.convert import convert
 from tests.helpers import (
     N,
+    backend_of,
     ids_of,
     plain_folder,
     plain_loader,
@@ -34,8 +35,9 @@ def test_partition_eval_exactly_once_train_equal_disjoint(shards, container, wor
     flat = sorted(i for per_rank in evals for b in per_rank for i in b)
     assert flat == list(range(N))                       # every sample exactly once
     kind = "process" if container == "lmdb" else "thread"
-    trains = [plain_loader(ds, train=True, rank=r, world_size=world, num_workers=workers,
-                   workers=kind) for r in range(world)]
+    trains = [plain_loader(ds, train=True, rank=r, world_size=world,
+                           backend=fastdata.TorchBackend(num_workers=workers,
+                                                         workers=kind)) for r in range(world)]
     got = [seen(loader, ids) for loader in trains]
     per_rank = (N // world) // 4
     assert all(len(g) == per_rank == len(t) for g, t in zip(got, trains))
@@ -90,8 +92,8 @@ def test_resume_on_another_layout_reads_the_rest_of_the_epoch_once(shards, backe
             read += [ids[hashlib.md5(x.tobytes()).hexdigest()]
                      for x in images.permute(0, 2, 3, 1).contiguous().numpy()]
     state = old[1].state_dict()
-    new = [plain_loader(ds, seed=3, batch_size=3, rank=r, world_size=2, num_workers=2,
-                        backend=backend, workers=workers) for r in range(2)]
+    new = [plain_loader(ds, seed=3, batch_size=3, rank=r, world_size=2,
+                        backend=backend_of(backend, workers)) for r in range(2)]
     for loader in new:
         loader.load_state_dict(state)
     assert [loader.batches_left() for loader in new] == [1, 1]      # (23 - 12) // 2 // 3
@@ -121,7 +123,7 @@ def test_a_split_order_is_the_same_on_both_backends(shards):
 def test_each_loop_starts_the_epoch_like_a_dataloader(shards, workers):
     ds = fastdata.open(shards["hdf5"])
     ids = ids_of(ds)
-    loader = plain_loader(ds, seed=3, num_workers=2, workers=workers)
+    loader = plain_loader(ds, seed=3, backend=fastdata.TorchBackend(num_workers=2, workers=workers))
     full = seen(loader, ids)
     next(iter(loader))                  # a peek at one batch is not lost from the next loop
     assert seen(loader, ids) == full
@@ -156,7 +158,7 @@ def test_cuda_batches_never_make_the_host_wait_for_the_gpu(shards, backend, reci
         next(it)
     streams = [torch.cuda.current_stream()]
     if backend == "torch":
-        streams.append(loader._backend._stream)
+        streams.append(loader.backend._stream)
     time.sleep(0.5)                         # the readers fill the read-ahead meanwhile
     t0 = time.perf_counter()
     for s in streams:
@@ -174,7 +176,8 @@ def test_cuda_batches_never_make_the_host_wait_for_the_gpu(shards, backend, reci
 def test_float_output_contract_and_determinism(shards):
     def run(workers, kind):
         loader = fastdata.Loader(shards["hdf5"], batch_size=5, size=32, crop=24, device="cpu",
-                                 num_workers=workers, workers=kind, seed=9,
+                                 backend=fastdata.TorchBackend(num_workers=workers, workers=kind),
+                                 seed=9,
                                  channels_last=True, dtype="bfloat16")
         return list(loader)
     a, b = run(0, "thread"), run(2, "process")
@@ -213,7 +216,8 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
     same batches as on the CPU, the contract's dtype and layout, the same geometry. Forked
     worker processes must leave pinning to the parent."""
     kw = dict(batch_size=4, size=32, crop=24, train=train, seed=1, num_workers=2, dtype=dtype)
-    g = fastdata.Loader(shards["hdf5"], device="cuda", workers=workers, mp_context="fork",
+    g = fastdata.Loader(shards["hdf5"], device="cuda",
+                        backend=fastdata.TorchBackend(workers=workers, mp_context="fork"),
                         **kw)
     c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, **kw)
     n = 0
@@ -244,13 +248,13 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
     ({"size": 64}, "size 64 is not stored.*16, 32"),
     ({"size": 20}, "not a power of two"),
     ({"dtype": "int4"}, "dtype='int4' is not valid; choose one of float32"),
-    ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),
-    ({"mp_context": "clone"}, "mp_context='clone' is not valid; choose one of fork, spawn"),
     ({"seed": "a"}, "seed='a' is not valid; use an integer >= 0"),
     ({"seed": -1}, "seed=-1 is not valid"),
     ({"rank": 2, "world_size": 2}, "rank=2 is not valid for world_size=2"),
     ({"device": "tpu"}, "device"),
     ({"num_workers": -1}, "num_workers=-1"),
+    ({"backend": fastdata.TorchBackend(), "num_workers": 2},
+     r"num_workers given beside backend=TorchBackend\(\): give them to the backend"),
     ({"num_workers": True}, "num_workers=True is not valid; use an integer >= 0"),
     ({"prefetch": 0}, "prefetch=0 is not valid; use an integer >= 1"),
     ({"batch_size": 4.0}, "batch_size=4.0 is not valid; use an integer >= 1"),
@@ -270,6 +274,30 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
 def test_bad_arguments(shards, kw, match):
     with pytest.raises((ValueError, RuntimeError), match=match):
         fastdata.Loader(shards["hdf5"], **{"batch_size": 4, **kw})
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"workers": "fiber"}, "workers='fiber' is not valid; choose one of thread, process"),
+    ({"mp_context": "clone"}, "mp_context='clone' is not valid; choose one of fork, spawn"),
+    ({"jpeg_decode": "nvjpeg"}, "jpeg_decode='nvjpeg' is not valid; choose one of auto"),
+    ({"num_workers": -1}, "num_workers=-1 is not valid"),
+    ({"prefetch": 0}, "prefetch=0 is not valid; use an integer >= 1"),
+])
+def test_bad_backend_options(kw, match):
+    with pytest.raises(ValueError, match=match):
+        fastdata.TorchBackend(**kw)
+
+
+def test_one_backend_configures_several_loaders_each_with_its_own_workers(shards):
+    """The instance is options: each loader binds its own copy (its threads, its processes)."""
+    backend = fastdata.TorchBackend(workers="process", num_workers=2)
+    a, b = (plain_loader(shards["hdf5"], backend=backend, train=t) for t in (True, False))
+    assert a.backend is not b.backend and a.backend.host is not b.backend.host
+    assert len(list(a)) == len(a) and len(list(b)) == len(b)
+    assert a.backend.processes == 2 and repr(backend) in repr(a)
+    a.close()
+    assert len(list(b)) == len(b)        # closing one loader leaves the other's workers
+    b.close()
 
 
 @pytest.mark.parametrize("call, match", [
@@ -310,19 +338,22 @@ def jpeg_shards(tmp_path_factory):
     src = plain_folder(tmp / "src", per_class=4)
     for encoding in ("jpeg", "raw"):        # raw: the pixels the JPEGs were encoded from
         convert(src, str(tmp / encoding), encoding=encoding, sizes=[32], shard_size=5,
-                workers=1, progress=False)
+                num_workers=1, progress=False)
     return str(tmp / "jpeg")
 
 
 def test_jpeg_decode_is_chosen_by_device_and_a_bad_choice_is_named(jpeg_shards, shards):
-    assert fastdata.Loader(jpeg_shards, batch_size=2, device="cpu").jpeg_decode == "cpu"
+    assert fastdata.Loader(jpeg_shards, batch_size=2, device="cpu").backend.jpeg_decode == "cpu"
     with pytest.raises(ValueError, match="jpeg_decode='gpu' needs a CUDA device, not cpu"):
-        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu", jpeg_decode="gpu")
+        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu",
+                        backend=fastdata.TorchBackend(jpeg_decode="gpu"))
     with pytest.raises(ValueError, match="this set stores raw"):
-        fastdata.Loader(shards["hdf5"], batch_size=2, device="cpu", jpeg_decode="gpu")
+        fastdata.Loader(shards["hdf5"], batch_size=2, device="cpu",
+                        backend=fastdata.TorchBackend(jpeg_decode="gpu"))
     with pytest.raises(ValueError, match="jpeg_decode='nvjpeg' is not valid; choose one of "
                                          "auto, cpu, gpu"):
-        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu", jpeg_decode="nvjpeg")
+        fastdata.Loader(jpeg_shards, batch_size=2, device="cpu",
+                        backend=fastdata.TorchBackend(jpeg_decode="nvjpeg"))
 
 
 @pytest.mark.gpu
@@ -335,12 +366,12 @@ def test_jpeg_shards_decoded_on_the_gpu_match_the_cpu_decode(jpeg_shards, worker
     ok, why = gpu_jpeg_available()
     if not ok:
         pytest.skip(why)
-    kw = dict(batch_size=4, device="cuda", dtype=torch.uint8, train=False, num_workers=2,
-              workers=workers)
-    gpu = fastdata.Loader(jpeg_shards, jpeg_decode="auto", **kw)
-    cpu = fastdata.Loader(jpeg_shards, jpeg_decode="cpu", **kw)
+    kw = dict(batch_size=4, device="cuda", dtype=torch.uint8, train=False,
+              backend=fastdata.TorchBackend(num_workers=2, workers=workers))
+    gpu = fastdata.Loader(jpeg_shards, backend=fastdata.TorchBackend(jpeg_decode="auto"), **kw)
+    cpu = fastdata.Loader(jpeg_shards, backend=fastdata.TorchBackend(jpeg_decode="cpu"), **kw)
     raw = fastdata.Loader(os.path.join(os.path.dirname(jpeg_shards), "raw"), **kw)
-    assert gpu.jpeg_decode == "gpu"
+    assert gpu.backend.jpeg_decode == "gpu"
     for (a, la), (b, lb), (c, lc) in zip(gpu, cpu, raw):
         assert torch.equal(la, lb) and torch.equal(la, lc) and a.shape == b.shape == c.shape
         off_gpu, off_cpu, apart = ((u.float() - v.float()).abs().mean().item()
@@ -377,8 +408,8 @@ def _wrong_size(image, rng):
 @pytest.mark.parametrize("workers", ["thread", "process"])
 def test_a_failing_sample_transform_names_the_sample_and_its_shard(shards, workers):
     """Its error named neither the sample nor the shard."""
-    kw = dict(batch_size=4, size=16, device="cpu", train=False, num_workers=1,
-              workers=workers)
+    kw = dict(batch_size=4, size=16, device="cpu", train=False,
+              backend=fastdata.TorchBackend(num_workers=1, workers=workers))
     ds = fastdata.open(shards["hdf5"])
     shard = r"shard-0000\d\.h5, its sample \d"
     with pytest.raises(RuntimeError, match="no red images here") as e:
@@ -404,8 +435,8 @@ def test_a_hook_that_hangs_meets_the_deadline_naming_the_batch(shards, backend, 
     """A sample_transform that never returned hung the loader for good."""
     if backend == "dali":
         pytest.importorskip("nvidia.dali")
-    kw = dict(backend=backend, batch_size=4, size=16, device="cpu", train=False,
-              num_workers=2, workers=workers)
+    kw = dict(backend=backend_of(backend, workers), batch_size=4, size=16, device="cpu",
+              train=False)
     assert len(list(fastdata.Loader(shards["hdf5"], timeout=5, **kw))) == 6   # in time
     _RELEASE.clear()
     loader = fastdata.Loader(shards["hdf5"], sample_transform=_hangs_on_red, timeout=0.05,
@@ -419,7 +450,7 @@ def test_a_hook_that_hangs_meets_the_deadline_naming_the_batch(shards, backend, 
         _RELEASE.set()
     assert time.monotonic() - started < 30
     named = r"sample \d+ \(shard-0000\d\.h5, its sample \d\)"
-    if workers == "thread" and backend == "torch":
+    if workers == "thread":        # both backends' reader threads name the sample
         assert re.search(rf"sample_transform has not returned on {named}", str(e.value))
     else:
         assert re.search(rf"its first sample: {named}", str(e.value))

@@ -23,6 +23,10 @@ from tests.helpers import (
     seen,
 )
 
+#: the loaders' backends (each loader works on its own copy)
+FORKED = fastdata.TorchBackend(num_workers=2, workers="process", mp_context="fork")
+PROCESSES = fastdata.TorchBackend(num_workers=2, workers="process")
+
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_process_workers_fork_and_spawn(shards, method):
@@ -30,7 +34,9 @@ def test_process_workers_fork_and_spawn(shards, method):
     ds.read_batch([0])                                  # handles open in the parent first
     ids = ids_of(ds)
     ref = seen(plain_loader(ds, seed=5, num_workers=0), ids)
-    got = seen(plain_loader(ds, seed=5, num_workers=2, workers="process", mp_context=method), ids)
+    got = seen(plain_loader(ds, seed=5, backend=fastdata.TorchBackend(num_workers=2,
+                                                                      workers="process",
+                                                                      mp_context=method)), ids)
     assert got == ref
 
 
@@ -53,8 +59,8 @@ def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(
     kw = dict(batch_size=2, train=False, **opts)
     ref = [x.clone() for x, _ in plain_loader(ds, **kw)]
     before = children()
-    loader = plain_loader(ds, num_workers=2, workers="process", mp_context="fork", **kw)
-    lent = 2 * loader.prefetch + 2
+    loader = plain_loader(ds, backend=FORKED, **kw)
+    lent = 2 * loader.backend.host.prefetch + 2
     held = list(loader)
     workers = children() - before
     assert len(workers) == 2
@@ -62,7 +68,7 @@ def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(
     assert all(torch.equal(x, r) for (x, _), r in zip(held, ref))
     assert len({x.untyped_storage().data_ptr() for x, _ in held}) == len(held)
     del held
-    ring = {s.data_ptr() for s in loader._backend._workers.ring.storages}
+    ring = {s.data_ptr() for s in loader.backend.host._workers.ring.storages}
     assert len(ring) == lent
 
     def one_pass():
@@ -91,14 +97,14 @@ def test_worker_processes_that_raised_are_gone_at_once(tmp_path):
     reached the pool."""
     src = plain_folder(tmp_path / "src", per_class=4)
     out = tmp_path / "jpeg"
-    convert(src, str(out), encoding="jpeg", sizes=[16], shard_size=4, workers=1,
+    convert(src, str(out), encoding="jpeg", sizes=[16], shard_size=4, num_workers=1,
             progress=False)
     ds = fastdata.open(out)
     payload = bytes(ds.read_encoded([5])[0])
     shard = out / ds.manifest["shards"][1]["file"]
     shard.write_bytes(shard.read_bytes().replace(payload, bytes(len(payload))))
     before = children()
-    loader = plain_loader(str(out), train=False, num_workers=2, workers="process")
+    loader = plain_loader(str(out), train=False, backend=PROCESSES)
     for _ in range(2):
         with pytest.raises(OSError, match="not a readable JPEG"):
             list(loader)
@@ -115,8 +121,7 @@ def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards)
     next(rest)
     state = other.state_dict()
     want = [x for x, _ in rest]
-    loader = plain_loader(shards["hdf5"], seed=1, num_workers=2, workers="process",
-                          mp_context="fork",
+    loader = plain_loader(shards["hdf5"], seed=1, backend=FORKED,
                   **kw)
     assert len(list(loader)) == len(loader)
     loader.load_state_dict(state)
@@ -127,9 +132,8 @@ def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards)
 def test_a_worker_process_killed_mid_pass_is_an_error_and_the_next_pass_has_new_ones(shards):
     """Whatever the main thread is doing when a worker is killed, later passes run."""
     before = children()
-    loader = plain_loader(shards["hdf5"], batch_size=2, train=False, num_workers=2,
-                          workers="process",
-                  mp_context="fork")
+    loader = plain_loader(shards["hdf5"], batch_size=2, train=False,
+                          backend=FORKED)
     assert len(list(loader)) == len(loader)
     workers = children() - before
     rest = iter(loader)
@@ -155,8 +159,7 @@ def test_forked_workers_never_collect_the_parents_garbage(shards, tmp_path,
         gc.freeze()
     try:
         with garbage_left_for_forks(log):
-            loader = plain_loader(shards["hdf5"], num_workers=2, workers="process",
-                                  mp_context="fork")
+            loader = plain_loader(shards["hdf5"], backend=FORKED)
             assert len(list(loader)) == len(loader)
             if frozen_by_the_program:
                 assert gc.get_freeze_count() > 0 and keep
@@ -170,7 +173,7 @@ def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
     """The crash itself, on a GPU: a CUDA tensor in a garbage cycle, collected in a forked
     worker, killed it ("CUDA error: initialization error")."""
     with garbage_left_for_forks(tmp_path / "freed", tensor=torch.ones(4, device="cuda")):
-        loader = plain_loader(shards["hdf5"], num_workers=2, workers="process", mp_context="fork",
+        loader = plain_loader(shards["hdf5"], backend=FORKED,
                       device="cuda")
         assert len(list(loader)) == len(loader)
 
@@ -187,10 +190,10 @@ def test_a_worker_that_died_holding_the_shared_event_lock_does_not_hang_the_shut
     import multiprocessing
     import threading
 
-    loader = plain_loader(shards["hdf5"], num_workers=2, workers="process", mp_context="fork")
+    loader = plain_loader(shards["hdf5"], backend=FORKED)
     it = iter(loader)
     next(it)
-    workers = loader._backend._workers
+    workers = loader.backend.host._workers
     lock = workers._iterator._workers_done_event._cond
     holder = multiprocessing.get_context("fork").Process(target=_take_and_exit, args=(lock,))
     holder.start()
@@ -228,8 +231,8 @@ def test_a_worker_error_is_not_replaced_by_its_workers_being_stopped(tmp_path, m
 
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "terminate", terminate_and_wait)
     monkeypatch.setattr(signal_handling, "_set_worker_signal_handlers", lambda *a: None)
-    loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu", num_workers=2,
-                             workers="process", mp_context="fork")
+    loader = fastdata.Loader(out, batch_size=4, train=False, device="cpu",
+                             backend=FORKED)
     for _ in range(3):
         with pytest.raises(OSError, match=f"{shard.name}: sample 2 .* not a readable JPEG"):
             list(loader)

@@ -41,8 +41,10 @@ def open_kwargs(images, labels, **kwargs):
 
 
 def run(path, **kw):
-    args = dict(batch_size=4, size=16, crop=16, device="cpu", seed=3, num_workers=2,
-                augment=False, shuffle=False)
+    args = dict(batch_size=4, size=16, crop=16, device="cpu", seed=3, augment=False,
+                shuffle=False)
+    if not isinstance(kw.get("backend"), fastdata.Backend):     # an instance has its own
+        args["num_workers"] = 2
     return list(fastdata.Loader(path, **{**args, **kw}))
 
 
@@ -63,7 +65,8 @@ def test_how_each_kind_of_callable_is_called():
     assert takes_tensor(Invert()) and not takes_tensor(lambda image, rng: image)
 
 
-@pytest.mark.parametrize("kw", [{}, {"workers": "process"}, {"num_workers": 0}])
+@pytest.mark.parametrize("kw", [{}, {"backend": fastdata.TorchBackend(workers="process")},
+                                {"num_workers": 0}])
 def test_a_module_is_a_batch_transform_on_every_worker_kind(shards, kw):
     plain = run(shards["hdf5"])
     for module, check in ((Darken(), lambda a, b, la, lb: (torch.equal(lb, la + 1),
@@ -87,7 +90,7 @@ def test_a_module_is_a_batch_transform_on_the_dali_backend(shards):
         assert torch.allclose(b, a * 0.5) and torch.equal(lb, la + 1)
 
 
-@pytest.mark.parametrize("kw", [{}, {"workers": "process"}])
+@pytest.mark.parametrize("kw", [{}, {"backend": fastdata.TorchBackend(workers="process")}])
 def test_a_module_is_a_sample_transform_on_chw_uint8_tensors(shards, kw):
     """A module gets each stored image as torchvision's transforms take one, (3, S, S)
     uint8: ``Invert`` mirrors it along its last axis, the image's width."""

@@ -100,7 +100,7 @@ def test_damaged_sets_end_in_data_or_a_clean_error(tmp_path, container, encoding
     src = plain_folder(tmp_path / "src", per_class=3)
     good = tmp_path / "good"
     convert(src, str(good), container=container, encoding=encoding, sizes=[8], shard_size=4,
-            workers=1, progress=False)
+            num_workers=1, progress=False)
     rng = random.Random(f"{container}/{encoding}")
     cases = []
     for k in range(CASES):
@@ -164,7 +164,7 @@ def test_edited_labels_files_end_in_a_set_or_one_clean_error(tmp_path, table):
             csv.writer(f).writerows(rows)
         out = str(tmp_path / f"o{case}")
         try:
-            m = convert(src, out, sizes=[8], labels=str(labels), workers=1, progress=False)
+            m = convert(src, out, sizes=[8], labels=str(labels), num_workers=1, progress=False)
         except (ValueError, ConversionError) as e:
             assert "\n" not in str(e), (case, rows, e)
             continue
@@ -213,9 +213,9 @@ def test_misbehaving_hooks_end_in_an_error_that_names_them(tmp_path, hooks, work
     import fastdata
 
     src = plain_folder(tmp_path / "src", per_class=3)
-    convert(src, str(tmp_path / "s"), sizes=[8], workers=1, progress=False)
-    loader = fastdata.Loader(str(tmp_path / "s"), batch_size=3, device="cpu", num_workers=1,
-                             workers=workers, **hooks)
+    convert(src, str(tmp_path / "s"), sizes=[8], num_workers=1, progress=False)
+    loader = fastdata.Loader(str(tmp_path / "s"), batch_size=3, device="cpu",
+                             backend=fastdata.TorchBackend(num_workers=1, workers=workers), **hooks)
     with pytest.raises(Exception) as e:
         list(loader)
     text = str(e.value) + "".join(getattr(e.value, "__notes__", []))

@@ -15,7 +15,7 @@ def local_set(tmp_path_factory) -> str:
     """24 samples in 5 raw HDF5 shards at 16 px."""
     tmp = tmp_path_factory.mktemp("remote")
     out = str(tmp / "set")
-    convert(plain_folder(tmp / "src", per_class=8), out, sizes=[16], shard_size=5, workers=1,
+    convert(plain_folder(tmp / "src", per_class=8), out, sizes=[16], shard_size=5, num_workers=1,
             progress=False)
     return out
 

@@ -22,9 +22,9 @@ def two(tmp_path_factory) -> list[str]:
     tmp = tmp_path_factory.mktemp("mixture")
     out = [str(tmp / "a"), str(tmp / "b")]
     convert(plain_folder(tmp / "src-a", per_class=8), out[0], sizes=[16, 32], shard_size=7,
-            workers=1, progress=False)
+            num_workers=1, progress=False)
     convert(plain_folder(tmp / "src-b", classes=("c", "d"), per_class=5, seed=9), out[1],
-            container="lmdb", sizes=[16], shard_size=4, workers=1, progress=False)
+            container="lmdb", sizes=[16], shard_size=4, num_workers=1, progress=False)
     return out
 
 
@@ -202,7 +202,7 @@ def test_a_mixtures_state_does_not_resume_a_plain_set_nor_the_reverse(two):
 
 def test_sets_of_another_encoding_do_not_mix(two, tmp_path):
     jpeg = str(tmp_path / "jpeg")
-    convert(plain_folder(tmp_path / "src"), jpeg, encoding="jpeg", sizes=[16], workers=1,
+    convert(plain_folder(tmp_path / "src"), jpeg, encoding="jpeg", sizes=[16], num_workers=1,
             progress=False)
     with pytest.raises(ValueError, match="cannot mix .* \\(encoding raw\\) with .*jpeg"):
         fastdata.Mixture([two[0], jpeg])
@@ -211,7 +211,8 @@ def test_sets_of_another_encoding_do_not_mix(two, tmp_path):
 def test_worker_processes_read_a_mixture_as_threads_do(two):
     m = fastdata.Mixture(two, weights=[1, 1], epoch_size=32)
     ids = ids_of(m)
-    threads, procs = (read(plain_loader(m, num_workers=2, workers=w, with_source=True), ids)
+    threads, procs = (read(plain_loader(m, backend=fastdata.TorchBackend(num_workers=2, workers=w),
+                                        with_source=True), ids)
                       for w in ("thread", "process"))
     assert threads == procs and len(threads) == 8
 

@@ -70,7 +70,7 @@ def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, mon
     src = plain_folder(tmp_path / "src")
     sets = {c: str(tmp_path / c) for c in ("hdf5", "lmdb")}
     for c, out in sets.items():
-        convert(src, out, container=c, sizes=[128], workers=1, progress=False)
+        convert(src, out, container=c, sizes=[128], num_workers=1, progress=False)
     kw = dict(batch_size=4, device="cpu", num_workers=0, dtype=torch.uint8, augment=False)
 
     def cold(path, train, batches=None):

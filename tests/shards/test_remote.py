@@ -216,7 +216,8 @@ def _read_all(url, cache_dir, **kw) -> list[int]:
 
 
 def _read_in_process(url, cache_dir, conn) -> None:
-    loader = plain_loader(url, num_workers=2, workers="process", cache_dir=cache_dir,
+    loader = plain_loader(url, backend=fastdata.TorchBackend(num_workers=2, workers="process"),
+                          cache_dir=cache_dir,
                           seed=os.getpid())
     conn.send(sum(x.shape[0] for x, _ in loader))
 
@@ -310,7 +311,7 @@ def test_a_shard_that_keeps_failing_is_one_line_naming_it(http_set, local_set, t
     assert f"{url}/{first}" in str(e.value) and "\n" not in str(e.value)
     key = shard_key(fastdata.open(local_set).manifest["shards"][0], "hdf5")
     assert key not in os.listdir(tmp_path / "objects")        # nothing wrong kept
-    deadline = time.monotonic() + 20        # a prefetch of it may still be failing
+    deadline = time.monotonic() + 20        # a fetch-ahead of it may still be failing
     while [n for n in os.listdir(tmp_path / "tmp") if n.startswith(key)]:
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -419,11 +420,11 @@ def test_a_shuffle_over_windows_opens_one_window_for_the_first_batch(http_set, t
 def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers):
     """12 shards, a cache of 6 and a window of 2: every epoch reads every sample once, the
     cache never holds more than its limit, and each shard comes about once an epoch: the
-    finished windows' shards make room, the prefetch runs no further ahead than the cache
+    finished windows' shards make room, the fetch-ahead runs no further ahead than the cache
     holds."""
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
-            workers=1, shuffle=True, progress=False)
+            num_workers=1, shuffle=True, progress=False)
     shard = max(os.path.getsize(os.path.join(out, f)) for f in shard_files(out))
     server = FileServer(out)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -437,7 +438,8 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
             time.sleep(0.002)
     threading.Thread(target=watch, daemon=True).start()
     try:
-        loader = plain_loader(url, num_workers=2, workers=workers, shuffle_window=2,
+        loader = plain_loader(url, backend=fastdata.TorchBackend(num_workers=2, workers=workers),
+                              shuffle_window=2,
                               cache_dir=tmp_path / "cache", cache_limit=limit)
         for epoch in range(3):
             loader.set_epoch(epoch)
@@ -459,13 +461,13 @@ def test_a_set_larger_than_the_cache_is_read_window_by_window(tmp_path, workers)
 def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path, monkeypatch,
                                                                        ranks):
     """Windows of 2 read slowly through a cache of 6 shards a rank: half of a rank's share is
-    its prefetch's, so 3 shards are fetched ahead of those the pass has begun to read, in the
+    its fetch-ahead's, so 3 shards are fetched ahead of those the pass has begun to read, in the
     middle of a window too (where counting the window's shards against that half left room
     for one). With ``shard_split`` and 2 ranks on the node (``LOCAL_WORLD_SIZE``), which read
     other shards into the same cache of 12, each plans on its half: 3 ahead, not 6."""
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20 * ranks), out, sizes=[16],
-            shard_size=5, workers=1, shuffle=True, progress=False)
+            shard_size=5, num_workers=1, shuffle=True, progress=False)
     shard = max(os.path.getsize(os.path.join(out, f)) for f in shard_files(out))
     server = FileServer(out)
     server.delay = 0.05
@@ -479,7 +481,7 @@ def test_a_bounded_cache_fetches_shards_ahead_of_the_window_being_read(tmp_path,
         shard_of = loader.dataset.locate(np.concatenate(loader.order.batches()))[0]
         ahead = []
         for k, _ in enumerate(loader):      # the 12 shards this rank reads, 5 samples a batch
-            time.sleep(0.4)     # the prefetch does all it may meanwhile
+            time.sleep(0.4)     # the fetch-ahead does all it may meanwhile
             begun = len(set(shard_of[:5 * (k + 1)].tolist()))
             ahead.append(sum(n for f, n in server.gets.items() if f.startswith("shard-"))
                          - begun)
@@ -515,7 +517,7 @@ def test_two_nodes_of_two_ranks_fetch_what_their_ranks_read_once(tmp_path, split
     an epoch, the other half's shards never."""
     out = str(tmp_path / "set")
     convert(plain_folder(tmp_path / "src", per_class=20), out, sizes=[16], shard_size=5,
-            workers=1, shuffle=True, progress=False)
+            num_workers=1, shuffle=True, progress=False)
     ds = fastdata.open(out)
     ids, files = ids_of(ds), [s["file"] for s in ds.manifest["shards"]]
     servers = [FileServer(out) for _ in range(2)]
@@ -635,7 +637,7 @@ def converted(s3, tmp_path_factory) -> str:
     checksum in its manifest)."""
     url = "s3://fastdata-test/sets/converted"
     convert(plain_folder(tmp_path_factory.mktemp("converted") / "src", per_class=8), url,
-            sizes=[16], shard_size=5, workers=1, progress=False)
+            sizes=[16], shard_size=5, num_workers=1, progress=False)
     return url
 
 
@@ -645,12 +647,13 @@ def test_process_workers_fetch_the_shards_they_read(converted, local_set, tmp_pa
     """Every shard fetched by the worker process that reads it (nothing fetched ahead): forked
     workers through the helper process, its download checksummed from the file; spawned ones
     with their own client, after the loader's process fetched one itself."""
-    monkeypatch.setattr(fastdata.ShardSet, "prefetch", lambda self, *a, **k: None)
+    monkeypatch.setattr(fastdata.ShardSet, "fetch_ahead", lambda self, *a, **k: None)
     ds = fastdata.open(converted, cache_dir=tmp_path)
     assert all("file_sha256" in s for s in ds.manifest["shards"])
     ds.labels_of([0])                       # one shard fetched here first
-    got = _batches(plain_loader(ds, train=False, num_workers=2, workers="process",
-                                mp_context=context))
+    got = _batches(plain_loader(ds, train=False, backend=fastdata.TorchBackend(num_workers=2,
+                                                                               workers="process",
+                                                                               mp_context=context)))
     want = _batches(plain_loader(local_set, train=False, num_workers=0))
     assert len(got) == len(want) == 6
     for (a, b), (c, d) in zip(got, want):

@@ -45,7 +45,7 @@ def shard_sets(tmp_path_factory):
         for encoding in ("raw", "jpeg"):
             path = str(tmp / f"{container}-{encoding}")
             convert(src, path, container=container, sizes=SIZES, encoding=encoding,
-                    quality=95, shard_size=5, workers=2, progress=False)
+                    quality=95, shard_size=5, num_workers=2, progress=False)
             out[container, encoding] = path
     return src, out
 
@@ -181,7 +181,7 @@ def test_more_shards_than_the_open_file_limit(shard_sets, tmp_path, container):
     what to do. (Was: "Too many open files" at ~1000 shards under a 1024 default.)"""
     src, _ = shard_sets
     out = str(tmp_path / "many")
-    convert(src, out, container=container, sizes=SIZES, shard_size=1, workers=1,
+    convert(src, out, container=container, sizes=SIZES, shard_size=1, num_workers=1,
             progress=False)                     # 21 shards
     run = [sys.executable, "-c", _READ_ALL_UNDER_A_LIMIT, out]
     soft = subprocess.run(run + ["soft"], capture_output=True, text=True, timeout=120)
@@ -218,10 +218,10 @@ def test_reader_errors(shard_sets, tmp_path):
     ({"fit": "zoom"}, "choose one of crop, pad, stretch"),
     ({"quality": 0}, "quality=0 is not valid; use an integer in 1..100"),
     ({"quality": True}, "quality=True"),                # was quality 1
-    ({"workers": 0}, "workers=0 is not valid; use an integer >= 1 or None"),
-    ({"workers": 1.5}, "workers=1.5"),                  # was 1 worker
+    ({"num_workers": 0}, "num_workers=0 is not valid; use an integer >= 1 or None"),
+    ({"num_workers": 1.5}, "num_workers=1.5"),          # was 1 worker
     ({"shard_size": "10"}, "shard_size='10'"),
-    ({"sizes": [65536], "workers": 1},
+    ({"sizes": [65536], "num_workers": 1},
      r"sizes \[65536\] make raw images of 12\.0 GiB, 4 of them in flight between 1 decode "
      r"worker and"),
     ({"sizes": [65536], "encoding": "jpeg"},
@@ -264,7 +264,7 @@ def test_raw_pixels_are_written_around_the_page_cache(folder, tmp_path, monkeypa
         return real(fd, bufs, offset)
 
     monkeypatch.setattr(os, "pwritev", spy)
-    m = convert(folder, str(tmp_path / "o"), sizes=SIZES, workers=2, progress=False)
+    m = convert(folder, str(tmp_path / "o"), sizes=SIZES, num_workers=2, progress=False)
     assert writes == {(3 * 16 * 16, False), (3 * 64 * 64, True)}
     for shard in m["shards"]:
         with h5py.File(tmp_path / "o" / shard["file"], "r") as f:
@@ -333,7 +333,7 @@ def test_fit_modes(tmp_path, fit):
 
 def test_cli_convert_info_verify(folder, tmp_path, capsys, caplog):
     out = str(tmp_path / "o")
-    assert cli(["-q", "convert", folder, out, "--format", "lmdb", "--size", "8,16",
+    assert cli(["-q", "convert", folder, out, "--container", "lmdb", "--size", "8,16",
                 "--size", "32", "--encoding", "jpeg", "--shard-size", "10"]) == 0
     assert cli(["info", out, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -31,7 +31,7 @@ def test_a_set_in_fsspecs_memory_file_system_loads_as_from_disk(local_set, tmp_p
         with open(os.path.join(local_set, name), "rb") as f:
             fs.pipe_file(f"/sets/mem/{name}", f.read())
     try:
-        kw = {"train": False, "num_workers": 2, "workers": "thread"}
+        kw = {"train": False, "num_workers": 2}
         _same(_batches(plain_loader("memory://sets/mem", cache_dir=tmp_path / "c", **kw)),
               _batches(plain_loader(local_set, **kw)))
         assert len(os.listdir(tmp_path / "c" / "objects")) == len(shard_files(local_set))
@@ -80,7 +80,7 @@ def test_a_store_of_ones_own_by_its_scheme(local_set, tmp_path, monkeypatch):
     store = open_store("vault://team/set")
     for name in os.listdir(local_set):
         store.put_file(name, os.path.join(local_set, name))
-    kw = {"train": False, "num_workers": 2, "workers": "thread"}
+    kw = {"train": False, "num_workers": 2}
     _same(_batches(plain_loader("vault://team/set", cache_dir=tmp_path, **kw)),
           _batches(plain_loader(local_set, **kw)))
     with pytest.raises(FileNotFoundError, match="vault://team/none/manifest.json: not found"):
@@ -119,7 +119,7 @@ def test_a_conversion_into_a_store_of_ones_own_and_a_mixture_of_urls(local_set, 
     monkeypatch.setitem(STORES, "vault", _DictStore)
     monkeypatch.setenv("FASTDATA_CACHE", str(tmp_path / "default"))
     src = plain_folder(tmp_path / "src", per_class=8)
-    convert(src, "vault://team/converted", sizes=[16], shard_size=5, workers=1,
+    convert(src, "vault://team/converted", sizes=[16], shard_size=5, num_workers=1,
             progress=False, cache_dir=tmp_path / "staging")
     assert (tmp_path / "staging" / "CACHEDIR.TAG").is_file()       # staged there, then gone
     assert os.listdir(tmp_path / "staging" / "uploads") == []

@@ -20,8 +20,8 @@ from tests.helpers import detection_folder
 def det_set(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dettrain")
     src, ann = detection_folder(tmp / "src", n=16, maps=True)
-    convert(src, str(tmp / "set"), sizes=[64], coco=ann, workers=1, progress=False)
-    convert(src, str(tmp / "seg"), sizes=[64], masks=f"{src}-maps", workers=1, progress=False)
+    convert(src, str(tmp / "set"), sizes=[64], coco=ann, num_workers=1, progress=False)
+    convert(src, str(tmp / "seg"), sizes=[64], masks=f"{src}-maps", num_workers=1, progress=False)
     return str(tmp / "set")
 
 

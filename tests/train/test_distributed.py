@@ -74,7 +74,7 @@ def test_two_nodes_of_two_ranks_read_what_one_node_of_four_does(tmp_path):
     src = plain_folder(tmp_path / "src", classes=tuple(f"c{i:02d}" for i in range(19)),
                        per_class=1)
     shards = str(tmp_path / "shards")
-    convert(src, shards, sizes=[8], shard_size=5, workers=1, progress=False)
+    convert(src, shards, sizes=[8], shard_size=5, num_workers=1, progress=False)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     one = _layout(script, shards, str(tmp_path / "one"), nodes=1)
@@ -99,7 +99,7 @@ def test_fastdata_train_checkpoints_once_and_resumes_on_another_layout(tmp_path)
     src = plain_folder(tmp_path / "src", classes=tuple(f"c{i:02d}" for i in range(16)),
                        per_class=1)
     shards = str(tmp_path / "shards")
-    convert(src, shards, sizes=[8], workers=1, progress=False)
+    convert(src, shards, sizes=[8], num_workers=1, progress=False)
 
     def train(nodes, ck, epochs):
         return _on_nodes(nodes, "-m", "fastdata.cli", "train", shards, "--model", "tiny",
@@ -168,7 +168,7 @@ def test_ranks_on_one_node_share_the_page_cache(tmp_path, container):
     up to what one reader's alone is, within 10% of the set's size."""
     src = plain_folder(tmp_path / "src", per_class=40)
     out = str(tmp_path / "set")
-    convert(src, out, container=container, sizes=[64], shard_size=30, workers=1,
+    convert(src, out, container=container, sizes=[64], shard_size=30, num_workers=1,
             progress=False)
     set_kb = sum(s["bytes"] for s in fastdata.open(out).manifest["shards"]) / 1024
     alone = _readers(out, 1)[0]

@@ -63,7 +63,7 @@ def one_per_class(tmp_path_factory):
     src = plain_folder(tmp / "src", classes=tuple(f"c{i:02d}" for i in range(48)),
                        per_class=1, size=(10, 10))
     out = str(tmp / "shards")
-    convert(src, out, sizes=[8], shard_size=10, workers=1, progress=False)
+    convert(src, out, sizes=[8], shard_size=10, num_workers=1, progress=False)
     return out
 
 

@@ -234,7 +234,7 @@ def test_channels_last_ddp_model_is_converted_before_wrapping(tmp_path):
 def shard_set(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
     src = plain_folder(tmp / "src", per_class=8)
-    convert(src, str(tmp / "hdf5"), container="hdf5", sizes=[16], workers=1, progress=False)
+    convert(src, str(tmp / "hdf5"), container="hdf5", sizes=[16], num_workers=1, progress=False)
     return str(tmp / "hdf5")
 
 
@@ -385,8 +385,8 @@ def test_val_is_evaluated_at_the_size_trained_on(tmp_path, caplog):
 
     src = plain_folder(tmp_path / "src", per_class=4)
     t, v = str(tmp_path / "t"), str(tmp_path / "v")
-    convert(src, t, sizes=[8, 16], workers=1, progress=False)
-    convert(src, v, sizes=[8], workers=1, progress=False)
+    convert(src, t, sizes=[8, 16], num_workers=1, progress=False)
+    convert(src, v, sizes=[8], num_workers=1, progress=False)
     run = ["-q", "train", t, "--val", v, "--epochs", "1", "--batch-size", "4", "--device",
            "cpu", "--workers", "0", "--model", "tiny"]
     assert cli(run) == 2
@@ -473,7 +473,7 @@ def test_fastdata_train_under_torchrun_two_ranks_see_disjoint_data(tmp_path):
     # one image per class: labels identify samples, so per-rank label counts show the split
     src = plain_folder(tmp_path / "src", classes=tuple("abcdefgh"), per_class=1)
     out = str(tmp_path / "shards")
-    convert(src, out, container="lmdb", sizes=[16], workers=1, progress=False)
+    convert(src, out, container="lmdb", sizes=[16], num_workers=1, progress=False)
     ck = tmp_path / "ck"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(
@@ -503,7 +503,7 @@ def test_ctrl_c_under_torchrun_saves_one_step_for_all_ranks_and_resumes_exactly(
 
     src = plain_folder(tmp_path / "src", classes=tuple("abcd"), per_class=4)
     out = str(tmp_path / "shards")
-    convert(src, out, container="hdf5", sizes=[16], workers=1, progress=False)
+    convert(src, out, container="hdf5", sizes=[16], num_workers=1, progress=False)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def command(ck):

@@ -53,8 +53,9 @@ def test_a_torchvision_transform_gives_what_it_gives_by_hand(shards, make):
         assert got[0][1].shape == (4, 3) and got[0][1].dtype == torch.float32
 
 
-@pytest.mark.parametrize("kw", [{"workers": "thread", "num_workers": 2},
-                                {"workers": "process", "num_workers": 2}])
+@pytest.mark.parametrize("kw", [{"num_workers": 2},
+                                {"backend": fastdata.TorchBackend(workers="process",
+                                                                  num_workers=2)}])
 def test_torchvision_transforms_run_in_reader_workers(shards, kw):
     recipe = v2.Compose([v2.ColorJitter(0.4, 0.4), v2.RandomChoice([v2.MixUp(num_classes=3),
                                                                      v2.CutMix(num_classes=3)])])
