@@ -1,0 +1,16 @@
+"""Field kinds: what a sample holds beside its image, one module per kind, each registered by
+name in ``FIELDS`` (``base``): ``class`` (``category``), ``multilabel``, ``float``
+(``scalar``), ``text``, ``tokens``, ``array`` and ``json`` (``structured``)."""
+# each module registers its kind
+from fastdata.fields import (  # noqa: F401
+    array,
+    category,
+    multilabel,
+    scalar,
+    structured,
+    text,
+    tokens,
+)
+from fastdata.fields.base import FIELDS, Column, FieldError, FieldKind, field_of, register
+
+__all__ = ["FIELDS", "Column", "FieldError", "FieldKind", "field_of", "register"]

@@ -1,0 +1,179 @@
+"""The base of field kinds: ``FieldKind``, the name->class registry ``FIELDS`` and how a column
+of a shard is held (``Column``: fixed-size values as one array, variable-length ones as one
+flat byte payload plus offsets, as JPEG payloads are).
+
+A kind's module holds how its values are parsed from a source's cell, packed into a shard's
+column, checked (nothing in a shard is trusted), read back for a batch and collated. The
+parameters a kind takes (a dtype, a shape, class names) are what a manifest records of it:
+``kind.params()`` writes them, ``field_of(kind, **params)`` reads them back, validated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from fastdata.checks import choice
+
+#: kind name -> its class (``register``)
+FIELDS: dict[str, type[FieldKind]] = {}
+
+#: the most bytes one variable-length value may hold (a longer one is refused as it is
+#: parsed, naming where it came from)
+MAX_VALUE_BYTES = 16 << 20
+
+
+def register(cls: type[FieldKind]) -> type[FieldKind]:
+    """Class decorator: ``cls`` is the field kind named ``cls.kind``."""
+    FIELDS[cls.kind] = cls
+    return cls
+
+
+def field_of(kind: str, **params) -> FieldKind:
+    """The field kind ``kind`` with its parameters (a manifest's, or a user's).
+
+    Raises:
+        ValueError: an unknown kind (naming the registered ones) or a bad parameter.
+    """
+    return FIELDS[choice("kind", kind, FIELDS)](**params)
+
+
+class FieldError(ValueError):
+    """A value that is not of its field's kind; the message names where it came from."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A field's values in one shard: ``values`` one array (fixed-size kinds: one row per
+    sample), or a flat uint8 payload with ``offsets`` (``n + 1`` int64, sample ``k``'s bytes at
+    ``values[offsets[k]:offsets[k + 1]]``)."""
+
+    values: np.ndarray
+    offsets: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.values) if self.offsets is None else len(self.offsets) - 1
+
+
+class FieldKind:
+    """A kind of field: how a value is parsed, packed into a shard's column, checked, read and
+    collated. Subclasses set ``kind`` and ``fixed``, take their parameters keyword-only (each
+    validated) and implement ``parse``; a fixed-size kind gives ``dtype`` and ``shape``."""
+
+    kind: ClassVar[str] = ""
+    #: one array of ``shape`` per sample (True), or variable-length bytes (False)
+    fixed: ClassVar[bool] = True
+    dtype: np.dtype = np.dtype(np.float32)
+    shape: tuple[int, ...] = ()
+
+    def params(self) -> dict:
+        """The parameters a manifest records (JSON values), as ``field_of`` takes them."""
+        return {}
+
+    def parse(self, cell: Any, where: str) -> Any:
+        """A source's cell (a CSV string, a JSON value, an Arrow scalar's Python value) as
+        this kind's value; ``where`` names it in an error (file, row, column).
+
+        Raises:
+            FieldError: the cell is not a value of this kind.
+        """
+        raise NotImplementedError
+
+    # ---- a shard's column ----
+    def pack(self, values: Sequence) -> Column:
+        """Parsed values, one per sample, as a shard's column."""
+        if self.fixed:
+            out = np.empty((len(values), *self.shape), self.dtype)
+            for k, v in enumerate(values):
+                out[k] = v
+            return Column(out)
+        blobs = [self.to_bytes(v) for v in values]
+        offsets = np.zeros(len(blobs) + 1, np.int64)
+        np.cumsum([len(b) for b in blobs], out=offsets[1:])
+        return Column(np.frombuffer(b"".join(blobs), np.uint8).copy(), offsets)
+
+    def check(self, column: Column, count: int, where: str) -> None:
+        """Refuse a stored column that is not ``count`` values of this kind (a shard is never
+        trusted): its dtype, shape, offsets and, for variable-length kinds, each value.
+
+        Raises:
+            FieldError: naming ``where`` and what is wrong.
+        """
+        if self.fixed:
+            want = (count, *self.shape)
+            if column.offsets is not None or column.values.shape != want or \
+                    column.values.dtype != self.dtype:
+                raise FieldError(f"{where}: {column.values.dtype} values of shape "
+                                 f"{column.values.shape}, not {self.dtype} {want}")
+            return
+        o = column.offsets
+        if o is None or o.dtype != np.int64 or o.shape != (count + 1,) or o[0] != 0 or \
+                o[-1] != len(column.values) or np.any(np.diff(o) < 0):
+            raise FieldError(f"{where}: its offsets do not cut its {len(column.values)} bytes "
+                             f"into {count} values")
+        for k in range(count):
+            self.from_bytes(column.values[o[k]:o[k + 1]].tobytes(), f"{where}, value {k}")
+
+    def read(self, column: Column, local: np.ndarray) -> list | np.ndarray:
+        """The values of samples ``local`` (indices into the column)."""
+        if self.fixed:
+            return column.values[local]
+        o, v = column.offsets, column.values
+        if o is None:
+            raise FieldError(f"a {self.kind} column without offsets")
+        return [self.from_bytes(v[o[k]:o[k + 1]].tobytes(), "") for k in local]
+
+    def collate(self, values: list | np.ndarray):
+        """A batch of values as the loader yields it: a tensor for fixed-size kinds, else a
+        list."""
+        if self.fixed:
+            import torch
+
+            values = np.ascontiguousarray(values)
+            if not values.flags.writeable or any(st < 0 for st in values.strides):
+                values = values.copy()      # torch takes neither a read-only nor a reversed view
+            return torch.from_numpy(values)
+        return list(values)
+
+    # ---- variable-length kinds ----
+    def to_bytes(self, value) -> bytes:
+        """A parsed value as the bytes its column stores."""
+        raise NotImplementedError
+
+    def from_bytes(self, data: bytes, where: str):
+        """The value of stored ``data``.
+
+        Raises:
+            FieldError: ``data`` is not a value of this kind (naming ``where``).
+        """
+        raise NotImplementedError
+
+    def describe(self, column: Column) -> str:
+        """A line for ``fastdata info``: the kind, its parameters, and what its values hold."""
+        extra = ", ".join(f"{k}={v}" for k, v in self.params().items() if k != "classes")
+        if self.fixed:
+            return f"{self.kind}{f' ({extra})' if extra else ''}"
+        lengths = np.diff(column.offsets) if column.offsets is not None else np.zeros(0)
+        spread = (f"{int(lengths.min())}-{int(lengths.max())} bytes, mean "
+                  f"{lengths.mean():.0f}" if len(lengths) else "no values")
+        return f"{self.kind}{f' ({extra})' if extra else ''}: {spread}"
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.params() == self.params()
+
+    def __hash__(self) -> int:
+        return hash((self.kind, repr(self.params())))
+
+
+def limited(data: bytes, where: str, limit: int = MAX_VALUE_BYTES) -> bytes:
+    """``data``, refused where longer than ``limit`` bytes."""
+    if len(data) > limit:
+        raise FieldError(f"{where}: a value of {len(data):,} bytes, more than the "
+                         f"{limit:,} a field's value may hold")
+    return data

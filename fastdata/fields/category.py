@@ -1,0 +1,46 @@
+"""``class``: one class per sample, stored as its index (int64) into the field's ``classes``."""
+from __future__ import annotations
+
+import numpy as np
+
+from fastdata.fields.base import FieldError, FieldKind, register
+
+
+@register
+class ClassField(FieldKind):
+    """A class per sample.
+
+    Args:
+        classes: the class names, in index order (a source's names, or ``0..K-1``).
+
+    Raises:
+        ValueError: no class, a name that is not a string, or the same name twice.
+    """
+
+    kind = "class"
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, *, classes):
+        names = list(classes) if isinstance(classes, (list, tuple)) else None
+        if not names or not all(isinstance(c, str) for c in names):
+            raise ValueError(f"classes={classes!r} is not valid; give a list of class names")
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes={classes!r} names a class twice")
+        self.classes = names
+        self._index = {c: k for k, c in enumerate(names)}
+
+    def params(self) -> dict:
+        return {"classes": self.classes}
+
+    def parse(self, cell, where: str) -> int:
+        name = str(cell).strip()
+        if name not in self._index:
+            raise FieldError(f"{where}: {name!r} is not one of the field's "
+                             f"{len(self.classes)} classes")
+        return self._index[name]
+
+    def check(self, column, count: int, where: str) -> None:
+        super().check(column, count, where)
+        v = column.values
+        if len(v) and (v.min() < 0 or v.max() >= len(self.classes)):
+            raise FieldError(f"{where}: class indices outside 0..{len(self.classes) - 1}")

@@ -1,0 +1,54 @@
+"""``multilabel``: a set of classes per sample, stored multi-hot (float32, one column a class)."""
+from __future__ import annotations
+
+import numpy as np
+
+from fastdata.fields.base import FieldError, FieldKind, register
+
+
+@register
+class MultiLabelField(FieldKind):
+    """Any of ``classes`` per sample; parsed from a ``|``- or ``;``-separated list of names (or
+    a JSON list of them).
+
+    Args:
+        classes: the class names, in column order.
+
+    Raises:
+        ValueError: no class, a name that is not a string, or the same name twice.
+    """
+
+    kind = "multilabel"
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, *, classes):
+        names = list(classes) if isinstance(classes, (list, tuple)) else None
+        if not names or not all(isinstance(c, str) for c in names):
+            raise ValueError(f"classes={classes!r} is not valid; give a list of class names")
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes={classes!r} names a class twice")
+        self.classes = names
+        self.shape = (len(names),)
+        self._index = {c: k for k, c in enumerate(names)}
+
+    def params(self) -> dict:
+        return {"classes": self.classes}
+
+    def parse(self, cell, where: str) -> np.ndarray:
+        if isinstance(cell, str):
+            sep = "|" if "|" in cell else ";"
+            cell = [c.strip() for c in cell.split(sep) if c.strip()]
+        if not isinstance(cell, (list, tuple)):
+            raise FieldError(f"{where}: {cell!r} is not a list of class names")
+        hot = np.zeros(len(self.classes), np.float32)
+        for name in cell:
+            if name not in self._index:
+                raise FieldError(f"{where}: {name!r} is not one of the field's "
+                                 f"{len(self.classes)} classes")
+            hot[self._index[name]] = 1
+        return hot
+
+    def check(self, column, count: int, where: str) -> None:
+        super().check(column, count, where)
+        if not np.isin(column.values, (0, 1)).all():
+            raise FieldError(f"{where}: multi-hot values other than 0 and 1")
