@@ -215,11 +215,11 @@ def test_cuda_path_matches_the_cpu_path(shards, train, workers, dtype):
     """Pinned buffers, the side stream and the batched kernel on CUDA: the same samples in the
     same batches as on the CPU, the contract's dtype and layout, the same geometry. Forked
     worker processes must leave pinning to the parent."""
-    kw = dict(batch_size=4, size=32, crop=24, train=train, seed=1, num_workers=2, dtype=dtype)
-    g = fastdata.Loader(shards["hdf5"], device="cuda",
-                        backend=fastdata.TorchBackend(workers=workers, mp_context="fork"),
-                        **kw)
-    c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, **kw)
+    kw = dict(batch_size=4, size=32, crop=24, train=train, seed=1, dtype=dtype)
+    g = fastdata.Loader(shards["hdf5"], device="cuda", **kw,
+                        backend=fastdata.TorchBackend(workers=workers, mp_context="fork",
+                                                      num_workers=2))
+    c = fastdata.Loader(shards["hdf5"], device="cpu", channels_last=True, num_workers=2, **kw)
     n = 0
     with warnings.catch_warnings(record=True) as caught:    # e.g. a deprecated DataLoader arg
         warnings.simplefilter("always")
@@ -366,11 +366,15 @@ def test_jpeg_shards_decoded_on_the_gpu_match_the_cpu_decode(jpeg_shards, worker
     ok, why = gpu_jpeg_available()
     if not ok:
         pytest.skip(why)
-    kw = dict(batch_size=4, device="cuda", dtype=torch.uint8, train=False,
-              backend=fastdata.TorchBackend(num_workers=2, workers=workers))
-    gpu = fastdata.Loader(jpeg_shards, backend=fastdata.TorchBackend(jpeg_decode="auto"), **kw)
-    cpu = fastdata.Loader(jpeg_shards, backend=fastdata.TorchBackend(jpeg_decode="cpu"), **kw)
-    raw = fastdata.Loader(os.path.join(os.path.dirname(jpeg_shards), "raw"), **kw)
+    kw = dict(batch_size=4, device="cuda", dtype=torch.uint8, train=False)
+
+    def backend(decode="auto"):
+        return fastdata.TorchBackend(num_workers=2, workers=workers, jpeg_decode=decode)
+
+    gpu = fastdata.Loader(jpeg_shards, backend=backend("auto"), **kw)
+    cpu = fastdata.Loader(jpeg_shards, backend=backend("cpu"), **kw)
+    raw = fastdata.Loader(os.path.join(os.path.dirname(jpeg_shards), "raw"), backend=backend(),
+                          **kw)
     assert gpu.backend.jpeg_decode == "gpu"
     for (a, la), (b, lb), (c, lc) in zip(gpu, cpu, raw):
         assert torch.equal(la, lb) and torch.equal(la, lc) and a.shape == b.shape == c.shape

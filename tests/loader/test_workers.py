@@ -121,8 +121,7 @@ def test_process_workers_kept_from_a_pass_follow_a_state_loaded_after_it(shards)
     next(rest)
     state = other.state_dict()
     want = [x for x, _ in rest]
-    loader = plain_loader(shards["hdf5"], seed=1, backend=FORKED,
-                  **kw)
+    loader = plain_loader(shards["hdf5"], seed=1, backend=FORKED, **kw)
     assert len(list(loader)) == len(loader)
     loader.load_state_dict(state)
     got = [x for x, _ in loader]
@@ -173,8 +172,7 @@ def test_forked_cuda_loader_survives_cuda_garbage(shards, tmp_path):
     """The crash itself, on a GPU: a CUDA tensor in a garbage cycle, collected in a forked
     worker, killed it ("CUDA error: initialization error")."""
     with garbage_left_for_forks(tmp_path / "freed", tensor=torch.ones(4, device="cuda")):
-        loader = plain_loader(shards["hdf5"], backend=FORKED,
-                      device="cuda")
+        loader = plain_loader(shards["hdf5"], backend=FORKED, device="cuda")
         assert len(list(loader)) == len(loader)
 
 
