@@ -257,7 +257,7 @@ class Mixture:
         return out
 
     def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,
-                 ranks: int = 1) -> _FetchesAhead | None:
+                    ranks: int = 1) -> _FetchesAhead | None:
         """Each remote set's ``fetch_ahead`` of its share of ``indices`` (None if none is
         remote)."""
         if all(s.url is None for s in self.sets):

@@ -241,7 +241,7 @@ class ShardSet:
         return part
 
     def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,
-                 ranks: int = 1) -> FetchAhead | None:
+                    ranks: int = 1) -> FetchAhead | None:
         """Start fetching a remote set's shards in the background, in the order ``indices``
         first read them (``streaming.FetchAhead``: ``in_flight`` at a time, by default as many
         as keep about 64 MiB in flight), and with a ``cache_limit`` no further ahead than the

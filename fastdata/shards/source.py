@@ -73,7 +73,7 @@ class SampleSource(Protocol):
         """Raise naming the shard of ``indices`` cut short under its maps."""
 
     def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,
-                 ranks: int = 1) -> Any:
+                    ranks: int = 1) -> Any:
         """Start fetching a remote set's shards in the order ``indices`` reads them (None:
         local)."""
 
