@@ -1,0 +1,102 @@
+"""Which kind a source's column is, when no one says (``--field NAME=KIND`` says it): a
+``label`` or ``class`` column is a class per sample; numbers are ``float``; JSON arrays of
+numbers of one length are an ``array``, of integers of varied lengths ``tokens``; JSON objects
+``json``; any other strings ``text``."""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from fastdata.fields.base import FIELDS, FieldKind, field_of
+
+#: column names whose values are class names (or class indices)
+CLASS_COLUMNS = ("label", "class")
+#: integer labels are class indices below this: one row's label must not make millions
+MAX_CLASSES = 1 << 20
+_INTEGER = re.compile(r"[0-9]+")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def field_option(text: str) -> tuple[str, str]:
+    """``NAME=KIND`` (a command line's ``--field``) as ``(name, kind)``.
+
+    Raises:
+        ValueError: not ``NAME=KIND``, or a kind that is not registered (naming those that are).
+    """
+    name, sep, kind = text.partition("=")
+    if not sep or not name.strip():
+        raise ValueError(f"--field {text!r} is not NAME=KIND (e.g. caption=text)")
+    if kind.strip() not in FIELDS:
+        raise ValueError(f"--field {text!r}: kind {kind.strip()!r} is not valid; choose one "
+                         f"of {', '.join(FIELDS)}")
+    return name.strip(), kind.strip()
+
+
+def _json(cell):
+    """A cell as a JSON value where it is one (a CSV cell holds text), else the cell."""
+    if isinstance(cell, str) and cell.strip()[:1] in ("[", "{"):
+        try:
+            return json.loads(cell)
+        except ValueError:
+            return cell
+    return cell
+
+
+def _numbers(values) -> bool:
+    return isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def infer(name: str, cells: Sequence) -> FieldKind:
+    """The kind of column ``name`` whose values are ``cells`` (CSV strings or JSON values).
+
+    Returns:
+        The field kind, with its parameters (a class field's names, an array's shape).
+
+    Raises:
+        ValueError: a class column whose integer labels would make too many classes.
+    """
+    if name.strip().lower() in CLASS_COLUMNS and all(isinstance(c, (str, int)) for c in cells):
+        return _classes(cells)
+    values = [_json(c) for c in cells]
+    if not values:
+        return field_of("text")
+    if all(isinstance(v, dict) for v in values):
+        return field_of("json")
+    if all(isinstance(v, list) for v in values):
+        return _lists(values)
+    if all(_number(v) for v in values):
+        return field_of("float")
+    return field_of("text")
+
+
+def _number(v) -> bool:
+    """Whether a cell is one number (a JSON number, or a CSV string that reads as one)."""
+    if isinstance(v, str):
+        return _NUMBER.fullmatch(v.strip()) is not None
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _lists(values: list[list]) -> FieldKind:
+    """Lists: of numbers of one length an array, of integers tokens, any others json."""
+    if not all(_numbers(v) for v in values):
+        return field_of("json")
+    if len({len(v) for v in values}) == 1 and len(values[0]):
+        return field_of("array", shape=[len(values[0])], dtype="float32")
+    if all(isinstance(x, int) for v in values for x in v):
+        return field_of("tokens", dtype="int64")
+    return field_of("json")
+
+
+def _classes(cells) -> FieldKind:
+    """A class column's kind: non-negative integers are class indices (``0..max``, so that a
+    label is its index); any other values are names, sorted."""
+    names = [str(c).strip() for c in cells]
+    if names and all(_INTEGER.fullmatch(n) for n in names):
+        top = max(map(int, names))
+        if top >= MAX_CLASSES:
+            raise ValueError(f"a class index of {top}: integer labels are class indices "
+                             f"0..{MAX_CLASSES - 1}; give class names instead")
+        return field_of("class", classes=[str(k) for k in range(top + 1)])
+    return field_of("class", classes=sorted(set(names)))
