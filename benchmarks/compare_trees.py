@@ -2,17 +2,17 @@
 by round so machine noise hits both alike (the A/B figures of docs/performance.md).
 
     git worktree add /tmp/fd-ref <commit>
-    .venv/bin/python -W ignore benchmarks/compare_trees.py /tmp/photos --ref /tmp/fd-ref
-    .venv/bin/python -W ignore benchmarks/compare_trees.py /tmp/photos --ref /tmp/fd-ref \
+    .venv/bin/python -W ignore -m benchmarks.compare_trees /tmp/photos --ref /tmp/fd-ref
+    .venv/bin/python -W ignore -m benchmarks.compare_trees /tmp/photos --ref /tmp/fd-ref \
         --job loader
 
 Each run is a fresh interpreter with its tree first on ``sys.path``.
-``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert.py`` once did: the
-previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
+``--job convert``: times only the ``convert()`` call (as ``benchmarks/convert/convert.py`` once
+did: the previous output is deleted inside it), HDF5 and LMDB, and reports the CPU time of
 all its processes per image too; with ``--torch``, in an interpreter that imported torch first
-(as ``benchmarks/convert.py``'s once did, and a notebook's); with ``--fresh``, the
-previous output deleted and synced before the clock (as ``benchmarks/convert.py`` does, which
-also runs each conversion in a fresh interpreter, without torch), and also timed
+(as ``benchmarks/convert/convert.py``'s once did, and a notebook's); with ``--fresh``, the
+previous output deleted and synced before the clock (as ``benchmarks/convert/convert.py``
+does, which also runs each conversion in a fresh interpreter, without torch), and also timed
 with the sync after it (its "on disk" figure).
 ``--job scan``: ``scan_folder`` over the photos, best of 10 in each interpreter (files/s).
 ``--job loader``: a loader backend (``--backend``: torch by default; DALI runs its CPU-only
@@ -21,9 +21,9 @@ mode) over raw (or ``--encoding jpeg``) shards stored at ``--size`` (made by thi
 RandomResizedCrop(224) + flip + normalise to float32 (or ``--dtype``), batch 64, 2 worker
 threads (or processes:
 ``--workers process``, started as ``--mp-context`` says), NCHW and
-channels_last, one epoch after 5 untimed batches (as ``benchmarks/loaders_cpu.py`` (b)); with
-``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers warm); img/s
-and the CPU time of all the run's processes per image.
+channels_last, one epoch after 5 untimed batches (as ``benchmarks/loading/loaders_cpu.py``
+(b)); with ``--epochs N``, epochs 2..N after an untimed first (the maps' pages and the buffers
+warm); img/s and the CPU time of all the run's processes per image.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import interleaved, write_results
+from benchmarks.harness import interleaved, write_results
 
 # each child runs one tree's code: its fastdata, and its converters/ folder as
 # fastdata.converters (an editable install would map that name to the installed tree's folder)
@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--torch", action="store_true", help="convert: import torch first")
     ap.add_argument("--fresh", action="store_true",
                     help="convert: delete the previous output and sync before the clock (as "
-                         "benchmarks/convert.py does), and time the sync after it too")
+                         "benchmarks/convert/convert.py does), and time the sync after it too")
     ap.add_argument("--container", choices=("hdf5", "lmdb"), default="hdf5",
                     help="loader: the shards' container")
     ap.add_argument("--encoding", choices=("raw", "jpeg"), default="raw",

@@ -1,7 +1,8 @@
 """What the benchmark scripts share: interleaved rounds, the CPU time of a process tree, the
 machine's facts, and results written as JSON in one schema (``benchmarks/README.md``).
 
-A script imports it as ``from harness import ...`` (a script's own folder is on ``sys.path``).
+A script imports it as ``from benchmarks.harness import ...`` (scripts run as modules from the
+repository's root: ``benchmarks/README.md``).
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def write_results(path: str, benchmark: str, rows: list[dict]) -> None:
     """The results of one run as JSON at ``path``: ``{"schema", "benchmark", "command",
     "machine", "rows"}`` (``benchmarks/README.md``)."""
     doc = {"schema": SCHEMA, "benchmark": benchmark,
-           "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+           "command": " ".join(["python", *sys.orig_argv[1:]]),
            "machine": machine(), "rows": rows}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)

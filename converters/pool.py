@@ -90,8 +90,8 @@ class Decoder:
     whichever result is ready and hands that worker the next batch, so a worker slowed down
     by big images holds up no other: results wait for their turn here. No threads:
     ``concurrent.futures.ProcessPoolExecutor``'s two nearly double the parent's CPU per image
-    (``benchmarks/convert_steps.py`` times each step). Forked workers return raw pixels through
-    a shared ``Ring`` (the parent's CPU time per image is then one copy, not a pipe read, an
+    (``benchmarks/convert/convert_steps.py`` times each step). Forked workers return raw pixels
+    through a shared ``Ring`` (the parent's CPU time per image is then one copy, not a pipe read, an
     unpickle and a fresh allocation).
     """
 

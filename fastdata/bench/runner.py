@@ -205,7 +205,7 @@ class Bench:
 
             if self.ds.annotations is not None:
                 raise _Skip(f"the baseline reads class folders, not a {self.ds.label_kind} "
-                            f"set's labels (benchmarks/detection_cpu.py compares a "
+                            f"set's labels (benchmarks/loading/detection_cpu.py compares a "
                             f"per-sample detection pipeline)")
             if self.source is None:
                 raise _Skip(f"no source image folder: give --source (the manifest's "
