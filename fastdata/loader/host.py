@@ -82,7 +82,7 @@ class HostReader:
         self.targets_form = spec.targets
         #: a detection or segmentation set's: its boxes, masks or class maps go through each
         #: image's crop and flip
-        self.spatial = getattr(spec.dataset, "label_kind", "class") in SPATIAL_KINDS
+        self.spatial = spec.dataset.label_kind in SPATIAL_KINDS
         self.progress: dict[int, list[int]] = {}
 
     def __getstate__(self):

@@ -64,7 +64,7 @@ class _BatchReader(HostReader):
         # JPEG records decoded only where their crops need them: on the host, into the
         # crop stage's CPU kernels (which take images of any size; "batched" stacks them)
         self.regions = (self.on_host and self.needs_crop_stage and self.sample_hook is None
-                        and getattr(self.ds, "encoding", None) == "jpeg"
+                        and self.ds.encoding == "jpeg"
                         and self.crop_stage.kernel != "batched" and jpeg.available())
         self._pools: dict = {}
 
