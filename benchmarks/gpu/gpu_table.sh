@@ -15,8 +15,9 @@
 # Needs: this repository installed with its `dali` extra in the running Python, a CUDA build of
 # torch and a torchvision built for it (the models, and nvJPEG decoding on the torch backend).
 # DATA (default /tmp/fastdata-gpu) holds the photos and sets; OUT (default ./gpu-table) gets
-# each run's table (.txt), figures (.json) and plot (.png). PHOTOS_DEB: a local copy of Debian's
-# ukui-wallpapers package, for a machine without apt-get (see benchmarks/inputs/make_photos.py).
+# each run's table (.txt), figures (.json: what benchmarks/results/ keeps) and plot (.png).
+# PHOTOS_DEB: a local copy of Debian's ukui-wallpapers package, for a machine without apt-get
+# (see benchmarks/inputs/make_photos.py).
 # For a smoke run without a GPU: DEVICE=cpu MODELS="resnet8 resnet14" BATCH=16 BATCHES=2 CORES=0-1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
