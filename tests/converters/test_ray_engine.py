@@ -35,14 +35,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_cluster(port: int, cpus: int) -> subprocess.Popen:
+def start_cluster(port: int, cpus: int, temp_dir: str) -> subprocess.Popen:
     """A local Ray cluster (``ray start --head --block``) in a process group of its own, up
-    once its port answers; ``os.killpg`` on it stops that cluster and nothing else."""
+    once its port answers; ``os.killpg`` on it stops that cluster and nothing else. Its files
+    (``ray_current_cluster`` among them, which a kill leaves behind) go under ``temp_dir``."""
     proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}",
                              f"--num-cpus={cpus}", "--include-dashboard=false",
                              "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            env={**ENV, "RAY_TMPDIR": temp_dir}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -67,12 +68,14 @@ def cluster(s3):
     """The address of a local Ray cluster of 2 CPUs, stopped afterwards."""
     port = _free_port()
     ENV.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    proc = start_cluster(port, 2)
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")     # short: Ray's socket paths
+    proc = start_cluster(port, 2, ray_tmp)
     try:
         yield f"127.0.0.1:{port}"
     finally:       # at once: nothing of it is kept (a graceful stop takes ~30 s)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=120)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
