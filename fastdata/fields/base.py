@@ -171,6 +171,20 @@ class FieldKind:
         return hash((self.kind, repr(self.params())))
 
 
+def class_names(classes) -> list[str]:
+    """``classes`` checked as a kind's class names: a non-empty list of distinct strings.
+
+    Raises:
+        ValueError: no class, a name that is not a string, or the same name twice.
+    """
+    names = list(classes) if isinstance(classes, (list, tuple)) else None
+    if not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(f"classes={classes!r} is not valid; give a list of class names")
+    if len(set(names)) != len(names):
+        raise ValueError(f"classes={classes!r} names a class twice")
+    return names
+
+
 def limited(data: bytes, where: str, limit: int = MAX_VALUE_BYTES) -> bytes:
     """``data``, refused where longer than ``limit`` bytes."""
     if len(data) > limit:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastdata.fields.base import FieldError, FieldKind, register
+from fastdata.fields.base import FieldError, FieldKind, class_names, register
 
 
 @register
@@ -21,12 +21,7 @@ class ClassField(FieldKind):
     dtype = np.dtype(np.int64)
 
     def __init__(self, *, classes):
-        names = list(classes) if isinstance(classes, (list, tuple)) else None
-        if not names or not all(isinstance(c, str) for c in names):
-            raise ValueError(f"classes={classes!r} is not valid; give a list of class names")
-        if len(set(names)) != len(names):
-            raise ValueError(f"classes={classes!r} names a class twice")
-        self.classes = names
+        self.classes = names = class_names(classes)
         self._index = {c: k for k, c in enumerate(names)}
 
     def params(self) -> dict:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastdata.fields.base import FieldError, FieldKind, register
+from fastdata.fields.base import FieldError, FieldKind, class_names, register
 
 
 @register
@@ -22,12 +22,7 @@ class MultiLabelField(FieldKind):
     dtype = np.dtype(np.float32)
 
     def __init__(self, *, classes):
-        names = list(classes) if isinstance(classes, (list, tuple)) else None
-        if not names or not all(isinstance(c, str) for c in names):
-            raise ValueError(f"classes={classes!r} is not valid; give a list of class names")
-        if len(set(names)) != len(names):
-            raise ValueError(f"classes={classes!r} names a class twice")
-        self.classes = names
+        self.classes = names = class_names(classes)
         self.shape = (len(names),)
         self._index = {c: k for k, c in enumerate(names)}
 
