@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.harness import interleaved, write_results
+from benchmarks.harness import interleaved, medians, write_results
 
 # each child runs one tree's code: its fastdata, and its converters/ folder as
 # fastdata.converters (an editable install would map that name to the installed tree's folder)
@@ -129,16 +129,15 @@ def compare(trees: dict, rounds: int, label: str, script: str, *args: str) -> di
     runs = interleaved({name: functools.partial(_run, script, tree, name, args)
                         for name, tree in trees.items()}, rounds)
     row: dict = {"label": label, "rounds": rounds}
-    for figure in FIGURES:
-        if figure not in runs["this"][0]:
-            continue
-        ratio = [t[figure] / r[figure] for t, r in zip(runs["this"], runs["ref"]) if r[figure]]
-        ref, this = (statistics.median(r[figure] for r in runs[k]) for k in ("ref", "this"))
-        row[figure] = {"ref": ref, "this": this, "this/ref": statistics.median(ratio or [0]),
-                       "rounds this/ref": [min(ratio or [0]), max(ratio or [0])]}
-        print(f"{label}: {figure} ref {ref:.4g}, this {this:.4g}, this/ref "
-              f"{statistics.median(ratio or [0]):.3f} (rounds {min(ratio or [0]):.3f}-"
-              f"{max(ratio or [0]):.3f})")
+    ref, this = medians(runs["ref"]), medians(runs["this"])
+    for figure in this:
+        ratio = [t[figure] / r[figure] for t, r in zip(runs["this"], runs["ref"])
+                 if r[figure]] or [0.0]
+        mid, lo, hi = statistics.median(ratio), min(ratio), max(ratio)
+        row[figure] = {"ref": ref[figure], "this": this[figure], "this/ref": mid,
+                       "rounds this/ref": [lo, hi]}
+        print(f"{label}: {figure} ref {ref[figure]:.4g}, this {this[figure]:.4g}, this/ref "
+              f"{mid:.3f} (rounds {lo:.3f}-{hi:.3f})")
     return row
 
 

@@ -187,7 +187,12 @@ def class_names(classes) -> list[str]:
 
 def limited(data: bytes, where: str, limit: int = MAX_VALUE_BYTES) -> bytes:
     """``data``, refused where longer than ``limit`` bytes."""
-    if len(data) > limit:
-        raise FieldError(f"{where}: a value of {len(data):,} bytes, more than the "
-                         f"{limit:,} a field's value may hold")
+    check_bytes(len(data), where, limit)
     return data
+
+
+def check_bytes(nbytes: int, where: str, limit: int = MAX_VALUE_BYTES) -> None:
+    """Refuse a value of ``nbytes`` bytes where that is more than ``limit``."""
+    if nbytes > limit:
+        raise FieldError(f"{where}: a value of {nbytes:,} bytes, more than the "
+                         f"{limit:,} a field's value may hold")

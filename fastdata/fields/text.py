@@ -30,9 +30,10 @@ class TextField(FieldKind):
             cell = self.from_bytes(cell, where)
         if not isinstance(cell, str):
             raise FieldError(f"{where}: {type(cell).__name__} {str(cell)[:40]!r} is not text")
-        limited(cell.encode("utf-8", "surrogatepass"), where, self.max_bytes)
-        if any(0xD800 <= ord(c) <= 0xDFFF for c in cell):
-            raise FieldError(f"{where}: text with a lone surrogate is not UTF-8")
+        try:
+            limited(cell.encode("utf-8"), where, self.max_bytes)
+        except UnicodeEncodeError:      # a lone surrogate: no UTF-8 for it
+            raise FieldError(f"{where}: text with a lone surrogate is not UTF-8") from None
         return cell
 
     def to_bytes(self, value: str) -> bytes:

@@ -7,7 +7,14 @@ import json
 import numpy as np
 
 from fastdata.checks import choice
-from fastdata.fields.base import MAX_VALUE_BYTES, FieldError, FieldKind, limited, register
+from fastdata.fields.base import (
+    MAX_VALUE_BYTES,
+    FieldError,
+    FieldKind,
+    check_bytes,
+    limited,
+    register,
+)
 
 DTYPES = ("uint16", "int32", "int64")
 
@@ -51,7 +58,7 @@ class TokensField(FieldKind):
         if len(values) and (values.min() < info.min or values.max() > info.max):
             raise FieldError(f"{where}: a token outside {self.token_dtype.name}'s "
                              f"{info.min}..{info.max}")
-        limited(b"\0" * (len(values) * self.token_dtype.itemsize), where)
+        check_bytes(len(values) * self.token_dtype.itemsize, where)
         return values.astype(self.token_dtype)
 
     def to_bytes(self, value: np.ndarray) -> bytes:

@@ -90,7 +90,7 @@ class HostReader:
 
     def __call__(self, indices: np.ndarray, seed: int, ring: torch.UntypedStorage | None = None):
         """The batch ``indices`` (``read``'s result); ``seed``: its augmentation's
-        (``Order.batch_seed``); ``ring``: a buffer lent by the parent to make it in."""
+        (``Order.batch_seed``); ``ring``: a shared buffer of the parent's to make it in."""
         faults = guard_faults()
         with contextlib.ExitStack() as hold:    # LMDB's views: their transactions, till done
             batch = self.read(indices, seed, hold, ring)
@@ -138,7 +138,7 @@ class HostReader:
                 if k >= 0 else "")
 
     def ring_bytes(self, batch: int) -> int | None:
-        """The bytes of a batch a worker process makes in a lent buffer; None: it does not."""
+        """The bytes of a batch a worker process makes in the parent's shared ring; None: none."""
         return None
 
 
