@@ -10,6 +10,7 @@ last. ``resume=True`` keeps every complete shard whose checksum verifies and con
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -39,10 +40,13 @@ from fastdata.converters.scan import Scan, scan_folder
 from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
+from fastdata.fields.infer import field_option
+from fastdata.fields.schema import entries
 from fastdata.format import (
     ANNOTATIONS,
     CONTAINERS,
     ENCODINGS,
+    FIELDS_VERSION,
     FITS,
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -116,7 +120,7 @@ def _nothing_found(scan: Scan) -> str:
 
 
 def _scan(src: str, *, labels: str | None, coco: str | None, masks: str | None,
-          progress: bool) -> Scan:
+          progress: bool, fields: dict[str, str] | None = None) -> Scan:
     """The files to convert and their labels: from class folders, or a labels file, COCO
     annotations or class maps (one at most). Raises ConversionError where there are none."""
     given = [n for n, v in (("labels", labels), ("coco", coco), ("masks", masks)) if v]
@@ -129,11 +133,31 @@ def _scan(src: str, *, labels: str | None, coco: str | None, masks: str | None,
             raise ConversionError(_nothing_found(scan))
         return scan
     what = os.path.abspath(str(labels or coco or masks))
-    scan = (scan_labeled if labels else scan_coco if coco else scan_masks)(src, what)
+    if fields and not labels:
+        raise ValueError("fields name the kinds of a labels file's columns: give labels too")
+    scan = (scan_labeled(src, what, fields) if labels else
+            (scan_coco if coco else scan_masks)(src, what))
     if not scan.files:
         raise ConversionError(f"none of the images under {src!r} has its labels in {what} ("
                               f"{len(scan.skipped)} left out, e.g. {scan.skipped[:1]})")
     return scan
+
+
+def _field_kinds(fields) -> dict[str, str] | None:
+    """``fields`` checked: a column's kind by name, each kind a registered one.
+
+    Raises:
+        ValueError: not a mapping of names to kinds, or an unknown kind (naming the kinds).
+    """
+    if fields is None:
+        return None
+    if not isinstance(fields, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in fields.items()):
+        raise ValueError(f"fields={fields!r} is not valid; give column names and kinds, e.g. "
+                         f"{{'caption': 'text'}}")
+    for name, kind in fields.items():
+        field_option(f"{name}={kind}")      # names the kinds
+    return dict(fields) or None
 
 
 def _validated(*, engine, address, container, sizes, encoding, quality, fit, workers,
@@ -168,7 +192,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             resume: bool = False, progress: bool = True, labels: str | None = None,
             engine: str = "local", address: str | None = None, shuffle: bool = False,
             coco: str | None = None, masks: str | None = None,
-            cache_dir: str | os.PathLike | None = None) -> dict:
+            cache_dir: str | os.PathLike | None = None,
+            fields: dict[str, str] | None = None) -> dict:
     """Pack the image folder ``src`` into a shard set at ``out``.
 
     Args:
@@ -187,8 +212,12 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         overwrite: replace a set at ``out`` (only files fastdata wrote there).
         resume: finish an interrupted conversion, keeping every shard that verifies.
         progress: show progress bars.
-        labels: a CSV file of labels (``fastdata.converters.labels``) instead of class folder
-            names.
+        labels: a labels file (CSV, JSON Lines or parquet: ``fastdata.converters.labels``)
+            instead of class folder names: a row per image, its path (``path`` or
+            ``file_name``), its label and any other columns, each a field of the set.
+        fields: the kind of a labels file's column by name (``{"caption": "text"}``; the
+            command line's ``--field caption=text``), where it is not to be inferred; kinds
+            from ``fastdata.fields.FIELDS``.
         engine: ``"local"`` (``num_workers`` decode processes) or ``"ray"`` (a task per shard on a
             Ray cluster: ``fastdata.converters.ray_engine``); the same shards either way.
         address: the Ray cluster's address (default: ``RAY_ADDRESS``, or a local cluster that
@@ -226,7 +255,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     src, out = os.path.abspath(src), os.path.abspath(out)
     warn_if_not_simd()
 
-    scan = _scan(src, labels=labels, coco=coco, masks=masks, progress=progress)
+    fields = _field_kinds(fields)
+    scan = _scan(src, labels=labels, coco=coco, masks=masks, progress=progress, fields=fields)
     labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,
                                                                              masks))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
@@ -235,6 +265,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
                labels=labels, coco=coco, masks=masks, shuffle=shuffle, bucket=bucket,
+               fields=fields,
                progress=progress, workers=workers)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
@@ -284,7 +315,8 @@ def _start(job: _Job, *, overwrite: bool, resume: bool) -> tuple[dict | None, li
         prepare_out(job.out, job.src, overwrite=overwrite, resume=resume)
         done = _finished(job) if resume else None
         return done, (reusable_shards(job.out, job.container, job.opts.sizes, job.opts.encoding,
-                                      job.fp) if resume and done is None else [])
+                                      job.fp, job.scan.fields) if resume and done is None
+                      else [])
     job.bucket.prepare(overwrite=overwrite, resume=resume)
     drop_unfinished(job.out, job.container, 0)      # what a killed run left in the staging
     done = job.bucket.finished(job.fp, lambda m: what_differs(
@@ -308,6 +340,7 @@ class _Job:
     progress: bool = False
     workers: int = 1                # processes that make a detection set's annotations
     shuffle: bool = False           # the files in a seeded order, not the folder's
+    fields: dict | None = None      # the kinds given for a labels file's columns
     bucket: Any = None              # a store's folder the shards go up to (converters.bucket)
     fp: str = ""
 
@@ -322,7 +355,7 @@ class _Job:
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
                 "shard_size": self.shard_size, "labels": self.labels, "coco": self.coco,
                 "masks": self.masks,
-                "shuffle": self.shuffle}
+                "shuffle": self.shuffle, **({"fields": self.fields} if self.fields else {})}
 
 
 def _finished(job: _Job) -> dict | None:
@@ -388,11 +421,13 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
 
     latch = SigintLatch()
     decoder = Decoder(workers, job.opts)
-    inflight: dict[int, tuple[str, int]] = {}   # (path, label) of the positions sent
+    inflight: dict[int, tuple] = {}     # (path, label, field values) of the positions sent
 
     def jobs():
-        for pos, (path, label) in enumerate(files.iter_from(first), first):
-            inflight[pos] = path, label
+        values = job.scan.values.iter_from(first) if job.scan.values is not None else \
+            itertools.repeat(())
+        for pos, ((path, label), v) in enumerate(zip(files.iter_from(first), values), first):
+            inflight[pos] = path, label, v
             yield pos, os.path.join(job.src, path)
 
     bar = tqdm(total=len(files), initial=first, unit="img", desc="convert",
@@ -403,7 +438,7 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
             bar.update(len(results))
             for pos, payloads, crcs, error in results:
                 end = range_end(pos, job.shard_size, len(files))
-                path, label = inflight.pop(pos)
+                path, label, values = inflight.pop(pos)
                 if error is not None:
                     if on_error == "raise":
                         raise ConversionError(f"cannot read {path!r}: {error}")
@@ -412,8 +447,9 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                     if shard is None:
                         shard = WRITERS[container](
                             os.path.join(out, shard_file(container, len(shards))),
-                            sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos)
-                    shard.add(label, payloads, crcs)
+                            sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos,
+                            fields=job.scan.fields)
+                    shard.add(label, payloads, crcs, values)
                 # a range of the source ends (the last one after the workers are told to stop)
                 if shard is not None and pos + 1 == end < len(files):
                     flush(end)
@@ -463,12 +499,18 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
                 counts[label] += 1
         if sum(counts) == manifest["num_samples"]:
             manifest["class_counts"] = counts
+    if scan.fields:
+        manifest.update(version=FIELDS_VERSION, fields=entries(scan.fields))
+        if job.fields:
+            manifest["field_kinds"] = job.fields
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
     if scan.coco is not None or scan.masks is not None:
         manifest.update(_spatial_labels(job, [path for path, _ in scan.files
                                               if path not in dropped], manifest["skipped"]))
+        if scan.fields:
+            manifest["version"] = FIELDS_VERSION
     return manifest
 
 

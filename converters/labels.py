@@ -1,98 +1,127 @@
-"""Labels from a CSV file instead of folder names (``fastdata convert SRC OUT --labels F.csv``).
+"""Labels and fields from a labels file instead of folder names (``fastdata convert SRC OUT
+--labels FILE``): CSV, JSON Lines or parquet (``fastdata.converters.table``), a row per image
+with its path relative to SRC (column ``path`` or ``file_name``, in any layout, flat included).
 
-The first row is a header whose first column is ``path`` (an image's path relative to SRC, in
-any layout, flat included); then either
-
-* one column ``label``: a class name or a non-negative integer per image (single-label; the
-  classes are the sorted names, or ``0..max`` where every label is an integer, so that an
-  integer label is its class index),
-* one column per class holding 0 or 1 (multi-label, multi-hot; the header names the classes),
-* or columns of numbers (regression targets; the header names them).
+* Only a ``label`` column, or only columns of numbers (most of each column's cells: one that
+  is not a number skips its row): a set's labels. ``label`` holds a class
+  name or a non-negative integer per image (the classes are the sorted names, or ``0..max``
+  where every label is an integer, so that an integer label is its class index); columns of 0
+  and 1 only are multi-label (multi-hot; the header names the classes); other numbers are
+  regression targets (the header names them).
+* Otherwise a ``label`` column (if any) is the class label, as above, and every other column
+  is a field of its own, its kind inferred (``fastdata.fields.infer``: numbers ``float``, JSON
+  arrays of numbers ``array``, of integers ``tokens``, objects ``json``, other strings
+  ``text``) or given by ``--field NAME=KIND``. A set without a ``label`` column has none.
 
 Images under SRC that the file does not list, rows whose file is not under SRC, rows listed
-twice and rows that do not parse are reported as the manifest's skipped entries, with why.
+twice and rows that do not parse (a value not of its field's kind, named by line and column)
+are reported as the manifest's skipped entries, with why.
 """
 from __future__ import annotations
 
-import csv
-import io
-import os
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fastdata.converters.scan import Files, Scan, source_folder, walk_images
-from fastdata.converters.units import read_limited
+from fastdata.converters.scan import FieldValues, Files, Scan, source_folder, walk_images
+from fastdata.converters.table import Table, read_table, relative
+from fastdata.fields import FieldError, FieldKind
+from fastdata.fields.infer import infer, kind_named
+from fastdata.fields.schema import check_name
 
-#: a labels file larger than this is refused before it is parsed
-MAX_LABELS_BYTES = 1 << 30
 #: integer labels are class indices below this: each index up to the largest is a class, so
 #: one row's label must not make millions of them
 MAX_CLASSES = 1 << 20
 _INTEGER = re.compile(r"[0-9]+")
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", re.IGNORECASE)
 
 
 @dataclass
 class LabelsFile:
     kind: str                                   # one of fastdata.format.LABEL_KINDS
     names: list[str]                            # classes or target names
-    values: dict[str, list[str]]                # path -> its cells after ``path``
+    values: dict[str, list[str]]                # path -> its label's cells
     bad: list[dict] = field(default_factory=list)   # rows that cannot be used: path, reason
     lines: dict[str, int] = field(default_factory=dict)     # path -> its line in the file
+    fields: dict[str, FieldKind] = field(default_factory=dict)  # the other columns' kinds
+    #: path -> its fields' parsed values, in ``fields``' order
+    field_values: dict[str, tuple] = field(default_factory=dict)
 
 
 def _relative(path: str) -> str | None:
-    """A CSV path as the scan writes it (relative, normalised), or None where it would leave
-    the source folder."""
-    path = path.strip().replace("/", os.sep)
-    norm = os.path.normpath(path)
-    if not path or os.path.isabs(path) or norm == ".." or norm.startswith(".." + os.sep):
-        return None
-    return norm
+    return relative(path)
 
 
-def read_labels(csv_path: str) -> LabelsFile:
-    """Parse a labels file (see the module's docstring).
+def read_labels(file: str, kinds: dict[str, str] | None = None) -> LabelsFile:
+    """Parse a labels file (see the module's docstring). ``kinds``: a column's kind by name
+    (``--field NAME=KIND``), where not inferred.
 
     Raises:
-        ValueError: the file is not a regular file, too large, not UTF-8 text, its header is
-            not ``path,label`` or ``path,<name>,...``, or it mixes integer labels (class
-            indices) with others (the first such row named).
+        ValueError: the file is not a labels file (``read_table``), a ``kinds`` entry names no
+            column or gives the label another kind than ``class``, a column's name is not a
+            field's, or integer labels (class indices) are mixed with others (the first such
+            row named).
     """
-    data = read_limited(csv_path, MAX_LABELS_BYTES, "labels file")
-    try:
-        rows = list(csv.reader(io.StringIO(data.decode("utf-8-sig"), newline="")))
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"labels file {csv_path} is not a readable CSV ({e})") from None
-    header = [h.strip() for h in rows[0]] if rows else []
-    names = header[1:]
-    if len(header) < 2 or header[0] != "path" or "" in names or len(set(names)) < len(names):
-        raise ValueError(f"labels file {csv_path}: the first row must be a header `path,label` "
-                         f"or `path,<name>,<name>...` (distinct names), not {header[:5]}")
-    values: dict[str, list[str]] = {}
-    lines: dict[str, int] = {}
-    bad: list[dict] = []
-    for line, row in enumerate(rows[1:], 2):
-        if not any(c.strip() for c in row):
+    table = read_table(file)
+    kinds = dict(kinds or {})
+    missing = [n for n in kinds if n not in table.columns]
+    if missing:
+        raise ValueError(f"--field {missing[0]}=...: labels file {file} has no column "
+                         f"{missing[0]!r} (its columns: {', '.join(table.columns)})")
+    if kinds.get("label", "class") != "class":
+        raise ValueError(f"--field label={kinds['label']}: the label column is a class per "
+                         f"image; rename the column to make it a field of another kind")
+    values = {p: [str(c).strip() if c is not None else "" for c in v]
+              for p, v in table.rows.items()}
+    if not kinds and table.columns == ["label"]:
+        return _classes(file, values, table.bad, table.lines)
+    if not kinds and "label" not in table.columns and _all_numbers(table):
+        return _numbers(table.columns, values, table.bad, table.lines)
+    return _with_fields(table, kinds)
+
+
+def _all_numbers(table: Table) -> bool:
+    """Whether most cells of each column are numbers: a multi-label or regression file, where
+    a cell that is not one skips its row."""
+    def number(c) -> bool:
+        return (isinstance(c, (int, float)) and not isinstance(c, bool)) or (
+            isinstance(c, str) and _NUMBER.fullmatch(c.strip()) is not None)
+
+    rows = list(table.rows.values())
+    return bool(rows) and all(2 * sum(number(r[k]) for r in rows) > len(rows)
+                              for k in range(len(table.columns)))
+
+
+def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
+    """A ``label`` column (if any) as the class label, every other column a field."""
+    fields = {}
+    for k, name in enumerate(table.columns):
+        if name == "label":
             continue
-        where = f"labels file line {line}"
-        path = _relative(row[0])
-        if len(row) != len(header):
-            bad.append({"path": row[0], "kind": "bad_label",
-                        "reason": f"{where}: {len(row)} columns, the header has {len(header)}"})
-        elif path is None:
-            bad.append({"path": row[0], "kind": "bad_label",
-                        "reason": f"{where}: not a path inside the source folder"})
-        elif path in values:
-            bad.append({"path": row[0], "kind": "note",
-                        "reason": f"{where}: listed again (the first row counts)"})
-        else:
-            values[path] = [c.strip() for c in row[1:]]
-            lines[path] = line
-    if names == ["label"]:
-        return _classes(csv_path, values, bad, lines)
-    return _numbers(names, values, bad, lines)
+        check_name(name, f"labels file {table.file}: column")
+        cells = [row[k] for row in table.rows.values() if row[k] is not None]
+        fields[name] = kind_named(kinds[name], cells) if name in kinds else infer(name, cells)
+    bad, parsed = list(table.bad), {}
+    for path, row in table.rows.items():
+        try:
+            parsed[path] = tuple(kind.parse(_cell(row[table.columns.index(n)]),
+                                            table.where(path, n)) for n, kind in fields.items())
+        except FieldError as e:
+            bad.append({"path": path, "kind": "bad_label", "reason": str(e)})
+    if "label" not in table.columns:
+        return LabelsFile("none", [], {p: [] for p in parsed}, bad, table.lines, fields,
+                          parsed)
+    at = table.columns.index("label")
+    values = {p: [str(table.rows[p][at]).strip()] for p in parsed}
+    out = _classes(table.file, values, bad, table.lines)
+    out.fields, out.field_values = fields, {p: parsed[p] for p in out.values}
+    return out
+
+
+def _cell(cell):
+    """A missing value (a parquet null, a JSON null) as an empty cell."""
+    return "" if cell is None else cell
 
 
 def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
@@ -149,9 +178,10 @@ def _numbers(names: list[str], values: dict, bad: list, lines: dict) -> LabelsFi
                       {p: list(map(str, row)) for p, row in parsed.items()}, bad, lines)
 
 
-def scan_labeled(root: str, csv_path: str) -> Scan:
-    """The images under ``root`` that ``csv_path`` labels, sorted by path, with their labels;
-    what either side lacks becomes a skipped entry.
+def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> Scan:
+    """The images under ``root`` that the labels file ``file`` lists, sorted by path, with
+    their labels and fields (``kinds``: ``read_labels``'); what either side lacks becomes a
+    skipped entry.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -159,7 +189,7 @@ def scan_labeled(root: str, csv_path: str) -> Scan:
         ValueError: the labels file is not valid (``read_labels``).
     """
     root = source_folder(root)
-    table = read_labels(csv_path)
+    table = read_labels(file, kinds)
     ignored: dict[str, int] = {}
     present = set(walk_images(root, "", ignored))
     listed = set(table.values) | {_relative(s["path"]) for s in table.bad}
@@ -178,7 +208,10 @@ def scan_labeled(root: str, csv_path: str) -> Scan:
             files.extend([p], index[table.values[p][0]])
     else:
         files.extend(paths, 0)
+    if table.kind in ("multi_label", "regression"):
         targets = np.array([[float(v) for v in table.values[p]] for p in paths],
                            np.float32).reshape(len(paths), len(table.names))
+    values = (FieldValues.of(table.fields, [table.field_values[p] for p in paths])
+              if table.fields else None)
     return Scan(root, table.names, files.freeze(), ignored, skipped=skipped,
-                label_kind=table.kind, targets=targets)
+                label_kind=table.kind, targets=targets, values=values)

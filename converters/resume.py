@@ -44,6 +44,8 @@ def fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> s
         h.update(scan.coco.digest.encode())
     if scan.masks is not None:
         h.update(scan.masks[1].encode())
+    if scan.values is not None:
+        h.update(scan.values.digest())
     return h.hexdigest()
 
 
@@ -76,9 +78,11 @@ def prepare_out(out: str, src: str, *, overwrite: bool, resume: bool) -> None:
                     len(others), "y" if len(others) == 1 else "ies", out, others[0])
 
 
-def reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> list[ShardMeta]:
-    """The longest run of complete, checksum-valid shards 0..k-1 of this very job. Shards of
-    another job (other options or inputs) are refused, not deleted."""
+def reusable_shards(out: str, container: str, sizes, encoding: str, fp: str,
+                    fields: dict | None = None) -> list[ShardMeta]:
+    """The longest run of complete, checksum-valid shards 0..k-1 of this very job (whose
+    shards hold ``fields``). Shards of another job (other options or inputs) are refused, not
+    deleted."""
     other = [n for n in os.listdir(out) if n.startswith("shard-") and n.endswith(tuple(
         x for c, x in SHARD_SUFFIX.items() if c != container))]
     first = os.path.join(out, shard_file(container, 0))
@@ -92,7 +96,8 @@ def reusable_shards(out: str, container: str, sizes, encoding: str, fp: str) -> 
         path = os.path.join(out, shard_file(container, len(kept)))
         if not os.path.isfile(path):
             break
-        reader = READERS[container](path, sizes=sizes, encoding=encoding, count=None)
+        reader = READERS[container](path, sizes=sizes, encoding=encoding, count=None,
+                                    fields=fields)
         try:
             meta = reader.meta()
         except Exception:   # noqa: BLE001 - an unreadable shard is simply redone

@@ -86,6 +86,51 @@ class Files(Sequence):
         return self.iter_from(0)
 
 
+class FieldValues:
+    """The fields' values of a scan's files, in the scan's order: one column per field
+    (``fastdata.fields.Column``: the packed form a shard stores, not a Python object per
+    value)."""
+
+    def __init__(self, fields: dict, columns: list):
+        self.fields, self.columns = dict(fields), columns
+
+    @classmethod
+    def of(cls, fields: dict, rows: list[tuple]) -> FieldValues:
+        """``rows``: each file's parsed values, in ``fields``' order."""
+        return cls(fields, [kind.pack([r[k] for r in rows])
+                            for k, kind in enumerate(fields.values())])
+
+    def rows(self, a: int, b: int) -> list[tuple]:
+        """The values of files ``a`` to ``b - 1``, a tuple per file."""
+        local = np.arange(a, b)
+        columns = [kind.read(c, local) for kind, c in zip(self.fields.values(), self.columns)]
+        return list(zip(*columns)) if columns else [() for _ in local]
+
+    def iter_from(self, first: int, block: int = 1 << 12):
+        """The values of the files from position ``first`` on, a tuple per file."""
+        n = len(self.columns[0]) if self.columns else 0
+        for a in range(first, n, block):
+            yield from self.rows(a, min(n, a + block))
+
+    def take(self, order: np.ndarray) -> FieldValues:
+        """These values in the order ``order`` (positions) gives."""
+        rows = self.rows(0, len(self.columns[0]))
+        return FieldValues.of(self.fields, [rows[k] for k in order.tolist()])
+
+    def digest(self) -> bytes:
+        """What a conversion's fingerprint takes of them: the kinds and every value."""
+        import hashlib
+
+        from fastdata.fields.schema import entries
+
+        h = hashlib.sha256(repr(entries(self.fields)).encode())
+        for c in self.columns:
+            h.update(c.values.tobytes())
+            if c.offsets is not None:
+                h.update(c.offsets.tobytes())
+        return h.digest()
+
+
 @dataclass
 class Scan:
     root: str
@@ -101,6 +146,13 @@ class Scan:
     coco: Any = None
     #: a segmentation set's class maps: (their folder, a digest of their sizes and times)
     masks: tuple[str, str] | None = None
+    #: the files' fields (a labels file's other columns), else None
+    values: FieldValues | None = None
+
+    @property
+    def fields(self) -> dict:
+        """The files' fields: name -> kind (``fastdata.fields``)."""
+        return {} if self.values is None else self.values.fields
 
     def shuffled(self, seed: int = 0) -> Scan:
         """This scan with its files (and targets) in an order drawn from ``seed`` (shards
@@ -111,7 +163,8 @@ class Scan:
             path, label = self.files[k]
             files.extend([path], label)
         targets = None if self.targets is None else self.targets[perm]
-        return dataclasses.replace(self, files=files.freeze(), targets=targets)
+        values = None if self.values is None else self.values.take(perm)
+        return dataclasses.replace(self, files=files.freeze(), targets=targets, values=values)
 
 
 def walk_images(folder: str, rel: str, ignored: dict[str, int], *,

@@ -33,6 +33,8 @@ def manifest_options(done: dict) -> dict | None:
         found["masks"] = done["masks_dir"]
     if done.get("shuffle"):
         found["shuffle"] = True
+    if isinstance(done.get("field_kinds"), dict):   # the kinds given for its columns
+        found["fields"] = done["field_kinds"]
     return found
 
 

@@ -32,6 +32,7 @@ from fastdata.format import (
     PAGE,
     ShardMeta,
     lmdb_crc_key,
+    lmdb_field_key,
     lmdb_key,
     shard_checksum,
 )
@@ -60,9 +61,15 @@ class ShardWriter:
     samples, then ``finish`` (or ``abort``)."""
     container: str = ""
 
-    def __init__(self, path: str, *, sizes: tuple[int, ...], encoding: str, capacity: int):
+    def __init__(self, path: str, *, sizes: tuple[int, ...], encoding: str, capacity: int,
+                 fields: dict | None = None):
+        """``fields``: the set's fields (name -> ``fastdata.fields.FieldKind``), whose values
+        each ``add`` gives in that order."""
         self.path, self.tmp = path, temp_path(path)
         self.sizes, self.encoding, self.capacity = sizes, encoding, capacity
+        self.fields = dict(fields or {})
+        self.values: list[list] = [[] for _ in self.fields]
+        self._columns: list | None = None
         self.labels: list[int] = []
         self.crcs = {s: np.zeros(capacity, np.uint32) for s in sizes}
         self.encoded: dict[int, list[bytes]] = {s: [] for s in sizes}    # JPEG, until finish
@@ -72,12 +79,16 @@ class ShardWriter:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def add(self, label: int, payloads, crcs) -> None:
+    def add(self, label: int, payloads, crcs, values=()) -> None:
         """One sample: a payload per size (bytes, or uint8 arrays that stay as they are until
-        ``write_pending()`` or ``finish()`` returns)."""
+        ``write_pending()`` or ``finish()`` returns) and its fields' parsed ``values``."""
         i = len(self.labels)
         if i == self.capacity:
             raise ValueError(f"{self.tmp}: shard is full ({self.capacity} samples)")
+        if len(values) != len(self.fields):
+            raise ValueError(f"{len(values)} field values for the {len(self.fields)} fields")
+        for column, v in zip(self.values, values):
+            column.append(v)
         with self._cleanup():
             if self.encoding == "raw":
                 self._put(i, payloads)
@@ -91,8 +102,17 @@ class ShardWriter:
     def write_pending(self) -> None:
         """Write the payloads ``add`` has kept back, if any."""
 
+    def columns(self) -> list:
+        """Each field's column (``fastdata.fields.Column``) of the samples added, packed once
+        they are all added (at ``checksum`` or ``finish``)."""
+        if self._columns is None:
+            self._columns = [kind.pack(v) for kind, v in zip(self.fields.values(), self.values)]
+            self.values = [[] for _ in self.fields]
+        return self._columns
+
     def checksum(self) -> str:
-        return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes])
+        return shard_checksum(self.labels, [self.crcs[s][: len(self)] for s in self.sizes],
+                              self.columns())
 
     def finish(self, meta: ShardMeta, options: dict | None = None, *, place: bool = True) -> int:
         """Complete the shard and rename it into place; return its size in bytes. ``options``:
@@ -302,6 +322,11 @@ class HDF5Writer(ShardWriter):
                     f.create_dataset(f"jpeg/{s}", data=flat, track_times=False)
                     f.create_dataset(f"offsets/{s}", data=offsets, track_times=False)
                 f.create_dataset(f"crc32/{s}", data=self.crcs[s][:n], track_times=False)
+            for name, column in zip(self.fields, self.columns()):
+                f.create_dataset(f"fields/{name}/values", data=column.values, track_times=False)
+                if column.offsets is not None:
+                    f.create_dataset(f"fields/{name}/offsets", data=column.offsets,
+                                     track_times=False)
 
     @staticmethod
     def _rewrite_meta(path, meta):
@@ -406,15 +431,25 @@ class LMDBWriter(ShardWriter):
 
     def _finish(self, meta, options):
         n = len(self)
+        fields = _lmdb_bytes(part.nbytes for c in self.columns() for part in (c.values, c.offsets)
+                             if part is not None) if self.fields else 0
         if self.encoding == "jpeg":
-            self._open(_lmdb_bytes(len(p) for s in self.sizes for p in self.encoded[s]))
+            self._open(_lmdb_bytes(len(p) for s in self.sizes for p in self.encoded[s]) + fields)
             for s in self.sizes:
                 for i, p in enumerate(self.encoded[s]):
                     self._txn.put(lmdb_key(s, i), p)
+        elif fields:        # the map was sized for the pixels: room for the fields too
+            self._txn.commit()
+            self._env.set_mapsize(self._env.info()["map_size"] + int(fields * 1.5))
+            self._txn = self._env.begin(write=True)
         txn, self._txn = self._txn, None
         for s in self.sizes:
             txn.put(lmdb_crc_key(s), self.crcs[s][:n].tobytes())
         txn.put(LMDB_LABELS, np.asarray(self.labels, np.int64).tobytes())
+        for name, column in zip(self.fields, self.columns()):
+            txn.put(lmdb_field_key(name, "values"), column.values.tobytes())
+            if column.offsets is not None:
+                txn.put(lmdb_field_key(name, "offsets"), column.offsets.tobytes())
         txn.put(LMDB_META, meta.to_json().encode())
         txn.put(LMDB_OPTIONS, options.encode())
         txn.commit()

@@ -9,7 +9,8 @@ DISTRIBUTION = "fastdata-shards"
 
 EXTRAS = {"nvidia.dali": ("dali", "NVIDIA DALI"), "matplotlib": ("plot", "matplotlib"),
           "torchvision": (None, "torchvision"), "lightning": ("lightning", "Lightning"),
-          "ray": ("ray", "Ray"), "obstore": ("remote", "obstore"), "fsspec": ("fsspec", "fsspec")}
+          "ray": ("ray", "Ray"), "obstore": ("remote", "obstore"), "fsspec": ("fsspec", "fsspec"),
+          "pyarrow": ("parquet", "pyarrow")}
 
 
 def require(module: str, feature: str):

@@ -23,6 +23,15 @@ shards (its shape and SHA-256 in the manifest; the shards' ``labels`` are then 0
 when the set's labels are first asked for, as the shards' labels are. Detection and
 segmentation sets (version 3) keep their boxes or class maps in ``ANNOTATIONS``
 (``fastdata.shards.annotations``).
+
+Fields (version 4): a set whose samples hold named fields beside the image and the label lists
+them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
+``fastdata.fields``). Each shard holds each field's column: in HDF5 the contiguous datasets
+``fields/<name>/values`` (fixed-size kinds: ``(n, *shape)`` of the kind's dtype; the others:
+a flat uint8 payload) and, for variable-length kinds, ``fields/<name>/offsets`` (int64,
+``n + 1``); in LMDB the same bytes under ``FIELD_KEY``. The shard checksum then continues,
+field after field in the manifest's order, with the column's values and offsets as stored
+(little endian).
 """
 from __future__ import annotations
 
@@ -46,14 +55,17 @@ FORMAT_VERSION = 2
 #: the version of a set with boxes or class maps (``SPATIAL_KINDS``): older readers refuse it,
 #: while every other set is still written as version 2
 SPATIAL_VERSION = 3
+#: the version of a set with fields (``fields``), whatever its labels
+FIELDS_VERSION = 4
 #: version 1 sets (no ``label_kind``: class labels) read as they are
-READ_VERSIONS = (1, 2, 3)
+READ_VERSIONS = (1, 2, 3, 4)
 MANIFEST = "manifest.json"
 #: what a sample's label is: a class index (int64), a multi-hot row over the classes or a row
 #: of regression targets (both float32, (K,), in ``TARGETS``, one array for the whole set), or
 #: boxes with their classes (and instance masks), or a class map, in ``ANNOTATIONS``
-#: (``fastdata.shards.annotations``)
-LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation")
+#: (``fastdata.shards.annotations``); or none: a set of images and fields only (version 4, no
+#: classes, its shards' ``labels`` 0)
+LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation", "none")
 #: the label kinds whose labels are places in the picture: they move with its pixels
 SPATIAL_KINDS = ("detection", "segmentation")
 TARGETS = "targets.npy"
@@ -114,6 +126,18 @@ def lmdb_crc_key(size: int) -> bytes:
     return b"__crc32__/%05d" % size
 
 
+def lmdb_field_key(name: str, part: str) -> bytes:
+    """The LMDB key of a field's ``values`` or ``offsets`` (``FIELD_KEY``)."""
+    return FIELD_KEY % (name.encode(), part.encode())
+
+
+FIELD_KEY = b"__field__/%s/%s"
+#: a field's name: what a batch's dict is keyed by, an HDF5 dataset's and an LMDB key's part
+FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+#: names a field may not take: the image, and the label every set has
+RESERVED_FIELDS = ("image", "label")
+
+
 @dataclass
 class ShardMeta:
     """Per-shard metadata stored inside the shard itself (HDF5 attribute / LMDB key).
@@ -160,11 +184,16 @@ class ShardMeta:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
-def shard_checksum(labels, crcs_by_size) -> str:
-    """The documented shard checksum from labels and ``[crc32 array per size, ascending]``."""
+def shard_checksum(labels, crcs_by_size, columns=()) -> str:
+    """The documented shard checksum from labels, ``[crc32 array per size, ascending]`` and
+    each field's column (``fastdata.fields.Column``), in the manifest's order."""
     h = hashlib.sha256(np.ascontiguousarray(labels, "<i8").tobytes())
     for crcs in crcs_by_size:
         h.update(np.ascontiguousarray(crcs, "<u4").tobytes())
+    for column in columns:
+        for part in (column.values, column.offsets):
+            if part is not None:
+                h.update(np.ascontiguousarray(part, part.dtype.newbyteorder("<")).tobytes())
     return h.hexdigest()
 
 
@@ -244,15 +273,36 @@ def check_manifest(m: dict, path: str) -> None:
         _is_int(s) and s >= MIN_SIZE and not s & (s - 1) for s in sizes)
       and sizes == sorted(set(sizes)), "ascending powers of two >= 8")
     classes = m.get("classes")
-    f("classes", classes, isinstance(classes, list) and classes and all(  # type: ignore[arg-type]
-        isinstance(c, str) for c in classes) and len(set(classes)) == len(classes),
-      "a list of distinct names")
+    f("classes", classes, isinstance(classes, list) and (classes or label_kind(m) == "none")
+      and all(isinstance(c, str) for c in classes)  # type: ignore[union-attr]
+      and len(set(classes)) == len(classes),  # type: ignore[arg-type]
+      "a list of distinct names (empty only for a set without labels)")
     n = m.get("num_samples")
     f("num_samples", n, _is_int(n) and n >= 0, "an integer >= 0")  # type: ignore[operator]
     end = _check_shards(m, f)
     f("num_samples", n, n == end, f"{end}, the sum of the shards' counts")
     _check_records(m, f)
     _check_targets(m, f)
+    _check_fields(m, f)
+
+
+def _check_fields(m: dict, f) -> None:
+    """``check_manifest`` of ``fields``: their names and kinds' shape (the kinds' parameters
+    are checked by ``fastdata.fields.schema``, which knows the kinds)."""
+    fields = m.get("fields")
+    f("fields", fields, fields is None or (isinstance(fields, list) and fields),
+      "absent, or a non-empty list")
+    f("version", m.get("version"), (fields is not None) == (m.get("version") == FIELDS_VERSION),
+      f"{FIELDS_VERSION} exactly for a set with fields")
+    names: set = set()
+    for k, e in enumerate(fields or ()):
+        name = e.get("name") if isinstance(e, dict) else None
+        f(f"fields[{k}]", e, isinstance(e, dict) and isinstance(name, str)
+          and FIELD_NAME.fullmatch(name) is not None and name not in RESERVED_FIELDS
+          and name not in names and isinstance(e.get("kind"), str)
+          and isinstance(e.get("params", {}), dict),
+          "{name, kind, params}, each name a distinct identifier (not image or label)")
+        names.add(name)
 
 
 def label_kind(m: dict) -> str:
@@ -265,8 +315,10 @@ def _check_targets(m: dict, f) -> None:
     kind = label_kind(m)
     f("label_kind", kind, kind in LABEL_KINDS, f"one of {', '.join(LABEL_KINDS)}")
     spatial = kind in SPATIAL_KINDS
-    f("version", m.get("version"), spatial == (m.get("version") == SPATIAL_VERSION),
-      f"{SPATIAL_VERSION} exactly for a detection or segmentation set")
+    version = m.get("version")
+    f("version", version, spatial == (version == SPATIAL_VERSION) or version == FIELDS_VERSION,
+      f"{SPATIAL_VERSION} exactly for a detection or segmentation set (or {FIELDS_VERSION}, "
+      f"with fields)")
     a = m.get("annotations")
     if spatial:
         f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
@@ -276,8 +328,10 @@ def _check_targets(m: dict, f) -> None:
           f"{{file: {ANNOTATIONS}, bytes, sha256, masks}}")
     else:
         f("annotations", a, a is None, "absent but for a detection or segmentation set")
+    f("label_kind", kind, kind != "none" or m.get("version") == FIELDS_VERSION,
+      f"not none but in a set with fields (version {FIELDS_VERSION})")
     t = m.get("targets")
-    if kind in ("class", *SPATIAL_KINDS):
+    if kind in ("class", "none", *SPATIAL_KINDS):
         f("targets", t, t is None, f"absent for {kind} labels")
         return
     shape = [m["num_samples"], len(m["classes"])]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from fastdata.cli.common import log, sizes_arg
+from fastdata.fields import FIELDS
+from fastdata.fields.infer import field_option
 from fastdata.format import CONTAINERS, ENCODINGS, FITS
 
 HELP = "pack an image folder (root/<class>/...) into shards"
@@ -14,7 +16,7 @@ HELP = "pack an image folder (root/<class>/...) into shards"
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"container": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
                     "fit": "crop", "shard_size": None, "labels": None, "coco": None, "masks": None,
-                    "shuffle": None}
+                    "shuffle": None, "field": None}
 
 
 def _convert_options(a) -> dict:
@@ -36,7 +38,10 @@ def _convert_options(a) -> dict:
                              ("shard_size", saved.get("shard_size")),
                              ("labels", saved.get("labels")), ("coco", saved.get("coco")),
                              ("masks", saved.get("masks")),
-                             ("shuffle", saved.get("shuffle"))) if v not in (None, False)))
+                             ("shuffle", saved.get("shuffle")),
+                             ("field", " --field ".join(f"{n}={k}" for n, k in (
+                                 saved.get("fields") or {}).items()) or None))
+                if v not in (None, False)))
             return {k: v for k, v in saved.items() if v is not None}
     o = {**CONVERT_DEFAULTS, **given}
     if "quality" in given and o["encoding"] != "jpeg":
@@ -45,7 +50,15 @@ def _convert_options(a) -> dict:
     return {"container": o["container"], "sizes": sorted({s for group in o["size"] for s in group}),
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
             "shard_size": o["shard_size"], "labels": o["labels"], "coco": o["coco"],
-            "masks": o["masks"], "shuffle": bool(o["shuffle"])}
+            "masks": o["masks"], "shuffle": bool(o["shuffle"]),
+            "fields": dict(o["field"]) if o["field"] else None}
+
+
+def _field_arg(text: str) -> tuple[str, str]:
+    try:
+        return field_option(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(a) -> int:
@@ -78,10 +91,15 @@ def add_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--fit", choices=FITS, default=None,
                    help="non-square images: crop (shorter side, centre crop), pad, stretch "
                    "(default crop)")
-    c.add_argument("--labels", default=None, metavar="FILE.csv",
-                   help="labels from a CSV file instead of class folders: a header `path,label` "
-                        "(a class per image), `path,<class>,...` (0/1: multi-label) or "
-                        "`path,<target>,...` (numbers: regression); paths relative to SRC")
+    c.add_argument("--labels", default=None, metavar="FILE",
+                   help="labels and fields from a CSV, JSON Lines or parquet file instead of "
+                        "class folders: a row per image, its path relative to SRC (column "
+                        "`path` or `file_name`); `label`: a class per image; only 0/1 columns: "
+                        "multi-label; only numbers: regression targets; any other column a "
+                        "field (a caption, an embedding...), its kind inferred")
+    c.add_argument("--field", type=_field_arg, action="append", metavar="NAME=KIND",
+                   help="the kind of the labels file's column NAME, where not inferred: "
+                        f"{', '.join(FIELDS)}; repeatable")
     c.add_argument("--coco", default=None, metavar="FILE.json",
                    help="a detection set: the images a COCO annotations file lists under SRC, "
                         "with their boxes and, where it has segmentations, instance masks")

@@ -101,6 +101,19 @@ class FieldKind:
         Raises:
             FieldError: naming ``where`` and what is wrong.
         """
+        self.check_layout(column, count, where)
+        if not self.fixed:
+            o = column.offsets
+            for k in range(count):
+                self.from_bytes(column.values[o[k]:o[k + 1]].tobytes(), f"{where}, value {k}")
+
+    def check_layout(self, column: Column, count: int, where: str) -> None:
+        """``check`` of the column's dtype, shape and offsets only: what a reader checks as a
+        shard opens (a variable-length value is checked as it is read).
+
+        Raises:
+            FieldError: naming ``where`` and what is wrong.
+        """
         if self.fixed:
             want = (count, *self.shape)
             if column.offsets is not None or column.values.shape != want or \
@@ -113,8 +126,6 @@ class FieldKind:
                 o[-1] != len(column.values) or np.any(np.diff(o) < 0):
             raise FieldError(f"{where}: its offsets do not cut its {len(column.values)} bytes "
                              f"into {count} values")
-        for k in range(count):
-            self.from_bytes(column.values[o[k]:o[k + 1]].tobytes(), f"{where}, value {k}")
 
     def read(self, column: Column, local: np.ndarray) -> list | np.ndarray:
         """The values of samples ``local`` (indices into the column)."""

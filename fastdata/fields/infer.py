@@ -85,8 +85,62 @@ def _lists(values: list[list]) -> FieldKind:
     if len({len(v) for v in values}) == 1 and len(values[0]):
         return field_of("array", shape=[len(values[0])], dtype="float32")
     if all(isinstance(x, int) for v in values for x in v):
-        return field_of("tokens", dtype="int64")
+        return field_of("tokens", dtype=_token_dtype(values))
     return field_of("json")
+
+
+def _token_dtype(values: list) -> str:
+    """The smallest of the tokens kind's dtypes that holds every integer of ``values``."""
+    flat = [x for v in values for x in v if isinstance(x, int)]
+    lo, hi = min(flat, default=0), max(flat, default=0)
+    if lo >= 0 and hi < 1 << 16:
+        return "uint16"
+    return "int32" if -(1 << 31) <= lo and hi < 1 << 31 else "int64"
+
+
+def kind_named(kind: str, cells: Sequence) -> FieldKind:
+    """The kind ``kind`` (a ``--field NAME=KIND``'s) with the parameters its column's
+    ``cells`` imply: a class or multilabel field's names (sorted), a float vector's length, an
+    array's shape, the tokens' dtype.
+
+    Raises:
+        ValueError: an unknown kind (naming the kinds), or cells that imply no parameters
+            (e.g. an array column with no array).
+    """
+    if kind == "class":
+        return _classes(cells)
+    values = [_json(c) for c in cells]
+    if kind == "multilabel":
+        names = set()
+        for v in values:
+            if isinstance(v, str):
+                sep = "|" if "|" in v else ";"
+                names.update(n.strip() for n in v.split(sep) if n.strip())
+            elif isinstance(v, list):
+                names.update(str(n) for n in v)
+        return field_of("multilabel", classes=sorted(names))
+    lists = [v for v in values if isinstance(v, list)]
+    if kind == "float" and lists:
+        return field_of("float", length=len(lists[0]))
+    if kind == "float" and values and all(isinstance(v, str) and len(v.split()) > 1
+                                          for v in values):
+        return field_of("float", length=len(values[0].split()))
+    if kind == "array":
+        if not lists:
+            raise ValueError("an array field needs JSON arrays of numbers in its column")
+        return field_of("array", shape=list(_shape(lists[0])), dtype="float32")
+    if kind == "tokens":
+        return field_of("tokens", dtype=_token_dtype(lists))
+    return field_of(kind)
+
+
+def _shape(value) -> tuple[int, ...]:
+    """The shape of a nested list (its first elements' lengths)."""
+    shape = []
+    while isinstance(value, list) and value:
+        shape.append(len(value))
+        value = value[0]
+    return tuple(shape)
 
 
 def _classes(cells) -> FieldKind:

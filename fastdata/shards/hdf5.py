@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 
+from fastdata.fields import Column
 from fastdata.format import (
     ShardFormatError,
 )
@@ -57,8 +58,28 @@ class HDF5ShardReader(ShardReader):
                             or (np.diff(o) < 0).any()):
                         raise ShardFormatError(f"offsets/{s} do not cut jpeg/{s} into "
                                                f"{self.count} records")
+            columns = {}
+            for name, kind in self.fields.items():
+                columns[name], stop = self._column(f, fd, name, kind, size, guards)
+                end = max(end, stop)
         return self._with_records({"maps": maps, "offsets": offsets, "end": end, "guards": guards},
-                             fd, meta, labels, crcs)
+                                  fd, meta, labels, crcs, columns)
+
+    def _column(self, f, fd: int, name: str, kind, size: int, guards: list) -> tuple:
+        """Field ``name``'s column, its values mapped from the file as the images are (a
+        compact dataset read whole), and where its bytes end."""
+        ndim = 1 + len(kind.shape) if kind.fixed else 1
+        ds = _dataset(f, f"fields/{name}/values", kind.dtype if kind.fixed else np.uint8, ndim)
+        off, nbytes = ds.id.get_offset(), ds.size * ds.dtype.itemsize
+        if off is not None and off + nbytes > size:
+            raise ShardFormatError(f"dataset fields/{name}/values lies past the file's end "
+                                   f"({size} bytes): the file is cut short")
+        if off is None or not nbytes:
+            values = ds[()]
+        else:
+            values = self._map(fd, off, (nbytes,), guards).view(ds.dtype).reshape(ds.shape)
+        offsets = None if kind.fixed else _dataset(f, f"fields/{name}/offsets", np.int64, 1)[()]
+        return Column(values, offsets), (off or 0) + nbytes
 
     def _map(self, fd: int, offset: int, shape, guards: list) -> np.ndarray:
         """A plain ndarray over the file's bytes (np.memmap's Python-level __getitem__ ran per

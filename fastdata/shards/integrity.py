@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastdata.fields import FieldError
 from fastdata.format import crc32, shard_checksum
 from fastdata.shards.jpeg import decode_jpeg
 from fastdata.shards.reader import ShardReader
@@ -53,13 +54,26 @@ def verify_shard(reader: ShardReader, entry: dict, classes: int | None = None, *
                     except Exception as e:  # noqa: BLE001
                         problems.append(Problem(name, start + i, f"size {s}: JPEG does not "
                                                                  f"decode: {e}"))
-        if shard_checksum(labels, actual) != entry["sha256"]:
+        problems += _field_problems(reader, entry)
+        columns = [reader.column(name) for name in reader.fields]
+        if shard_checksum(labels, actual, columns) != entry["sha256"]:
             problems.append(Problem(name, None, "shard checksum mismatch"))
         return problems
     except Exception as e:  # noqa: BLE001 - an unreadable container is a finding, not a crash
         return [Problem(name, None, f"unreadable: {type(e).__name__}: {e}")]
     finally:
         reader.close()
+
+
+def _field_problems(reader: ShardReader, entry: dict) -> list[Problem]:
+    """Each field's values checked as its kind's (opening the shard checked their layout)."""
+    problems = []
+    for name, kind in reader.fields.items():
+        try:
+            kind.check(reader.column(name), entry["count"], f"field {name}")
+        except FieldError as e:
+            problems.append(Problem(entry["file"], None, str(e)))
+    return problems
 
 
 def _entry_problems(reader: ShardReader, entry: dict, classes: int | None) -> list[Problem]:

@@ -7,12 +7,14 @@ import os
 
 import numpy as np
 
+from fastdata.fields import Column
 from fastdata.format import (
     LMDB_LABELS,
     LMDB_META,
     PAGE,
     ShardFormatError,
     lmdb_crc_key,
+    lmdb_field_key,
     lmdb_key,
 )
 from fastdata.shards import reader as _reader
@@ -69,10 +71,12 @@ class LMDBShardReader(ShardReader):
                 meta = self._meta(_value(txn, LMDB_META))
                 labels = _array(txn, LMDB_LABELS, np.int64)
                 crcs = {s: _array(txn, lmdb_crc_key(s), np.uint32) for s in self.sizes}
+                columns = {name: _column(txn, name, kind, self.count)
+                           for name, kind in self.fields.items()}
             # where each raw value lies in this process's map of the file, once read (0: not yet)
             where = {s: np.zeros(self.count, np.int64) for s in self.sizes}
-            return self._with_records({"env": env, "key": key, "where": where, "end": entry[3]}, fd,
-                                 meta, labels, crcs)
+            return self._with_records({"env": env, "key": key, "where": where, "end": entry[3]},
+                                      fd, meta, labels, crcs, columns)
         except BaseException:
             _release_env(key)
             raise
@@ -170,6 +174,17 @@ def _array(txn, key: bytes, dtype) -> np.ndarray:
         raise ShardFormatError(f"record {key.decode()} is {len(v)} bytes, not a whole number "
                                f"of {np.dtype(dtype)}")
     return np.frombuffer(v, dtype)
+
+
+def _column(txn, name: str, kind, count) -> Column:
+    """Field ``name``'s column, copied out of its transaction (shaped where its bytes fit the
+    kind's shape: the reader checks it)."""
+    if not kind.fixed:
+        return Column(_array(txn, lmdb_field_key(name, "values"), np.uint8),
+                      _array(txn, lmdb_field_key(name, "offsets"), np.int64))
+    values = _array(txn, lmdb_field_key(name, "values"), kind.dtype)
+    shape = (count, *kind.shape)
+    return Column(values.reshape(shape) if values.size == int(np.prod(shape)) else values)
 
 
 def _places(where: np.ndarray, local: np.ndarray, nbytes: int) -> list:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from fastdata.fields import Column, FieldError, FieldKind
 from fastdata.format import (
     ShardFormatError,
     ShardMeta,
@@ -61,11 +62,13 @@ class ShardReader:
         return self.access == "sequential" or self.fits
 
     def __init__(self, path: str, *, sizes: Sequence[int], encoding: str, count: int | None,
-                 start: int | None = None):
+                 start: int | None = None, fields: dict[str, FieldKind] | None = None):
         """``count``, ``start``: the samples the manifest gives the shard and the set's index
-        of its first (None: its own metadata's, not checked)."""
+        of its first (None: its own metadata's, not checked); ``fields``: the set's fields
+        (name -> kind), whose columns the shard holds."""
         self.path, self.sizes, self.encoding, self.count = path, tuple(sizes), encoding, count
         self.start = start
+        self.fields = dict(fields or {})
         #: a remote set's shard: makes it local (the node's cache) and returns its path
         self.fetch: Callable[[], str] | None = None
         self._h: dict | None = None
@@ -165,9 +168,11 @@ class ShardReader:
             self.count = meta.count
         return meta
 
-    def _with_records(self, h: dict, fd: int, meta: ShardMeta, labels, crcs: dict) -> dict:
-        """``h`` with the records every container has, checked against the count the
-        manifest gives."""
+    def _with_records(self, h: dict, fd: int, meta: ShardMeta, labels, crcs: dict,
+                      columns: dict[str, Column]) -> dict:
+        """``h`` with the records every container has and the fields' ``columns``, checked
+        against the count the manifest gives (a fixed-size field's values too; a
+        variable-length one's as each is read)."""
         n = self.count
         if meta.count != n:
             raise ShardFormatError(f"its metadata says {meta.count} samples, the manifest {n}")
@@ -180,9 +185,15 @@ class ShardReader:
         for s, c in crcs.items():
             if c.shape != (n,):
                 raise ShardFormatError(f"crc32 at size {s}: {c.size} values for {n} samples")
+        for name, kind in self.fields.items():
+            try:
+                (kind.check if kind.fixed else kind.check_layout)(columns[name], n,
+                                                                  f"field {name}")
+            except FieldError as e:
+                raise ShardFormatError(str(e)) from None
         st = os.fstat(fd)
         return {**h, "fd": fd, "mtime": st.st_mtime_ns, "meta": meta, "labels": labels,
-                "crc32": crcs}
+                "crc32": crcs, "fields": columns}
 
     # --- record access (all indices are local to the shard) ---
     def meta(self) -> ShardMeta:
@@ -193,6 +204,23 @@ class ShardReader:
 
     def crcs(self, size: int) -> np.ndarray:
         return self.h["crc32"][size]
+
+    def column(self, name: str) -> Column:
+        """The column of field ``name`` (its layout checked as the shard opened)."""
+        return self.h["fields"][name]
+
+    def field_values(self, name: str, local: np.ndarray) -> list | np.ndarray:
+        """Field ``name``'s values of samples ``local``: an array (a fixed-size kind's), else
+        a list.
+
+        Raises:
+            OSError: a stored value that is not of the field's kind (naming the shard).
+        """
+        try:
+            return self.fields[name].read(self.column(name), local)
+        except FieldError as e:
+            raise OSError(f"{self.path}: field {name}: {e}; check the set with `fastdata "
+                          f"verify`") from None
 
     def payload(self, size: int, i: int):
         """The stored bytes of sample ``i`` (a buffer: bytes, memoryview or uint8 array)."""

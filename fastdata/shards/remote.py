@@ -47,11 +47,13 @@ class Fetch:
     """A remote shard made local: ``fetch()`` returns its cached file, downloaded and checked
     first where the cache does not hold it (``ShardReader.fetch``). Picklable."""
 
-    def __init__(self, remote: Store, cache, entry: dict, container: str, sizes, encoding: str):
+    def __init__(self, remote: Store, cache, entry: dict, container: str, sizes, encoding: str,
+                 fields: dict | None = None):
         from fastdata.shards.cache import shard_key
 
         self.remote, self.cache, self.entry = remote, cache, entry
         self.container, self.sizes, self.encoding = container, tuple(sizes), encoding
+        self.fields = fields
         self.key = shard_key(entry, container)
         self.path = cache.path(self.key)
 
@@ -84,7 +86,8 @@ class Fetch:
         from fastdata.shards.reader import READERS
 
         reader = READERS[self.container](path, sizes=self.sizes, encoding=self.encoding,
-                                         count=self.entry["count"], start=self.entry["start"])
+                                         count=self.entry["count"], start=self.entry["start"],
+                                         fields=self.fields)
         problems = verify_shard(reader, {**self.entry}, decode=False)
         return str(problems[0]).split(": ", 1)[-1] if problems else None
 

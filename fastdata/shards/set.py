@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from fastdata.env import available_memory
+from fastdata.fields import FieldKind
+from fastdata.fields.schema import fields_of
 from fastdata.format import (
+    MANIFEST,
     SPATIAL_KINDS,
     ShardFormatError,
     check_size,
@@ -59,16 +62,20 @@ class ShardSet:
         #: ``classes`` then names the K columns), or "detection" or "segmentation"
         #: (``annotations``)
         self.label_kind = label_kind(m)
+        #: the fields each sample holds beside its image and label (name -> kind, in their
+        #: stored order; ``fastdata.fields``)
+        self.fields: dict[str, FieldKind] = fields_of(m, os.path.join(self.location, MANIFEST))
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
-                                    encoding=self.encoding, count=s["count"], start=s["start"])
+                                    encoding=self.encoding, count=s["count"], start=s["start"],
+                                    fields=self.fields)
                        for s in m["shards"]]
         #: a remote set's readers, closed once the cache's limit needs their shards' room
         self._open: OpenShards | None = None
         if remote is not None:          # read from the node's cache, fetched on first open
             for reader, entry in zip(self.shards, m["shards"]):
                 reader.fetch = Fetch(remote, cache, entry, self.container, self.sizes,
-                                     self.encoding)
+                                     self.encoding, self.fields)
                 reader.path = reader.fetch.path
             if cache.limit is not None:  # type: ignore[union-attr]
                 # half the limit for the shards readers keep open, half for those still to
@@ -187,6 +194,8 @@ class ShardSet:
         """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
         rows or regression targets (``label_kind``); a detection or segmentation set's are 0
         (its boxes or class maps are in ``annotations``)."""
+        if self._labels is None and self.label_kind == "none":
+            self._labels = np.zeros(self._n, np.int64)
         if self._labels is None and self.label_kind in ("multi_label", "regression"):
             self._labels = self._fetched(lambda: read_targets(self.root,
                                                               self.manifest["targets"]))
@@ -281,10 +290,46 @@ class ShardSet:
                     f"{int(local)})")
         return name
 
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int | np.ndarray]:
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int | np.ndarray] | dict:
+        """Sample ``i``: ``(image, label)``; for a set with fields, a dict of the image, the
+        label (where the set has one) and each field's value."""
         image = self.read_batch([i])[0]         # checks i
-        label = self.labels[i]
-        return image, int(label) if label.ndim == 0 else label
+        label = self.labels_of([i])[0] if self.label_kind != "none" else None
+        label = int(label) if label is not None and label.ndim == 0 else label
+        if not self.fields and label is not None:
+            return image, label
+        sample = {"image": image} if label is None else {"image": image, "label": label}
+        for name in self.fields:
+            sample[name] = self.field_values(name, [i])[0]
+        return sample
+
+    def field_values(self, name: str, indices) -> list | np.ndarray:
+        """Field ``name``'s values of samples ``indices``, in that order: an array (a
+        fixed-size kind's ``(B, *shape)``), else a list (``str`` for text).
+
+        Raises:
+            KeyError: the set has no field ``name`` (naming those it has).
+            OSError: a stored value that is not of the field's kind (naming its shard).
+        """
+        kind = self.fields.get(name)
+        if kind is None:
+            raise KeyError(f"{self.location} has no field {name!r}; its fields: "
+                           f"{', '.join(self.fields) or 'none'}")
+        shard, local = self.locate(indices)
+        parts = {}
+        for sh, rows in _by_shard(shard):
+            with self._using([sh]):
+                parts[sh] = rows, self.shards[sh].field_values(name, local[rows])
+        if kind.fixed:
+            out = np.empty((len(local), *kind.shape), kind.dtype)
+            for rows, values in parts.values():
+                out[rows] = values
+            return out
+        values_out: list = [None] * len(local)
+        for rows, values in parts.values():
+            for r, v in zip(rows.tolist(), values):
+                values_out[r] = v
+        return values_out
 
     def read_batch(self, indices, size: int | None = None, out: np.ndarray | None = None
                    ) -> np.ndarray:

@@ -131,7 +131,7 @@ def test_what_the_file_and_the_folder_disagree_on_is_reported(flat, tmp_path):
                      names[-2]: "bad_label"}
     ds = fastdata.open(str(tmp_path / "o"))
     assert len(ds) == N - 3 and ds.labels[0].tolist() == targets(0)    # the first row counts
-    with pytest.raises(ValueError, match="first row must be a header"):
+    with pytest.raises(ValueError, match="one image path column"):
         convert(src, str(tmp_path / "h"), sizes=[16], progress=False,
                 labels=write_csv(tmp_path / "h.csv", ["file", "label"], []))
 
@@ -304,7 +304,7 @@ def test_a_conversion_says_why_inputs_were_left_out_and_warns_when_most_were(fla
     assert m["num_samples"] == 1 and len(m["skipped"]) == 12
     assert "(11 without labels, 1 notes on inputs that were kept; " in caplog.text
     assert "only 1 of the 12 inputs were converted (11 without labels)" in caplog.text
-    assert f"note on {names[0]}: labels file line 3: listed again" in caplog.text
+    assert f"note on {names[0]}: labels file one.csv line 3: listed again" in caplog.text
     assert cli(["info", out]) == 0
     assert "skipped: 12 (11 without labels, 1 notes on inputs that were kept)" in \
         capsys.readouterr().out

@@ -1,0 +1,157 @@
+"""A labels file read as a table: CSV (a header row), JSON Lines (an object per line) or parquet
+(pyarrow, ``pip install 'fastdata-shards[parquet]'``), chosen by the file's extension. One
+column names each row's image (``path``, or ``file_name`` as Hugging Face's image folders
+have it: relative to the source folder); every other column is a label or a field
+(``fastdata.converters.labels``).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass, field
+
+from fastdata._optional import require
+from fastdata.converters.units import read_limited
+
+#: a labels file larger than this is refused before it is parsed
+MAX_LABELS_BYTES = 1 << 30
+#: the names a column of image paths may have
+PATH_COLUMNS = ("path", "file_name")
+FORMATS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+           ".parquet": "parquet", ".pq": "parquet"}
+
+
+@dataclass
+class Table:
+    """A labels file's rows by image: ``rows[path]`` the cells of ``columns`` (CSV: strings;
+    JSON Lines and parquet: JSON values), ``lines[path]`` where the row is (a line, or a parquet
+    row from 1); ``bad``: rows that name no usable image, as skipped entries."""
+
+    file: str
+    columns: list[str]
+    rows: dict[str, list] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)
+    bad: list[dict] = field(default_factory=list)
+    #: what a row's place is called in messages ("line", or "row")
+    unit: str = "line"
+
+    def where(self, path: str, column: str | None = None) -> str:
+        """A row (and column) of the file, for a message."""
+        at = f"labels file {os.path.basename(self.file)} {self.unit} {self.lines[path]}"
+        return at if column is None else f"{at}, column {column}"
+
+
+def relative(path) -> str | None:
+    """A labels file's path as the scan writes it (relative, normalised), or None where it is
+    not a path inside the source folder."""
+    if not isinstance(path, str):
+        return None
+    path = path.strip().replace("/", os.sep)
+    norm = os.path.normpath(path)
+    if not path or os.path.isabs(path) or norm == ".." or norm.startswith(".." + os.sep):
+        return None
+    return norm
+
+
+def read_table(file: str) -> Table:
+    """The labels file ``file`` as a ``Table``.
+
+    Raises:
+        ValueError: an extension that is not one of ``FORMATS``, a file that is not a regular
+            file, too large, not UTF-8 (CSV, JSON Lines) or not readable as its format, or
+            whose columns are not a path column and distinct names (each named).
+        ImportError: a parquet file without pyarrow (naming the extra).
+    """
+    fmt = FORMATS.get(os.path.splitext(file)[1].lower())
+    if fmt is None:
+        raise ValueError(f"labels file {file}: {os.path.splitext(file)[1] or 'no extension'!r} "
+                         f"is not a labels file's extension; give one of "
+                         f"{', '.join(FORMATS)}")
+    data = read_limited(file, MAX_LABELS_BYTES, "labels file")
+    header, records, unit = {"csv": _csv, "jsonl": _jsonl, "parquet": _parquet}[fmt](file, data)
+    paths = [c for c in header if c in PATH_COLUMNS]
+    if len(paths) != 1 or len(header) < 2 or "" in header or len(set(header)) < len(header):
+        raise ValueError(f"labels file {file}: its columns must be one image path column "
+                         f"({' or '.join(PATH_COLUMNS)}) and at least one more, each named "
+                         f"once, not {header[:6]}")
+    at = header.index(paths[0])
+    table = Table(file, [c for c in header if c != paths[0]], unit=unit)
+    for line, row in records:
+        _add(table, line, row, at)
+    return table
+
+
+def _add(table: Table, line: int, row: list | None, at: int) -> None:
+    """One record into ``table`` (``row`` None: one that does not fit the header)."""
+    where = f"labels file {os.path.basename(table.file)} {table.unit} {line}"
+    if row is None or len(row) != len(table.columns) + 1:
+        shown = row[at] if row and len(row) > at else f"{table.unit} {line}"
+        found = "not an object of the first line's keys" if row is None else \
+            f"{len(row)} columns, the header has {len(table.columns) + 1}"
+        table.bad.append({"path": str(shown), "kind": "bad_label", "reason": f"{where}: {found}"})
+        return
+    path = relative(row[at])
+    if path is None:
+        table.bad.append({"path": str(row[at]), "kind": "bad_label",
+                          "reason": f"{where}: not a path inside the source folder"})
+    elif path in table.rows:
+        table.bad.append({"path": str(row[at]), "kind": "note",
+                          "reason": f"{where}: listed again (the first row counts)"})
+    else:
+        table.rows[path] = [c for k, c in enumerate(row) if k != at]
+        table.lines[path] = line
+
+
+def _csv(file: str, data: bytes) -> tuple[list[str], list, str]:
+    try:
+        text = data.decode("utf-8-sig")
+        rows = list(csv.reader(io.StringIO(text, newline=""),
+                               delimiter="\t" if file.lower().endswith(".tsv") else ","))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"labels file {file} is not a readable CSV ({e})") from None
+    header = [h.strip() for h in rows[0]] if rows else []
+    records = [(line, [c.strip() for c in row]) for line, row in enumerate(rows[1:], 2)
+               if any(c.strip() for c in row)]
+    return header, records, "line"
+
+
+def _jsonl(file: str, data: bytes) -> tuple[list[str], list, str]:
+    """JSON Lines: the first object's keys are the columns; a line that is not an object of
+    those keys is a bad row."""
+    try:
+        lines = data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"labels file {file} is not UTF-8 text ({e})") from None
+    header: list[str] | None = None
+    records = []
+    for line, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError):
+            obj = None
+        if header is None:
+            if not isinstance(obj, dict):
+                raise ValueError(f"labels file {file} line {line}: not a JSON object (each "
+                                 f"line of a JSON Lines file is one)")
+            header = list(obj)
+        fits = isinstance(obj, dict) and list(obj) == header
+        records.append((line, tuple(obj[c] for c in header) if fits else None))
+    return header or [], records, "line"
+
+
+def _parquet(file: str, data: bytes) -> tuple[list[str], list, str]:
+    pa = require("pyarrow", "a parquet labels file")
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"labels file {file} is not a readable parquet file ({e})") from None
+    header = table.column_names
+    columns = [table.column(c).to_pylist() for c in header]
+    return header, [(k + 1, tuple(col[k] for col in columns)) for k in range(table.num_rows)], \
+        "row"
