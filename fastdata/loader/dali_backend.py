@@ -36,7 +36,10 @@ class _Reader(HostReader):
         self.spare: queue.SimpleQueue = queue.SimpleQueue()     # raw arrays DALI has copied
 
     def read(self, indices, seed, hold, ring):
+        """``(images, labels, buffer, crops, fields)``: ``fields``, a dict batch's fields but
+        the image (None for ``(images, labels)`` batches), wait in ``_Source.fields``."""
         labels = self.ds.labels_of(indices)
+        fields = None if self.fields is None else self.labels(indices)
         # a detection or segmentation set's crops, drawn as the torch backend draws them, go
         # to DALI's resize; their targets wait in ``_Source.pending``
         crops = None
@@ -45,14 +48,14 @@ class _Reader(HostReader):
             crops = (self.targets(indices, drawn), *drawn)
         if self.encoded:
             return [np.frombuffer(b, np.uint8) for b in self.ds.read_encoded(indices, self.size)], \
-                labels, None, crops
+                labels, None, crops, fields
         try:
             buf = self.spare.get_nowait()
         except queue.Empty:
             buf = None
         if buf is None or len(buf) < len(indices):      # none spare, or a partial batch's
             buf = page_aligned((len(indices), self.size, self.size, 3))
-        return self.pixels(indices, seed, buf[:len(indices)]), labels, buf, crops
+        return self.pixels(indices, seed, buf[:len(indices)]), labels, buf, crops, fields
 
 
 class _Source:
@@ -63,12 +66,14 @@ class _Source:
     def __init__(self, reader: _Reader):
         self.reader = reader
         self.pending: collections.deque = collections.deque()   # targets, in DALI's order
+        self.fields: collections.deque = collections.deque()    # dict batches' fields, too
         self.batches = iter(())
         self._given = None                  # the array the last call returned
 
     def start(self, batches) -> None:
         self._recycle(None)
         self.pending.clear()
+        self.fields.clear()
         self.batches = batches
 
     def _recycle(self, given) -> None:
@@ -77,8 +82,10 @@ class _Source:
         self._given = given
 
     def __call__(self):
-        images, labels, buf, crops = next(self.batches)   # StopIteration at the epoch's end
+        images, labels, buf, crops, fields = next(self.batches)  # StopIteration: epoch's end
         self._recycle(buf)
+        if fields is not None:
+            self.fields.append(fields)
         if crops is None:
             return images, labels
         targets, boxes, flips = crops
@@ -147,9 +154,10 @@ class DaliBackend(Backend):
                     raise RuntimeError(f"DALI failed reading {root}: `fastdata verify {root}` "
                                        f"names any damaged shard and sample\n{e}") from e
                 images, labels = self.ops.to_torch(spec, images), self.ops.to_torch(spec, labels)
-                if source.reader.spatial:       # the targets the reader made
+                if source.reader.spatial or spec.fields is not None:  # the reader's targets
                     labels = map_tensors(lambda t: t.to(spec.device, non_blocking=True),
-                                         source.pending.popleft())
+                                         (source.pending if source.reader.spatial else
+                                          source.fields).popleft())
                 seed = next(hook_seeds)
                 yield (images, labels) if hook is None else hook(images, labels, seed)
         finally:

@@ -18,6 +18,7 @@ import torch
 from fastdata.checks import choice, flag, integer, positive
 from fastdata.env import check_fits, local_world_size, resolve_device
 from fastdata.loader.dali_backend import DaliBackend
+from fastdata.loader.fields import batch_fields
 from fastdata.loader.spec import Backend, Spec
 from fastdata.loader.torch_backend import TorchBackend
 from fastdata.ops.batch import BatchHook, takes_generator
@@ -173,6 +174,16 @@ class Loader:
             (by default, as torchvision's ``SanitizeBoundingBoxes``, every box of which at
             least 1 x 1 output pixels is left). A segmentation set's labels are its class
             maps, int64 (B, H, W).
+        fields: batches as dicts of these fields, in this order (``"image"`` among them;
+            ``"label"`` the set's label, where it has one; any of its own fields, e.g.
+            ``["image", "caption"]``): text as lists of ``str``, fixed-size fields as tensors
+            on ``device``, tokens as lists of int64 tensors (``docs/format.md``, "Batches of
+            fields"). None: ``(images, labels)`` batches.
+        field_transforms: a function per field (``{"caption": tokenize}``), called on the
+            batch's values of that field as collated above (a list of ``str`` for text) in
+            the reader workers, off the training thread; its tensors (alone, or in dicts,
+            lists or tuples) are moved to ``device`` with the images. Picklable for worker
+            processes.
 
     Raises:
         ValueError: an argument out of its range or choices (the message names the valid
@@ -199,12 +210,20 @@ class Loader:
                  weights: Sequence[float] | None = None,
                  cache_dir: str | os.PathLike | None = None, cache_limit: int | None = None,
                  with_source: bool = False, timeout: float | None = None,
-                 targets: str | Targets = "list"):
+                 targets: str | Targets = "list", fields: Sequence[str] | None = None,
+                 field_transforms: dict[str, Callable] | None = None):
         backend = _backend(backend, num_workers, prefetch)
         self.dataset = _dataset(path, weights, {"cache_dir": cache_dir,
                                                 "cache_limit": cache_limit})
         self.with_source = flag("with_source", with_source)
         self.targets = Targets.of(targets)
+        #: the fields of dict batches (None: ``(images, labels)`` batches)
+        self.fields = batch_fields(self.dataset, fields, field_transforms,
+                                   with_source=self.with_source)
+        if self.fields is None and self.dataset.label_kind == "none":
+            raise ValueError(f"{self.dataset.location} has no labels, only fields "
+                             f"({', '.join(self.dataset.fields)}): read them as dict batches, "
+                             f"e.g. fields=['image', {next(iter(self.dataset.fields))!r}]")
         if isinstance(dtype, str):
             dtype = DTYPES[choice("dtype", dtype, DTYPES)]
         if dtype not in DTYPES.values():
@@ -297,7 +316,7 @@ class Loader:
                     crop=self.crop, crop_stage=self.crop_stage,
                     needs_crop_stage=self.needs_crop_stage(),
                     sample_hook=self.sample_hook, batch_hook=self.batch_hook,
-                    timeout=self.timeout, targets=self.targets)
+                    timeout=self.timeout, targets=self.targets, fields=self.fields)
 
     def __len__(self) -> int:
         """Batches of an epoch on this rank (a resumed epoch's pass may have fewer:
@@ -359,13 +378,23 @@ class Loader:
                 if fetch is not None:       # the cache's room for what comes next
                     consumed += len(batches[k])
                     fetch.advance(consumed)
-                yield (images, labels, self._sources(batches[k])) if self.with_source else \
-                    (images, labels)
+                yield self._batch(images, labels, batches[k])
         finally:
             if fetch is not None:
                 fetch.stop()
         if me == self._iterations:
             order.rewind()      # a finished epoch repeats its order until set_epoch
+
+    def _batch(self, images, labels, indices):
+        """What the loop gets: ``(images, labels[, sources])``, or a dict batch (``fields``:
+        ``labels`` then holds its fields but the image)."""
+        if self.fields is None:
+            return (images, labels, self._sources(indices)) if self.with_source else \
+                (images, labels)
+        batch = {name: images if name == "image" else labels[name] for name in self.fields.names}
+        if self.with_source:
+            batch["source"] = self._sources(indices)
+        return batch
 
     def _cache_sharers(self) -> int:
         """The ranks of this node that read other shards than this one's into the same cache:

@@ -55,8 +55,10 @@ def ordered(pool, fn, jobs, depth: int, timeout: float | None = None,
 
 def check_picklable(spec) -> None:
     """Refuse hooks that cannot be sent to worker processes, naming the fix."""
-    hooks = (("sample_transform", spec.sample_hook),
-             ("batch_transform", getattr(spec.batch_hook, "fn", None)))
+    hooks = [("sample_transform", spec.sample_hook),
+             ("batch_transform", getattr(spec.batch_hook, "fn", None))]
+    if spec.fields is not None:
+        hooks += [(f"field_transforms[{k!r}]", fn) for k, fn in spec.fields.transforms.items()]
     for name, fn in hooks:
         if fn is None:
             continue
@@ -83,6 +85,7 @@ class HostReader:
         #: a detection or segmentation set's: its boxes, masks or class maps go through each
         #: image's crop and flip
         self.spatial = spec.dataset.label_kind in SPATIAL_KINDS
+        self.fields = spec.fields
         self.progress: dict[int, list[int]] = {}
 
     def __getstate__(self):
@@ -103,8 +106,12 @@ class HostReader:
         need held until it is done."""
         raise NotImplementedError
 
-    def labels(self, indices) -> torch.Tensor | None:
-        """The batch's labels (None for a detection or segmentation set: ``targets``)."""
+    def labels(self, indices) -> torch.Tensor | dict | None:
+        """The batch's labels (None for a detection or segmentation set: ``targets``); for
+        dict batches (``Spec.fields``), its fields but the image instead."""
+        if self.fields is not None:
+            return self.fields.read(self.ds, indices,
+                                    lambda: torch.from_numpy(self.ds.labels_of(indices)))
         return None if self.spatial else torch.from_numpy(self.ds.labels_of(indices))
 
     def draw(self, n: int, seed: int) -> tuple:

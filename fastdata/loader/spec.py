@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
+from fastdata.loader.fields import BatchFields
 from fastdata.ops.batch import BatchHook
 from fastdata.ops.crop import CropStage
 from fastdata.ops.targets import Targets
@@ -51,6 +52,8 @@ class Spec:
     timeout: float | None = None
     #: how a detection set's targets come out (their form, the boxes a crop keeps)
     targets: Targets = Targets()
+    #: the fields of dict batches (``Loader(fields=...)``); None: ``(images, labels)``
+    fields: BatchFields | None = None
 
     @property
     def batch_timeout(self) -> float | None:

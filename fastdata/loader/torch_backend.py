@@ -175,11 +175,12 @@ class _BatchReader(HostReader):
         drawn = None
         if self.needs_crop_stage:
             drawn = self.draw(b, seed)
-        if self.spatial:        # made here, moved with the images (small next to them)
-            # a forked worker cannot touch CUDA: the DataLoader pins them in the parent
+        if self.spatial or not torch.is_tensor(labels):     # targets, or a batch's fields:
+            # made here, moved with the images; a forked worker cannot touch CUDA: the
+            # DataLoader pins them in the parent
             pin = self.pin and torch.utils.data.get_worker_info() is None
             pinned = map_tensors(torch.Tensor.pin_memory if pin else lambda t: t,
-                                 self.targets(indices, drawn))
+                                 self.targets(indices, drawn) if self.spatial else labels)
         else:
             pinned = self._pool(("labels", *labels.shape), labels.shape,
                                 labels.dtype).get().copy_(labels)

@@ -195,10 +195,12 @@ def padded(targets: list[dict], out: int) -> dict:
 
 
 def map_tensors(fn, labels):
-    """``fn`` applied to each tensor of a batch's labels: a tensor, a dict of them or a list of
-    such dicts (detection targets)."""
+    """``fn`` applied to each tensor of a batch's labels: a tensor, or dicts, lists and tuples
+    of them (detection targets, a batch's fields); anything else (a caption) as it is."""
     if torch.is_tensor(labels):
         return fn(labels)
     if isinstance(labels, dict):
-        return {k: fn(v) for k, v in labels.items()}
-    return [{k: fn(v) for k, v in t.items()} for t in labels]
+        return {k: map_tensors(fn, v) for k, v in labels.items()}
+    if isinstance(labels, (list, tuple)):
+        return type(labels)(map_tensors(fn, v) for v in labels)
+    return labels

@@ -45,6 +45,11 @@ def _check_distinct(sets: list[ShardSet]) -> None:
         seen[where] = k
 
 
+def _fields(ds) -> str:
+    """A set's fields, for a message."""
+    return ", ".join(f"{n} ({k.kind})" for n, k in ds.fields.items()) or "no fields"
+
+
 def _counts(weights: np.ndarray, total: int) -> np.ndarray:
     """``total`` split by ``weights`` (which add up to 1), largest remainders first."""
     exact = weights * total
@@ -128,6 +133,9 @@ class Mixture:
                     raise ValueError(f"cannot mix {first.root} ({what} "
                                      f"{getattr(first, what)}) with {other.root} "
                                      f"({getattr(other, what)})")
+            if other.fields != first.fields:
+                raise ValueError(f"cannot mix sets of other fields: {first.root} has "
+                                 f"{_fields(first)}, {other.root} {_fields(other)}")
             if first.label_kind != "class" and other.classes != first.classes:
                 raise ValueError(f"cannot mix {first.label_kind} targets of other columns: "
                                  f"{first.root} has {first.classes}, {other.root} "
@@ -138,6 +146,7 @@ class Mixture:
                              f"{'; '.join(f'{s.root}: {list(s.sizes)}' for s in self.sets)}")
         self.sizes: tuple[int, ...] = tuple(sorted(common))
         self.encoding, self.label_kind = first.encoding, first.label_kind
+        self.fields = first.fields
         self.container = "mixture"
 
     def _class_space(self) -> tuple[list[str], np.ndarray, list[np.ndarray] | None]:
@@ -254,6 +263,24 @@ class Mixture:
         out = np.empty(len(np.asarray(indices).reshape(-1)), np.int64)
         for k, where, local in self._split(indices):
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
+        return out
+
+    def field_values(self, name: str, indices) -> list | np.ndarray:
+        """Field ``name``'s values of ``indices`` (``ShardSet.field_values``), in that order."""
+        kind = self.fields.get(name)
+        if kind is None:
+            raise KeyError(f"the mixture has no field {name!r}; its fields: "
+                           f"{', '.join(self.fields) or 'none'}")
+        n = len(np.asarray(indices).reshape(-1))
+        out: list | np.ndarray = (np.empty((n, *kind.shape), kind.dtype) if kind.fixed
+                                  else [None] * n)
+        for k, where, local in self._split(indices):
+            values = self.sets[k].field_values(name, local)
+            if kind.fixed:
+                out[where] = values     # type: ignore[index]
+            else:
+                for w, v in zip(where.tolist(), values):
+                    out[w] = v      # type: ignore[index]
         return out
 
     def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,

@@ -17,6 +17,8 @@ class SampleSource(Protocol):
 
     classes: list[str]
     label_kind: str
+    #: the fields beside each image and label: name -> ``fastdata.fields.FieldKind``
+    fields: dict
     encoding: str
     sizes: tuple[int, ...]
     size: int
@@ -51,6 +53,9 @@ class SampleSource(Protocol):
 
     def labels_of(self, indices) -> np.ndarray:
         """The labels of ``indices``."""
+
+    def field_values(self, name: str, indices) -> list | np.ndarray:
+        """Field ``name``'s values of ``indices``: an array (fixed-size kinds), else a list."""
 
     def source_of(self, indices) -> np.ndarray:
         """Which part (a mixture's set; 0 for a set) each of ``indices`` is from."""
