@@ -19,6 +19,7 @@ are reported as the manifest's skipped entries, with why.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ from fastdata.converters.table import Table, read_table, relative
 from fastdata.fields import FieldError, FieldKind
 from fastdata.fields.infer import infer, kind_named
 from fastdata.fields.schema import check_name
+
+log = logging.getLogger("fastdata.convert")
 
 #: integer labels are class indices below this: each index up to the largest is a class, so
 #: one row's label must not make millions of them
@@ -147,6 +150,11 @@ def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
         labels = {p: str(int(v)) for p, v in labels.items()}
     else:
         names = sorted(set(labels.values()))
+        if len(labels) >= 20 and len(names) == len(labels):
+            log.warning("labels file %s: each of its %d images has a label of its own, so "
+                        "each is a class: if the column holds captions or other text, name it "
+                        "after what it holds (e.g. caption), and it becomes a text field",
+                        csv_path, len(labels))
     return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad, lines)
 
 

@@ -50,16 +50,19 @@ def ranges(first: int, files: int, shard_size: int) -> list[tuple[int, int]]:
 
 
 def convert_range(src: str, out: str, container: str, opts, options: dict, fp: str,
-                  files: list[tuple[str, int]], first: int, on_error: str) -> dict:
+                  files: list[tuple[str, int]], first: int, on_error: str,
+                  fields: dict | None = None, values: list[tuple] | None = None) -> dict:
     """A Ray task: the source files at positions ``first, first + 1, ...`` (``files``: their
-    paths and labels) into one shard, left complete under a temporary name; returns
-    ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where none was readable)."""
+    paths and labels; ``values``: their ``fields``' values) into one shard, left complete under
+    a temporary name; returns ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where
+    none was readable)."""
 
     writer, skipped = None, []
     end = first + len(files)
     os.makedirs(out, exist_ok=True)     # a staging folder, on a node that had none yet
     try:
-        for pos, (path, label) in enumerate(files, first):
+        for pos, ((path, label), v) in enumerate(zip(files, values or [()] * len(files)),
+                                                 first):
             (_, payloads, crcs, error), = prepare_batch([(pos, os.path.join(src, path))], opts)
             if error is not None:
                 if on_error == "raise":
@@ -69,8 +72,8 @@ def convert_range(src: str, out: str, container: str, opts, options: dict, fp: s
             if writer is None:      # its final name is the driver's to give
                 writer = WRITERS[container](os.path.join(out, shard_file(container, 0)),
                                             sizes=opts.sizes, encoding=opts.encoding,
-                                            capacity=end - pos)
-            writer.add(label, payloads, crcs)
+                                            capacity=end - pos, fields=fields)
+            writer.add(label, payloads, crcs, v)
             writer.write_pending()
         if writer is None:
             return {"tmp": None, "count": 0, "sha256": None, "skipped": skipped}
@@ -235,8 +238,9 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
     def submit(k: int) -> None:
         if k < len(todo):
             a, b = todo[k]
+            values = job.scan.values.rows(a, b) if job.scan.values is not None else None
             refs[k] = task.remote(job.src, job.out, job.container, job.opts, options, fp,
-                                  files[a:b], a, on_error)
+                                  files[a:b], a, on_error, job.scan.fields, values)
 
     for k in range(window):
         submit(k)

@@ -105,15 +105,19 @@ def _add(table: Table, line: int, row: list | None, at: int) -> None:
 
 
 def _csv(file: str, data: bytes) -> tuple[list[str], list, str]:
+    # a cell may be as long as the file (the csv module's 128 KiB limit would refuse a long
+    # caption with the whole file): the field checks each value's length, naming its row
+    limit = csv.field_size_limit(MAX_LABELS_BYTES)
     try:
         text = data.decode("utf-8-sig")
         rows = list(csv.reader(io.StringIO(text, newline=""),
                                delimiter="\t" if file.lower().endswith(".tsv") else ","))
     except (UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"labels file {file} is not a readable CSV ({e})") from None
+    finally:
+        csv.field_size_limit(limit)
     header = [h.strip() for h in rows[0]] if rows else []
-    records = [(line, [c.strip() for c in row]) for line, row in enumerate(rows[1:], 2)
-               if any(c.strip() for c in row)]
+    records = [(line, row) for line, row in enumerate(rows[1:], 2) if any(c.strip() for c in row)]
     return header, records, "line"
 
 

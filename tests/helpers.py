@@ -719,3 +719,28 @@ def fault_proxy(upstream: str):
 def shard_files(path) -> list[str]:
     """The shard files of the set in the folder ``path``, in order."""
     return sorted(f for f in os.listdir(path) if f.startswith("shard-"))
+
+
+def caption_of(k: int) -> str:
+    """The caption of the k-th image of ``captioned_folder``: unicode, some empty, one long."""
+    if k % 5 == 4:
+        return ""
+    return f"photo {k}: ünïcödé ✓ " + ("long " * 400 if k == 7 else "") + "·" * (k % 3)
+
+
+def captioned_folder(root, per_class: int = 8):
+    """``plain_folder`` with a labels file beside it (``root/labels.csv``): each image's class,
+    caption (``caption_of``) and an 8-float embedding (its number k, eight times)."""
+    import csv
+
+    src = plain_folder(os.path.join(root, "src"), per_class=per_class)
+    paths = sorted(os.path.join(c, n) for c in sorted(os.listdir(src))
+                   for n in os.listdir(os.path.join(src, c)))
+    labels = os.path.join(root, "labels.csv")
+    with open(labels, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "caption", "emb"])
+        for k, p in enumerate(paths):
+            w.writerow([p.replace(os.sep, "/"), p.split(os.sep)[0], caption_of(k),
+                        json.dumps([float(k)] * 8)])
+    return src, labels

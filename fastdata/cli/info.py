@@ -54,7 +54,27 @@ def info_dict(path: str) -> dict:
         "skipped": m["skipped"], "ignored": m["ignored"], "empty_classes": m["empty_classes"],
         "source": m["source"], "format_version": m["version"],
         "readahead_at_random": ds.readahead, "remote": ds.url is not None,
+        "fields": _fields(ds),
     }
+
+
+def _fields(ds) -> dict:
+    """Each field's kind and what its values hold (a remote set's: its kind alone, since its
+    values are in shards not fetched)."""
+    import numpy as np
+
+    from fastdata.fields import Column
+
+    out = {}
+    for name, kind in ds.fields.items():
+        if ds.url is not None or kind.fixed:
+            out[name] = kind.describe(Column(np.zeros(0)))
+            continue
+        lengths = [np.diff(reader.column(name).offsets) for reader in ds.shards]
+        offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
+        out[name] = kind.describe(Column(np.zeros(0, np.uint8), offsets))
+    ds.close()
+    return out
 
 
 #: the skipped inputs ``info`` lists (``--json`` and the manifest have them all)
@@ -82,6 +102,31 @@ def print_info(d: dict) -> None:
          f"sizes {', '.join(map(str, d['sizes']))} (fit: {d['fit']}), "
          f"{human_bytes(d['bytes'])} {'in the store' if d.get('remote') else 'on disk'}")
     kind, many = d.get("label_kind", "class"), len(d["classes"]) != 1
+    if d.get("fields"):
+        echo(f"  {len(d['fields'])} field{'' if len(d['fields']) == 1 else 's'} beside the "
+             f"image{' and the label' if kind != 'none' else ''}:")
+        for name, line in d["fields"].items():
+            echo(f"    {p(name)}: {p(line)}")
+    if kind == "none":
+        echo("  no labels")
+    else:
+        _print_classes(d, kind, many)
+    _print_skipped(d)
+    if d["ignored"]:
+        echo("  ignored: " + ", ".join(f"{p(k)}: {v}" for k, v in d["ignored"].items()))
+    if d.get("remote"):
+        return
+    echo("  out of the page cache, read at random: " + (
+        "with readahead (the set fits in half the memory available now)"
+        if d["readahead_at_random"] else "without readahead (the set is larger than half the "
+        "memory available now): each shuffled epoch reads its samples from the disk"
+        + {"hdf5": ", a batch's pages asked for at once",
+           "lmdb": ", a batch's pages asked for at once where earlier reads place them"
+           if d["encoding"] == "raw" else ""}[d["container"]]))
+
+
+def _print_classes(d: dict, kind: str, many: bool) -> None:
+    p = printable
     what = {"class": ("class", "classes", ": samples each"),
             "multi_label": ("class", "classes", ", multi-label: samples holding each"),
             "regression": ("regression target", "regression targets", ""),
@@ -106,18 +151,6 @@ def print_info(d: dict) -> None:
     if d["empty_classes"]:
         echo(f"  empty classes (kept so indices match folder names): "
              f"{', '.join(map(p, d['empty_classes']))}")
-    _print_skipped(d)
-    if d["ignored"]:
-        echo("  ignored: " + ", ".join(f"{p(k)}: {v}" for k, v in d["ignored"].items()))
-    if d.get("remote"):
-        return
-    echo("  out of the page cache, read at random: " + (
-        "with readahead (the set fits in half the memory available now)"
-        if d["readahead_at_random"] else "without readahead (the set is larger than half the "
-        "memory available now): each shuffled epoch reads its samples from the disk"
-        + {"hdf5": ", a batch's pages asked for at once",
-           "lmdb": ", a batch's pages asked for at once where earlier reads place them"
-           if d["encoding"] == "raw" else ""}[d["container"]]))
 
 
 def run(a) -> int:

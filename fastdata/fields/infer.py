@@ -1,7 +1,9 @@
 """Which kind a source's column is, when no one says (``--field NAME=KIND`` says it): a
 ``label`` or ``class`` column is a class per sample; numbers are ``float``; JSON arrays of
 numbers of one length are an ``array``, of integers of varied lengths ``tokens``; JSON objects
-``json``; any other strings ``text``."""
+``json``; any other strings ``text``. Where most of a column's cells (more than half) are
+numbers, or arrays of one length, it is ``float`` or an ``array``, and the rows of the others
+are skipped as not of its kind."""
 from __future__ import annotations
 
 import json
@@ -66,9 +68,14 @@ def infer(name: str, cells: Sequence) -> FieldKind:
         return field_of("json")
     if all(isinstance(v, list) for v in values):
         return _lists(values)
-    if all(_number(v) for v in values):
+    if _most(map(_number, values), len(values)):     # the others are rows to skip
         return field_of("float")
     return field_of("text")
+
+
+def _most(flags, n: int) -> bool:
+    """Whether more than half of ``n`` flags are true."""
+    return 2 * sum(flags) > n
 
 
 def _number(v) -> bool:
@@ -82,8 +89,11 @@ def _lists(values: list[list]) -> FieldKind:
     """Lists: of numbers of one length an array, of integers tokens, any others json."""
     if not all(_numbers(v) for v in values):
         return field_of("json")
-    if len({len(v) for v in values}) == 1 and len(values[0]):
-        return field_of("array", shape=[len(values[0])], dtype="float32")
+    lengths = [len(v) for v in values]
+    common = max(set(lengths), key=lengths.count)
+    if common and (len(set(lengths)) == 1 or _most((n == common for n in lengths), len(values))
+                   and not all(isinstance(x, int) for v in values for x in v)):
+        return field_of("array", shape=[common], dtype="float32")
     if all(isinstance(x, int) for v in values for x in v):
         return field_of("tokens", dtype=_token_dtype(values))
     return field_of("json")

@@ -122,9 +122,13 @@ def _dataset(f, name: str, dtype, ndim: int):
     file it names (a FIFO there blocks)."""
     import h5py
 
-    parent = name.rpartition("/")[0]
-    if parent and not isinstance(f.get(parent, getlink=True), h5py.HardLink):
-        raise ShardFormatError(f"group {parent} is not a group in the shard file")
+    parts = name.split("/")
+    for k in range(1, len(parts)):      # each group on the way: a link could lead elsewhere
+        parent = "/".join(parts[:k])
+        found = f.get(parent, getlink=True)
+        if not isinstance(found, h5py.HardLink):
+            raise ShardFormatError(f"dataset {name} is missing" if found is None else
+                                   f"group {parent} is not a group in the shard file")
     link = f.get(name, getlink=True)
     if not isinstance(link, h5py.HardLink):
         kind = "missing" if link is None else f"a {type(link).__name__}"
