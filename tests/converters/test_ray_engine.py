@@ -19,7 +19,7 @@ import pytest
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
-from tests.helpers import detection_folder, plain_folder, s3_server
+from tests.helpers import captioned_folder, detection_folder, plain_folder, s3_server
 
 pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata-shards[ray]')")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -121,6 +121,21 @@ def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_p
     assert verify(str(tmp_path / "ray")) == []
     assert sorted(os.listdir(tmp_path / "ray")) == sorted(os.listdir(tmp_path / "local"))
     for s in local["shards"]:       # byte for byte: a whole-file checksum is an address
+        assert (tmp_path / "ray" / s["file"]).read_bytes() == \
+            (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
+
+
+def test_a_set_of_fields_on_ray_is_the_local_one(cluster, tmp_path):
+    """Captions and embeddings go to the tasks with their files: the same bytes."""
+    src, labels = captioned_folder(tmp_path, per_class=3)
+    local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
+                    labels=labels, num_workers=1, progress=False)
+    r = _ray_convert(src, tmp_path / "ray", cluster, "--labels", labels)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        on_ray = json.load(f)
+    assert on_ray["fields"] == local["fields"] and on_ray["shards"] == local["shards"]
+    for s in local["shards"]:
         assert (tmp_path / "ray" / s["file"]).read_bytes() == \
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
 
