@@ -499,19 +499,23 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
                 counts[label] += 1
         if sum(counts) == manifest["num_samples"]:
             manifest["class_counts"] = counts
-    if scan.fields:
-        manifest.update(version=FIELDS_VERSION, fields=entries(scan.fields))
-        if job.fields:
-            manifest["field_kinds"] = job.fields
+    manifest.update(_fields_entries(job))
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
     if scan.coco is not None or scan.masks is not None:
         manifest.update(_spatial_labels(job, [path for path, _ in scan.files
                                               if path not in dropped], manifest["skipped"]))
-        if scan.fields:
-            manifest["version"] = FIELDS_VERSION
     return manifest
+
+
+def _fields_entries(job: _Job) -> dict:
+    """The manifest's entries of a set with fields (its version, fields and the kinds given
+    for them), else none."""
+    if not job.scan.fields:
+        return {}
+    out = {"version": FIELDS_VERSION, "fields": entries(job.scan.fields)}
+    return {**out, "field_kinds": job.fields} if job.fields else out
 
 
 def _spatial_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:

@@ -274,8 +274,8 @@ def check_manifest(m: dict, path: str) -> None:
       and sizes == sorted(set(sizes)), "ascending powers of two >= 8")
     classes = m.get("classes")
     f("classes", classes, isinstance(classes, list) and (classes or label_kind(m) == "none")
-      and all(isinstance(c, str) for c in classes)  # type: ignore[union-attr]
-      and len(set(classes)) == len(classes),  # type: ignore[arg-type]
+      and all(isinstance(c, str) for c in classes)
+      and len(set(classes)) == len(classes),
       "a list of distinct names (empty only for a set without labels)")
     n = m.get("num_samples")
     f("num_samples", n, _is_int(n) and n >= 0, "an integer >= 0")  # type: ignore[operator]

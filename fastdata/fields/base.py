@@ -102,8 +102,8 @@ class FieldKind:
             FieldError: naming ``where`` and what is wrong.
         """
         self.check_layout(column, count, where)
-        if not self.fixed:
-            o = column.offsets
+        o = column.offsets
+        if o is not None:
             for k in range(count):
                 self.from_bytes(column.values[o[k]:o[k + 1]].tobytes(), f"{where}, value {k}")
 

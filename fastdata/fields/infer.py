@@ -121,20 +121,13 @@ def kind_named(kind: str, cells: Sequence) -> FieldKind:
         return _classes(cells)
     values = [_json(c) for c in cells]
     if kind == "multilabel":
-        names = set()
-        for v in values:
-            if isinstance(v, str):
-                sep = "|" if "|" in v else ";"
-                names.update(n.strip() for n in v.split(sep) if n.strip())
-            elif isinstance(v, list):
-                names.update(str(n) for n in v)
-        return field_of("multilabel", classes=sorted(names))
+        return field_of("multilabel", classes=sorted(_names_in(values)))
     lists = [v for v in values if isinstance(v, list)]
-    if kind == "float" and lists:
-        return field_of("float", length=len(lists[0]))
-    if kind == "float" and values and all(isinstance(v, str) and len(v.split()) > 1
-                                          for v in values):
-        return field_of("float", length=len(values[0].split()))
+    if kind == "float":
+        if not lists and values and all(isinstance(v, str) and len(v.split()) > 1
+                                        for v in values):
+            lists = [v.split() for v in values]
+        return field_of("float", length=len(lists[0])) if lists else field_of("float")
     if kind == "array":
         if not lists:
             raise ValueError("an array field needs JSON arrays of numbers in its column")
@@ -142,6 +135,18 @@ def kind_named(kind: str, cells: Sequence) -> FieldKind:
     if kind == "tokens":
         return field_of("tokens", dtype=_token_dtype(lists))
     return field_of(kind)
+
+
+def _names_in(values) -> set[str]:
+    """The class names of multilabel cells: ``|``- or ``;``-separated, or JSON lists."""
+    names: set[str] = set()
+    for v in values:
+        if isinstance(v, str):
+            sep = "|" if "|" in v else ";"
+            names.update(n.strip() for n in v.split(sep) if n.strip())
+        elif isinstance(v, list):
+            names.update(str(n) for n in v)
+    return names
 
 
 def _shape(value) -> tuple[int, ...]:

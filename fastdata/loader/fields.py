@@ -12,18 +12,11 @@ from fastdata.format import SPATIAL_KINDS
 
 @dataclasses.dataclass(frozen=True)
 class BatchFields:
-    """The fields a batch holds, in the order asked: ``"image"``, ``"label"`` and the set's
-    own (``stored``), and each one's batch function."""
+    """The fields a batch holds, in the order asked (``"image"``, ``"label"`` and the set's
+    own), and each one's batch function."""
 
     names: tuple[str, ...]
-    #: the set's own fields asked for (not the image or the label)
-    stored: tuple[str, ...]
     transforms: dict[str, Callable] = dataclasses.field(default_factory=dict)
-
-    @property
-    def label(self) -> bool:
-        """Whether the label is asked for."""
-        return "label" in self.names
 
     def read(self, ds, indices, labels: Callable[[], torch.Tensor]) -> dict:
         """A batch's fields but the image: each collated (``FieldKind.collate``: a tensor for a
@@ -66,6 +59,13 @@ def batch_fields(dataset, fields: Sequence[str] | None,
         raise TypeError(f"fields={fields!r} is not a list of field names, e.g. "
                         f"['image', 'caption']")
     names = tuple(fields)
+    _check_names(dataset, names, with_source)
+    transforms = dict(transforms or {})
+    _check_transforms(names, transforms)
+    return BatchFields(names, transforms)
+
+
+def _check_names(dataset, names: tuple[str, ...], with_source: bool) -> None:
     has = ["image", *([] if dataset.label_kind == "none" else ["label"]), *dataset.fields]
     unknown = [n for n in names if n not in has]
     if unknown:
@@ -79,7 +79,9 @@ def batch_fields(dataset, fields: Sequence[str] | None,
     if with_source and "source" in names:
         raise ValueError("with_source adds the key \"source\" to each batch, which is also one "
                          "of the fields asked for: leave with_source out")
-    transforms = dict(transforms or {})
+
+
+def _check_transforms(names: tuple[str, ...], transforms: dict) -> None:
     for name, fn in transforms.items():
         if name not in names or name == "image":
             raise ValueError(f"field_transforms[{name!r}]: not one of the fields asked for "
@@ -88,5 +90,3 @@ def batch_fields(dataset, fields: Sequence[str] | None,
         if not callable(fn):
             raise TypeError(f"field_transforms[{name!r}] must be callable, not "
                             f"{type(fn).__name__}")
-    return BatchFields(names, tuple(n for n in names if n not in ("image", "label")),
-                       transforms)

@@ -277,10 +277,10 @@ class Mixture:
         for k, where, local in self._split(indices):
             values = self.sets[k].field_values(name, local)
             if kind.fixed:
-                out[where] = values     # type: ignore[index]
+                out[where] = values
             else:
                 for w, v in zip(where.tolist(), values):
-                    out[w] = v      # type: ignore[index]
+                    out[w] = v
         return out
 
     def fetch_ahead(self, indices, in_flight: int | None = None, processes: int = 1,

@@ -11,7 +11,7 @@ import pytest
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.converters.writers import WRITERS
-from fastdata.fields import Column, field_of
+from fastdata.fields import field_of
 from fastdata.format import ShardFormatError, ShardMeta, shard_checksum
 from fastdata.shards import READERS
 from fastdata.shards.verify import verify
