@@ -9,7 +9,9 @@ Each image of the file's ``images`` is ``SRC/<file_name>``; its class list is th
   skipped, as are images with more than ``MAX_BOXES`` annotations;
 * an annotation with a known ``image_id`` and ``category_id`` and a ``bbox`` of four finite
   numbers with positive width and height; its ``segmentation`` (polygons, or RLE, compressed or
-  not) where the file has any. Others are skipped, each named (``annotation <id>``) with why.
+  not) where the file has any, and its ``keypoints`` where the categories name keypoints
+  (COCO's person keypoints: their names and skeleton; ``fastdata.fields.keypoints``). Others
+  are skipped, each named (``annotation <id>``) with why.
 
 Coordinates are in the frame the file's ``width`` and ``height`` describe: the image upright (its
 EXIF orientation applied, as its pixels are stored), or as stored if that is the frame they
@@ -34,6 +36,8 @@ from fastdata.converters.geometry import frame
 from fastdata.converters.labels import _relative
 from fastdata.converters.scan import Files, Scan, source_folder, walk_images
 from fastdata.converters.units import read_limited
+from fastdata.fields import field_of
+from fastdata.fields.keypoints import KeypointsField
 from fastdata.shards.annotations import encode_masks
 
 #: an annotations file larger than this is refused before it is parsed (COCO 2017's largest,
@@ -51,12 +55,15 @@ MAX_TRACE = 4_000_000
 @dataclass
 class Coco:
     """A checked annotations file: ``images`` path -> (id, width, height); ``annotations``
-    image id -> its valid annotations; ``masks``: whether any has a segmentation."""
+    image id -> its valid annotations; ``masks``: whether any has a segmentation;
+    ``keypoints``: the categories' keypoints (``fastdata.fields.keypoints``), if they have
+    any."""
     classes: list[str]
     images: dict[str, tuple[int, int, int]]
     annotations: dict[int, list[dict]]
     masks: bool
     digest: str
+    keypoints: KeypointsField | None = None
 
 
 def _number(v) -> bool:
@@ -89,6 +96,28 @@ def _categories(path: str, cats: list) -> tuple[list[str], dict[int, int]]:
     if len(set(names)) != len(names) or len({c["id"] for c in ok}) != len(ok):
         raise ValueError(f"annotations file {path}: category names and ids must be distinct")
     return names, {c["id"]: k for k, c in enumerate(ok)}
+
+
+def _keypoints_of(path: str, cats: list) -> KeypointsField | None:
+    """The keypoints the categories name (COCO's person keypoints: their names and skeleton,
+    1-based indices); None where none has any. Every category that has some must name the
+    same ones."""
+    named = [c for c in cats if c.get("keypoints")]
+    if not named:
+        return None
+    names = named[0]["keypoints"]
+    skeleton = named[0].get("skeleton") or []
+    try:
+        if any(c["keypoints"] != names for c in named) or not all(
+                isinstance(n, str) for n in names):
+            raise ValueError("categories name different keypoints")
+        pairs = [(names[a - 1], names[b - 1]) for a, b in skeleton
+                 if isinstance(a, int) and isinstance(b, int) and 0 < a <= len(names)
+                 and 0 < b <= len(names)]
+        return field_of("keypoints", names=names, skeleton=pairs)    # type: ignore[return-value]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"annotations file {path}: the categories' keypoints are not one list "
+                         f"of distinct names with a skeleton of pairs of them ({e})") from None
 
 
 def _images(images: list, skipped: list) -> dict[str, tuple[int, int, int]]:
@@ -150,8 +179,8 @@ def _rle_problem(seg: dict, h: int, w: int) -> str | None:
     return f"RLE counts are not a COCO string or list of counts covering {h}x{w} pixels"
 
 
-def _annotation(a, coco_images: dict[int, tuple[int, int]], cats: dict[int, int]) \
-        -> tuple[dict | None, str | None]:
+def _annotation(a, coco_images: dict[int, tuple[int, int]], cats: dict[int, int],
+                keypoints: KeypointsField | None = None) -> tuple[dict | None, str | None]:
     """``(annotation, None)`` if usable, else ``(None, why)``."""
     if not isinstance(a, dict):
         return None, "not an object"
@@ -173,8 +202,27 @@ def _annotation(a, coco_images: dict[int, tuple[int, int]], cats: dict[int, int]
             return None, why
     else:
         seg = None
+    points = None
+    if keypoints is not None:
+        points, why = _points(a.get("keypoints"), len(keypoints.names))
+        if why is not None:
+            return None, why
     return {"bbox": [float(v) for v in box], "category": cats[a["category_id"]],
-            "iscrowd": int(a.get("iscrowd", 0)), "segmentation": seg}, None
+            "iscrowd": int(a.get("iscrowd", 0)), "segmentation": seg,
+            "keypoints": points}, None
+
+
+def _points(values, k: int) -> tuple[np.ndarray | None, str | None]:
+    """An annotation's ``keypoints`` (``[x1, y1, v1, ...]``, pixels) as ``(k, 3)``, or why
+    not; none given: ``k`` points not labelled."""
+    if values is None:
+        return np.zeros((k, 3)), None
+    if not (isinstance(values, list) and len(values) == 3 * k and all(map(_number, values))):
+        return None, f"keypoints is not {3 * k} finite numbers [x1, y1, v1, ...]"
+    p = np.asarray(values, np.float64).reshape(k, 3)
+    if not np.isin(p[:, 2], (0, 1, 2)).all():
+        return None, "a keypoint's visibility is not 0, 1 or 2"
+    return p, None
 
 
 def read_coco(path: str) -> tuple[Coco, list[dict]]:
@@ -186,12 +234,13 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
     """
     d, digest = _load(path)
     classes, cats = _categories(path, d["categories"])
+    keypoints = _keypoints_of(path, d["categories"])
     skipped: list[dict] = []
     images = _images(d["images"], skipped)
     by_id = {i: (w, h) for i, w, h in images.values()}
     annotations: dict[int, list[dict]] = {}
     for k, a in enumerate(d["annotations"]):
-        ann, why = _annotation(a, by_id, cats)
+        ann, why = _annotation(a, by_id, cats, keypoints)
         name = a.get("id", k) if isinstance(a, dict) else k
         if ann is None:
             skipped.append({"path": f"annotation {str(name)[:40]}", "reason": why,
@@ -199,7 +248,7 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
         else:
             annotations.setdefault(a["image_id"], []).append(ann)
     masks = any(x["segmentation"] is not None for v in annotations.values() for x in v)
-    return Coco(classes, images, annotations, masks, digest), skipped
+    return Coco(classes, images, annotations, masks, digest, keypoints), skipped
 
 
 def scan_coco(root: str, path: str) -> Scan:
@@ -347,8 +396,23 @@ def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], masks: b
             seg = [[x0, y0, x0, y0 + bh, x0 + bw, y0 + bh, x0 + bw, y0]]
         for size, m in f.mask(_mask_columns(seg, h, w), sizes).items():
             runs[size] += encode_masks(m[None])
+    points = None
+    if kept and kept[0]["keypoints"] is not None:
+        points = _moved_points(f, np.stack([a["keypoints"] for a in kept]), s)
     return (boxes[keep].astype(np.float32), [a["category"] for a in kept],
-            [a["iscrowd"] for a in kept], runs)
+            [a["iscrowd"] for a in kept], runs, points)
+
+
+def _moved_points(f, p: np.ndarray, s: int) -> np.ndarray:
+    """Keypoints ``(n, K, 3)`` in the file's pixels through the image's orientation and fit:
+    as fractions of the square; where they fall off it, or are not labelled, ``v = 0`` (at 0,
+    0). COCO's coordinates are integers in ``[0, W - 1]``: the pixel's centre is half a pixel
+    on (detectron2's rule)."""
+    x, y = f.points(p[..., 0] + 0.5, p[..., 1] + 0.5)
+    v = np.where((x >= 0) & (x < s) & (y >= 0) & (y < s) & (p[..., 2] > 0), p[..., 2], 0)
+    out = np.stack([x / s, y / s, v], -1)
+    out[v == 0] = 0
+    return out.astype(np.float32)
 
 
 def _chunk_targets(job: tuple) -> list[tuple]:
@@ -362,7 +426,7 @@ def _chunk_targets(job: tuple) -> list[tuple]:
         except (ValueError, OSError) as e:      # its pixels were read: its annotations not
             skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes",
                             "kind": "note"})
-            result = (np.zeros((0, 4), np.float32), [], [], {size: [] for size in sizes})
+            result = (np.zeros((0, 4), np.float32), [], [], {size: [] for size in sizes}, None)
         out.append((*result, skipped))
     return out
 
@@ -379,12 +443,14 @@ def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fi
     jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))
                    for p in paths[i:i + CHUNK]], coco.masks, tuple(sizes), fit)
             for i in range(0, len(paths), CHUNK))
-    offsets, boxes, classes, crowd = [0], [], [], []
+    offsets, boxes, classes, crowd, points = [0], [], [], [], []
     runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
+    k = len(coco.keypoints.names) if coco.keypoints is not None else 0
     for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
-        for b, c, z, r, why in chunk:
+        for b, c, z, r, p, why in chunk:
             offsets.append(offsets[-1] + len(b))
             boxes.append(b)
+            points.append(p if p is not None else np.zeros((len(b), k, 3), np.float32))
             classes += c
             crowd += z
             skipped += why
@@ -392,5 +458,8 @@ def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fi
                 runs[size] += r.get(size, [])
             if progress is not None:
                 progress()
+    keypoints = None if coco.keypoints is None else (
+        coco.keypoints, np.concatenate(points) if points else np.zeros((0, k, 3), np.float32))
     return write_annotations(out_path, offsets, np.concatenate(boxes) if boxes else
-                             np.zeros((0, 4)), classes, crowd, runs if coco.masks else None)
+                             np.zeros((0, 4)), classes, crowd, runs if coco.masks else None,
+                             keypoints)

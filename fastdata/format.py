@@ -324,8 +324,10 @@ def _check_targets(m: dict, f) -> None:
         f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
           and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
           and re.fullmatch(r"[0-9a-f]{64}", a["sha256"]) is not None
-          and isinstance(a.get("masks"), bool),
-          f"{{file: {ANNOTATIONS}, bytes, sha256, masks}}")
+          and isinstance(a.get("masks"), bool)
+          and (a.get("keypoints") is None or (isinstance(a["keypoints"], dict)
+                                              and kind == "detection")),
+          f"{{file: {ANNOTATIONS}, bytes, sha256, masks, and a detection set's keypoints}}")
     else:
         f("annotations", a, a is None, "absent but for a detection or segmentation set")
     f("label_kind", kind, kind != "none" or m.get("version") == FIELDS_VERSION,

@@ -1,11 +1,12 @@
 """Field kinds: what a sample holds beside its image, one module per kind, each registered by
 name in ``FIELDS`` (``base``): ``class`` (``category``), ``multilabel``, ``float``
-(``scalar``), ``text``, ``tokens``, ``array`` and ``json`` (``structured``); ``infer``: the
-kind of a source's column that no one named."""
+(``scalar``), ``text``, ``tokens``, ``array``, ``json`` (``structured``) and ``keypoints``;
+``infer``: the kind of a source's column that no one named."""
 # each module registers its kind
 from fastdata.fields import (  # noqa: F401
     array,
     category,
+    keypoints,
     multilabel,
     scalar,
     structured,

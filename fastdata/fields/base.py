@@ -161,6 +161,12 @@ class FieldKind:
         """
         raise NotImplementedError
 
+    def move(self, value, crop, flip: bool, stored: int, out: int):
+        """One sample's value as its image is cropped (top, left, h, w in stored pixels of a
+        square of side ``stored``) to ``out`` pixels and flipped: a geometric kind's moves
+        with the pixels (``keypoints``); every other kind's passes through as it is."""
+        return value
+
     def describe(self, column: Column) -> str:
         """A line for ``fastdata info``: the kind, its parameters, and what its values hold."""
         extra = ", ".join(f"{k}={v}" for k, v in self.params().items() if k != "classes")

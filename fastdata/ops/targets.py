@@ -103,7 +103,9 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
         Per image a dict: ``boxes`` float32 ``(K, 4)`` ``x0, y0, x1, y1`` in output pixels,
         ``labels`` int64 ``(K,)`` (the class index + 1: 0 is the background, as torchvision's
         detection models take them), ``iscrowd`` int64 ``(K,)`` and, where the set has
-        masks, ``masks`` uint8 ``(K, out, out)``.
+        masks, ``masks`` uint8 ``(K, out, out)``; where it has keypoints, ``keypoints``
+        float32 ``(K, points, 3)``, x, y in output pixels and v (0: cut away or not
+        labelled), the left/right points swapped by a flip (``fastdata.fields.keypoints``).
     """
     indices = np.asarray(indices, np.int64)
     b = len(indices)
@@ -126,6 +128,9 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
         if ann.has_masks:
             target["masks"] = torch.from_numpy(_masks(ann, int(indices[k]), keep_k, crop[k],
                                                       bool(flip[k]), stored, out))
+        if getattr(ann, "keypoints", None) is not None:     # a set of one's own may have none
+            target["keypoints"] = torch.from_numpy(ann.keypoints_kind.move(
+                ann.keypoints[rows[sel][keep_k]], crop[k], bool(flip[k]), stored, out))
         result.append(target)
     return result
 
@@ -186,9 +191,11 @@ def padded(targets: list[dict], out: int) -> dict:
               "iscrowd": torch.full((b, k), -1, dtype=torch.int64), "counts": counts}
     if targets and "masks" in targets[0]:
         result["masks"] = torch.zeros((b, k, out, out), dtype=torch.uint8)
+    if targets and "keypoints" in targets[0]:
+        result["keypoints"] = torch.zeros((b, k, *targets[0]["keypoints"].shape[1:]))
     for i, t in enumerate(targets):
         n = len(t["labels"])
-        for name in ("boxes", "labels", "iscrowd", "masks"):
+        for name in ("boxes", "labels", "iscrowd", "masks", "keypoints"):
             if name in result:
                 result[name][i, :n] = t[name]
     return result

@@ -12,7 +12,10 @@ set's, in this order, ``N`` samples holding ``M`` boxes in all:
 * with masks, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(M + 1,)`` and
   ``runs`` uint32: box ``j``'s mask at ``S x S``, row-major, as the lengths of alternating runs
   of 0 and 1 starting with 0 (``runs[run_offsets[j]:run_offsets[j + 1]]``, an even number of
-  them, summing to ``S * S``).
+  them, summing to ``S * S``);
+* with keypoints (the manifest's entry has ``keypoints``: the ``keypoints`` field kind's
+  parameters), ``keypoints`` float32 ``(M, K, 3)``: each box's points as that kind stores a
+  sample's (``fastdata.fields.keypoints``).
 
 A segmentation set's, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
 ``runs`` uint32 and ``values`` uint8: sample ``i``'s class map at ``S x S``, row-major, is
@@ -33,6 +36,7 @@ import stat
 
 import numpy as np
 
+from fastdata.fields import FieldError, field_of
 from fastdata.format import ANNOTATIONS, ShardFormatError, write_atomic
 
 #: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
@@ -75,15 +79,20 @@ def _packed(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_annotations(path: str, offsets, boxes, classes, iscrowd,
-                      masks: dict[int, list[np.ndarray]] | None = None) -> dict:
+                      masks: dict[int, list[np.ndarray]] | None = None,
+                      keypoints: tuple | None = None) -> dict:
     """Write a detection set's annotations to ``path`` (through a temporary file renamed into
-    place); ``masks``: per stored size, each box's runs (``encode_masks``). Returns the
-    manifest's ``annotations`` entry."""
+    place); ``masks``: per stored size, each box's runs (``encode_masks``); ``keypoints``:
+    ``(their KeypointsField, each box's points (M, K, 3))``. Returns the manifest's
+    ``annotations`` entry."""
     records: list = [np.asarray(offsets, np.int64), np.asarray(boxes, np.float32).reshape(-1, 4),
                np.asarray(classes, np.int64), np.asarray(iscrowd, np.uint8)]
     for size in sorted(masks or {}):
         records += _packed(masks[size], np.uint32)  # type: ignore[index]
-    return _write(path, records, masks is not None)
+    if keypoints is not None:
+        records.append(np.asarray(keypoints[1], np.float32))
+    entry = _write(path, records, masks is not None)
+    return entry if keypoints is None else {**entry, "keypoints": keypoints[0].params()}
 
 
 def write_class_maps(path: str, maps: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> dict:
@@ -160,6 +169,11 @@ class Annotations:
         for size in sizes if self.has_masks else ():
             self.runs[size] = (r.take(f"run_offsets/{size}", np.int64, 1),
                                r.take(f"runs/{size}", np.uint32, 1))
+        #: the boxes' keypoints (``fastdata.fields.keypoints``) where the set has them
+        self.keypoints_kind = self.keypoints = None
+        if entry.get("keypoints") is not None:
+            self.keypoints_kind = _keypoints_kind(entry["keypoints"], path)
+            self.keypoints = r.take("keypoints", np.float32, 3)
         if r.pos != len(data):
             raise r.damaged(f"{len(data) - r.pos} bytes after its last record")
         problem = self._problem(num_samples, num_classes)
@@ -179,6 +193,14 @@ class Annotations:
             return f"box classes not {m} indices below {classes}"
         if len(self.iscrowd) != m or (self.iscrowd > 1).any():
             return "iscrowd not 0 or 1 per box"
+        if self.keypoints_kind is not None:
+            k = len(self.keypoints_kind.names)
+            try:
+                if self.keypoints.shape != (m, k, 3):
+                    raise FieldError(f"not the {m} boxes' {k} points")
+                self.keypoints_kind.from_bytes(self.keypoints.tobytes(), "keypoints")
+            except FieldError as e:
+                return f"keypoints: {e}"
         return self._masks_problem(m)
 
     def _masks_problem(self, m: int) -> str | None:
@@ -216,6 +238,15 @@ class Annotations:
 
     def __getstate__(self):
         raise TypeError("Annotations are opened in the process that reads them")
+
+
+def _keypoints_kind(params, path: str):
+    """The keypoints a manifest's ``annotations`` entry describes, or a damaged entry."""
+    try:
+        return field_of("keypoints", **params)
+    except (TypeError, ValueError) as e:
+        raise ShardFormatError(f"{path}: the manifest's keypoints are not readable ({e})") \
+            from None
 
 
 class ClassMaps:

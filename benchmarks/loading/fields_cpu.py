@@ -1,0 +1,161 @@
+"""Fields against images alone: converting and loading the same photos with a caption (and
+with an 8-float embedding) beside each, interleaved round by round (the fields figures of
+docs/performance.md).
+
+    OPENBLAS_NUM_THREADS=1 python -W ignore -m benchmarks.loading.fields_cpu /tmp/photos \\
+        --rounds 5 --json benchmarks/results/RUN/fields.json
+
+Each photo gets a caption of 8-20 words drawn from a fixed vocabulary (COCO-like lengths) and
+an embedding. Conversion: the photos through a labels file (``path,label`` for images alone,
+``path,label,caption`` and ``path,label,emb`` with fields), raw HDF5 at 256 px, the default
+decode workers. Loading: RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2
+reader threads, 3 epochs after an untimed one, each run in a fresh interpreter; the captions
+as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
+trained on the captions, padded to 32). img/s and CPU ms an image (every thread and process).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.harness import interleaved, medians, tree_cpu_seconds, write_results
+
+WORDS = ("a man woman child dog cat sits stands on the in with near next to large small red "
+         "blue green white black wooden table street park field beach kitchen room bus train "
+         "plate of food holding looking at two three people playing ball frisbee surfboard "
+         "water grass snow mountain building window open sky cloudy").split()
+
+RUN = """
+import json, sys, time
+import torch, fastdata
+from benchmarks.harness import tree_cpu_seconds
+torch.set_num_threads(1)
+path, mode, tok_file = sys.argv[1], sys.argv[2], sys.argv[3]
+kw = {}
+if mode != "image":
+    kw["fields"] = ["image", "label", "caption" if "caption" in mode else "emb"]
+if mode == "caption+tokens":
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tok_file)
+    tok.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
+    tok.enable_truncation(32)
+
+    def tokenize(texts):
+        return torch.tensor([e.ids for e in tok.encode_batch(texts)])
+    kw["field_transforms"] = {"caption": tokenize}
+loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
+for _ in loader:
+    pass
+t, c, n = time.perf_counter(), tree_cpu_seconds(), 0
+for epoch in range(1, 4):
+    loader.set_epoch(epoch)
+    for batch in loader:
+        n += (batch["image"] if isinstance(batch, dict) else batch[0]).shape[0]
+print(json.dumps({"img_s": n / (time.perf_counter() - t),
+                  "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3}))
+"""
+
+
+def _files(photos: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), photos)
+                  for d, _, fs in os.walk(photos) for f in fs)
+
+
+def labels_files(photos: str, tmp: str) -> dict[str, str]:
+    """``{variant: labels file}``: the photos' classes alone, with a caption, with an
+    embedding; the captions also as a text file to train the tokenizer on."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for k, path in enumerate(_files(photos)):
+        words = rng.choice(WORDS, rng.integers(8, 21))
+        rows.append((path, path.split(os.sep)[0], " ".join(words),
+                     json.dumps(np.round(rng.standard_normal(8), 4).tolist())))
+    out = {}
+    for name, cols in (("image", (0, 1)), ("caption", (0, 1, 2)), ("emb", (0, 1, 3))):
+        out[name] = os.path.join(tmp, f"{name}.csv")
+        with open(out[name], "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["path", "label", "caption", "emb"][c] for c in cols)
+            w.writerows([r[c] for c in cols] for r in rows)
+    out["captions"] = os.path.join(tmp, "captions.txt")
+    with open(out["captions"], "w") as f:
+        f.write("\n".join(r[2] for r in rows))
+    return out
+
+
+def tokenizer(captions: str, path: str) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train([captions], trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]",
+                                                                              "[PAD]"]))
+    tok.save(path)
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("photos")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", default=None, help="write the results here")
+    a = p.parse_args()
+    from fastdata.converters.convert import convert
+
+    rows = []
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
+        files = labels_files(a.photos, tmp)
+        tok = tokenizer(files["captions"], os.path.join(tmp, "tokenizer.json"))
+        sets = {k: os.path.join(tmp, f"set-{k}") for k in ("image", "caption", "emb")}
+
+        def converting(name):
+            def run():
+                t, c = time.perf_counter(), tree_cpu_seconds()
+                convert(a.photos, sets[name], sizes=[256], labels=files[name], progress=False,
+                        overwrite=True)
+                dt = time.perf_counter() - t
+                n = len(_files(a.photos))
+                return {"img_s": n / dt, "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3}
+            return run
+
+        conv = interleaved({k: converting(k) for k in sets}, a.rounds)
+        for name, runs in conv.items():
+            rows.append({"stage": "convert", "variant": name, **medians(runs), "rounds": runs})
+            print("convert", name, medians(runs), flush=True)
+
+        def loading(path, mode):
+            def run():
+                env = {**os.environ, "PYTHONPATH": os.getcwd()}
+                out = subprocess.run([sys.executable, "-W", "ignore", "-c", RUN, path, mode,
+                                      tok], check=True, capture_output=True, text=True,
+                                     env=env).stdout
+                return json.loads(out.strip().splitlines()[-1])
+            return run
+
+        load = interleaved({"image": loading(sets["image"], "image"),
+                            "caption": loading(sets["caption"], "caption"),
+                            "caption+tokens": loading(sets["caption"], "caption+tokens"),
+                            "emb": loading(sets["emb"], "emb")}, a.rounds)
+        for name, runs in load.items():
+            rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
+            print("load", name, medians(runs), flush=True)
+    base = {r["stage"]: r["img_s"] for r in rows if r["variant"] == "image"}
+    for r in rows:
+        r["of_image_only"] = r["img_s"] / base[r["stage"]]
+        print(f"{r['stage']:8} {r['variant']:15} {r['img_s']:7.0f} img/s  "
+              f"{r['cpu_ms']:.2f} CPU ms/img  {r['of_image_only']:.3f} of images alone")
+    if a.json:
+        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
+        write_results(a.json, "loading.fields_cpu", rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""``keypoints``: named points per instance (a person's joints), moved with the crop and
+mirrored by the flip with their left/right pairs swapped, as torchvision's and detectron2's
+keypoint conventions have it.
+
+A sample's value is float32 ``(n, K, 3)``: ``n`` instances of the field's ``K`` named points,
+each ``x, y`` as fractions of the stored square (0 to 1, the same at every stored size; the
+point at the centre of stored pixel ``(c, r)`` of an ``S`` square is ``((c + .5) / S,
+(r + .5) / S)``) and ``v``: 0 not labelled (or cut away), 1 labelled but hidden, 2 visible
+(COCO's). In a batch, each image's are ``(n, K, 3)`` in output pixels (torchvision's
+``KeypointRCNN`` targets' ``keypoints``); a point the crop cuts away gets ``v = 0``.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fastdata.fields.base import FieldError, FieldKind, check_bytes, class_names, register
+
+#: name prefixes of mirrored points (``left_eye`` <-> ``right_eye``), as COCO names them
+MIRRORED = (("left_", "right_"), ("l_", "r_"))
+#: the most points one sample may hold (instances times names)
+MAX_POINTS = 1 << 20
+
+
+@register
+class KeypointsField(FieldKind):
+    """Named points per instance.
+
+    Args:
+        names: the points' names, in their order (COCO's category ``keypoints``).
+        flip_pairs: pairs of names a horizontal flip swaps (default: each ``left_*`` with its
+            ``right_*``, and ``l_*`` with ``r_*``).
+        skeleton: pairs of names joined when drawn (COCO's ``skeleton``, kept for users).
+
+    Raises:
+        ValueError: no names, a name twice, or a pair naming a point that is not one.
+    """
+
+    kind = "keypoints"
+    fixed = False
+
+    def __init__(self, *, names, flip_pairs=None, skeleton=None):
+        self.names = class_names(names)
+        index = {n: k for k, n in enumerate(self.names)}
+        pairs = _mirrored(self.names) if flip_pairs is None else flip_pairs
+        self.flip_pairs = _pairs("flip_pairs", pairs, index)
+        self.skeleton = _pairs("skeleton", skeleton or [], index)
+        self.flip_order = np.arange(len(self.names))
+        for a, b in self.flip_pairs:
+            self.flip_order[index[a]], self.flip_order[index[b]] = index[b], index[a]
+
+    def params(self) -> dict:
+        out: dict = {"names": self.names, "flip_pairs": [list(p) for p in self.flip_pairs]}
+        return {**out, "skeleton": [list(p) for p in self.skeleton]} if self.skeleton else out
+
+    def parse(self, cell, where: str) -> np.ndarray:
+        """A JSON list of instances, each ``K`` points ``[x, y, v]`` (or COCO's flat
+        ``[x1, y1, v1, x2, ...]``), ``x, y`` as fractions of the stored square."""
+        if isinstance(cell, str):
+            try:
+                cell = json.loads(cell) if cell.strip() else []
+            except ValueError:
+                raise FieldError(f"{where}: {cell[:40]!r} is not a JSON list of "
+                                 f"instances") from None
+        try:
+            a = np.asarray(cell, np.float64).reshape(-1, len(self.names), 3)
+        except (TypeError, ValueError):
+            raise FieldError(f"{where}: not instances of {len(self.names)} points [x, y, v] "
+                             f"each") from None
+        return self._checked(a.astype(np.float32), where)
+
+    def _checked(self, a: np.ndarray, where: str) -> np.ndarray:
+        check_bytes(a.nbytes, where, MAX_POINTS * 12)
+        if not np.isfinite(a).all() or not np.isin(a[..., 2], (0, 1, 2)).all():
+            raise FieldError(f"{where}: keypoints whose x, y are not finite or whose v is not "
+                             f"0, 1 or 2")
+        return a
+
+    def to_bytes(self, value: np.ndarray) -> bytes:
+        return np.ascontiguousarray(value, np.float32).tobytes()
+
+    def from_bytes(self, data: bytes, where: str) -> np.ndarray:
+        per = len(self.names) * 12
+        if len(data) % per:
+            raise FieldError(f"{where}: {len(data)} bytes are not whole instances of "
+                             f"{len(self.names)} points")
+        return self._checked(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
+                             where)
+
+    def collate(self, values):
+        import torch
+
+        return [torch.from_numpy(np.array(v, np.float32)) for v in values]
+
+    def move(self, points: np.ndarray, crop, flip: bool, stored: int, out: int) -> np.ndarray:
+        """One image's points ``(n, K, 3)`` (fractions of the stored square of side
+        ``stored``) through its crop (top, left, h, w in stored pixels) to ``out`` pixels and
+        flip, as its pixels and boxes are moved; points the crop cuts away get ``v = 0``, and a
+        flip swaps the mirrored names."""
+        top, left, h, w = (float(v) for v in crop)
+        p = points.astype(np.float64, copy=True)
+        p[..., 0] = (p[..., 0] * stored - left) * out / w
+        p[..., 1] = (p[..., 1] * stored - top) * out / h
+        if flip:
+            p[..., 0] = out - p[..., 0]
+            p = p[:, self.flip_order]
+        inside = (p[..., 0] >= 0) & (p[..., 0] < out) & (p[..., 1] >= 0) & (p[..., 1] < out)
+        p[..., 2] = np.where(inside, p[..., 2], 0)
+        return p.astype(np.float32)
+
+
+def _mirrored(names: list[str]) -> list[tuple[str, str]]:
+    """The pairs ``left_x`` / ``right_x`` (``l_x`` / ``r_x``) among ``names``."""
+    have = set(names)
+    return [(n, right + n[len(left):]) for n in names for left, right in MIRRORED
+            if n.startswith(left) and right + n[len(left):] in have]
+
+
+def _pairs(what: str, pairs, index: dict) -> list[tuple[str, str]]:
+    """``pairs`` checked to be pairs of the field's names (each used once, for a flip)."""
+    try:
+        out = [(str(a), str(b)) for a, b in pairs]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what}={pairs!r} is not a list of pairs of names") from None
+    if not all(a in index and b in index and a != b for a, b in out):
+        raise ValueError(f"{what}={pairs!r} names a point that is not one of the field's "
+                         f"({', '.join(index)})")
+    flat = [n for p in out for n in p]
+    if what == "flip_pairs" and len(set(flat)) != len(flat):
+        raise ValueError(f"flip_pairs={pairs!r} names a point in two pairs")
+    return out
