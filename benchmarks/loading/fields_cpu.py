@@ -11,7 +11,10 @@ an embedding. Conversion: the photos through a labels file (``path,label`` for i
 decode workers. Loading: RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2
 reader threads, 3 epochs after an untimed one, each run in a fresh interpreter; the captions
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
-trained on the captions, padded to 32). img/s and CPU ms an image (every thread and process).
+trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
+``TOKENIZERS_PARALLELISM=false``); or tokenised once, before the conversion, into a ``tokens``
+field (the labels file's ``tokens`` column of JSON lists of ids). img/s and CPU ms an image
+(every thread and process).
 """
 from __future__ import annotations
 
@@ -33,13 +36,13 @@ WORDS = ("a man woman child dog cat sits stands on the in with near next to larg
 
 RUN = """
 import json, sys, time
-import torch, fastdata
+import numpy as np, torch, fastdata
 from benchmarks.harness import tree_cpu_seconds
 torch.set_num_threads(1)
 path, mode, tok_file = sys.argv[1], sys.argv[2], sys.argv[3]
 kw = {}
 if mode != "image":
-    kw["fields"] = ["image", "label", "caption" if "caption" in mode else "emb"]
+    kw["fields"] = ["image", "label", mode.split("+")[0]]
 if mode == "caption+tokens":
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(tok_file)
@@ -47,7 +50,8 @@ if mode == "caption+tokens":
     tok.enable_truncation(32)
 
     def tokenize(texts):
-        return torch.tensor([e.ids for e in tok.encode_batch(texts)])
+        return torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
+                                         np.int64))
     kw["field_transforms"] = {"caption": tokenize}
 loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
 for _ in loader:
@@ -91,6 +95,23 @@ def labels_files(photos: str, tmp: str) -> dict[str, str]:
     return out
 
 
+def tokens_file(captions_csv: str, tok_path: str, tmp: str) -> str:
+    """A labels file of the captions tokenised once (``path,label,tokens``, the ids as JSON
+    lists: a ``tokens`` field)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tok_path)
+    with open(captions_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = os.path.join(tmp, "tokens.csv")
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "tokens"])
+        for r, e in zip(rows, tok.encode_batch([r["caption"] for r in rows])):
+            w.writerow([r["path"], r["label"], json.dumps(e.ids)])
+    return out
+
+
 def tokenizer(captions: str, path: str) -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -114,7 +135,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         files = labels_files(a.photos, tmp)
         tok = tokenizer(files["captions"], os.path.join(tmp, "tokenizer.json"))
-        sets = {k: os.path.join(tmp, f"set-{k}") for k in ("image", "caption", "emb")}
+        files["tokens"] = tokens_file(files["caption"], tok, tmp)
+        sets = {k: os.path.join(tmp, f"set-{k}") for k in ("image", "caption", "emb", "tokens")}
 
         def converting(name):
             def run():
@@ -133,7 +155,9 @@ def main() -> None:
 
         def loading(path, mode):
             def run():
-                env = {**os.environ, "PYTHONPATH": os.getcwd()}
+                # the tokenizer's own threads off, as Hugging Face advises inside loaders
+                env = {**os.environ, "PYTHONPATH": os.getcwd(),
+                       "TOKENIZERS_PARALLELISM": "false"}
                 out = subprocess.run([sys.executable, "-W", "ignore", "-c", RUN, path, mode,
                                       tok], check=True, capture_output=True, text=True,
                                      env=env).stdout
@@ -143,7 +167,8 @@ def main() -> None:
         load = interleaved({"image": loading(sets["image"], "image"),
                             "caption": loading(sets["caption"], "caption"),
                             "caption+tokens": loading(sets["caption"], "caption+tokens"),
-                            "emb": loading(sets["emb"], "emb")}, a.rounds)
+                            "emb": loading(sets["emb"], "emb"),
+                            "stored tokens": loading(sets["tokens"], "tokens")}, a.rounds)
         for name, runs in load.items():
             rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
             print("load", name, medians(runs), flush=True)

@@ -109,7 +109,9 @@ def tree():
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / tick
+            # utime, stime, and those of its children already waited for (the workers of
+            # a loader's earlier epochs)
+            cpu += sum(int(v) for v in fields[11:15]) / tick
             with open(f"/proc/{p}/smaps_rollup") as f:
                 pss += sum(int(l.split()[1]) for l in f if l.startswith("Pss:")) / 1024
         except OSError:

@@ -1,5 +1,5 @@
-"""A set's fields as its manifest lists them (``fields``: ``[{name, kind, params}]``) and the
-label every set has, seen as a field of its kind (``label_field``)."""
+"""A set's fields as its manifest lists them (``fields``: ``[{name, kind, params}]``), and the
+rule for a field's name."""
 from __future__ import annotations
 
 from fastdata.fields.base import FieldKind, field_of
@@ -44,16 +44,3 @@ def fields_of(manifest: dict, where: str) -> dict[str, FieldKind]:
             raise ShardFormatError(f"{where}: field fields[{k}] ({e['name']!r}) is not "
                                    f"readable: {err}") from None
     return out
-
-
-def label_field(label_kind: str, classes: list[str]) -> FieldKind | None:
-    """A set's label as a field: a ``class`` field, a ``multilabel`` one, a ``float``
-    vector of regression targets; None for a set whose label is its boxes or class map, or
-    which has none."""
-    if label_kind == "class":
-        return field_of("class", classes=classes)
-    if label_kind == "multi_label":
-        return field_of("multilabel", classes=classes)
-    if label_kind == "regression":
-        return field_of("float", length=len(classes))
-    return None
