@@ -7,9 +7,10 @@ docs/performance.md).
 
 Each photo gets a caption of 8-20 words drawn from a fixed vocabulary (COCO-like lengths) and
 an embedding. Conversion: the photos through a labels file (``path,label`` for images alone,
-``path,label,caption`` and ``path,label,emb`` with fields), raw HDF5 at 256 px, the default
-decode workers. Loading: RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2
-reader threads, 3 epochs after an untimed one, each run in a fresh interpreter; the captions
+``path,label,caption``, ``path,label,emb`` and ``path,label,tokens`` with fields), raw HDF5 at
+256 px, the default decode workers. Loading, every variant from one set holding all of them:
+RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 reader threads, 3 epochs
+after an untimed one, each run in a fresh interpreter; images alone, or with the captions
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
 trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
 ``TOKENIZERS_PARALLELISM=false``); or tokenised once, before the conversion, into a ``tokens``
@@ -71,48 +72,46 @@ def _files(photos: str) -> list[str]:
                   for d, _, fs in os.walk(photos) for f in fs)
 
 
-def labels_files(photos: str, tmp: str) -> dict[str, str]:
-    """``{variant: labels file}``: the photos' classes alone, with a caption, with an
-    embedding; the captions also as a text file to train the tokenizer on."""
+def captioned_rows(photos: str) -> list[dict]:
+    """Each photo's path, class, caption and embedding."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    rows = []
-    for k, path in enumerate(_files(photos)):
-        words = rng.choice(WORDS, rng.integers(8, 21))
-        rows.append((path, path.split(os.sep)[0], " ".join(words),
-                     json.dumps(np.round(rng.standard_normal(8), 4).tolist())))
-    out = {}
-    for name, cols in (("image", (0, 1)), ("caption", (0, 1, 2)), ("emb", (0, 1, 3))):
-        out[name] = os.path.join(tmp, f"{name}.csv")
-        with open(out[name], "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["path", "label", "caption", "emb"][c] for c in cols)
-            w.writerows([r[c] for c in cols] for r in rows)
-    out["captions"] = os.path.join(tmp, "captions.txt")
-    with open(out["captions"], "w") as f:
-        f.write("\n".join(r[2] for r in rows))
-    return out
+    return [{"path": path, "label": path.split(os.sep)[0],
+             "caption": " ".join(rng.choice(WORDS, rng.integers(8, 21))),
+             "emb": json.dumps(np.round(rng.standard_normal(8), 4).tolist())}
+            for path in _files(photos)]
 
 
-def tokens_file(captions_csv: str, tok_path: str, tmp: str) -> str:
-    """A labels file of the captions tokenised once (``path,label,tokens``, the ids as JSON
-    lists: a ``tokens`` field)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(tok_path)
-    with open(captions_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    out = os.path.join(tmp, "tokens.csv")
-    with open(out, "w", newline="") as f:
+def write_labels(path: str, rows: list[dict], columns: list[str]) -> str:
+    with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["path", "label", "tokens"])
-        for r, e in zip(rows, tok.encode_batch([r["caption"] for r in rows])):
-            w.writerow([r["path"], r["label"], json.dumps(e.ids)])
+        w.writerow(columns)
+        w.writerows([r[c] for c in columns] for r in rows)
+    return path
+
+
+def labels_files(photos: str, tmp: str) -> dict[str, str]:
+    """``{variant: labels file}``: the photos' classes alone, with a caption, with an
+    embedding, with the caption tokenised once (``tokens``: JSON lists of ids), and with all
+    three (``all``, the set every loading variant reads); ``captions``: the captions as a text
+    file, which the tokenizer is trained on (``tokenizer``: its file)."""
+    rows = captioned_rows(photos)
+    out = {"captions": os.path.join(tmp, "captions.txt"),
+           "tokenizer": os.path.join(tmp, "tokenizer.json")}
+    with open(out["captions"], "w") as f:
+        f.write("\n".join(r["caption"] for r in rows))
+    tok = tokenizer(out["captions"], out["tokenizer"])
+    for r, e in zip(rows, tok.encode_batch([r["caption"] for r in rows])):
+        r["tokens"] = json.dumps(e.ids)
+    for name, extra in (("image", []), ("caption", ["caption"]), ("emb", ["emb"]),
+                        ("tokens", ["tokens"]), ("all", ["caption", "emb", "tokens"])):
+        out[name] = write_labels(os.path.join(tmp, f"{name}.csv"), rows,
+                                 ["path", "label", *extra])
     return out
 
 
-def tokenizer(captions: str, path: str) -> str:
+def tokenizer(captions: str, path: str):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -120,7 +119,7 @@ def tokenizer(captions: str, path: str) -> str:
     tok.train([captions], trainers.BpeTrainer(vocab_size=500, special_tokens=["[UNK]",
                                                                               "[PAD]"]))
     tok.save(path)
-    return path
+    return tok
 
 
 def main() -> None:
@@ -134,8 +133,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         files = labels_files(a.photos, tmp)
-        tok = tokenizer(files["captions"], os.path.join(tmp, "tokenizer.json"))
-        files["tokens"] = tokens_file(files["caption"], tok, tmp)
+        tok = files["tokenizer"]
         sets = {k: os.path.join(tmp, f"set-{k}") for k in ("image", "caption", "emb", "tokens")}
 
         def converting(name):
@@ -164,11 +162,14 @@ def main() -> None:
                 return json.loads(out.strip().splitlines()[-1])
             return run
 
-        load = interleaved({"image": loading(sets["image"], "image"),
-                            "caption": loading(sets["caption"], "caption"),
-                            "caption+tokens": loading(sets["caption"], "caption+tokens"),
-                            "emb": loading(sets["emb"], "emb"),
-                            "stored tokens": loading(sets["tokens"], "tokens")}, a.rounds)
+        # every variant reads one set (its images the same bytes in the same files)
+        both = os.path.join(tmp, "set-all")
+        convert(a.photos, both, sizes=[256], labels=files["all"], progress=False)
+        load = interleaved({"image": loading(both, "image"),
+                            "caption": loading(both, "caption"),
+                            "caption+tokens": loading(both, "caption+tokens"),
+                            "emb": loading(both, "emb"),
+                            "stored tokens": loading(both, "tokens")}, a.rounds)
         for name, runs in load.items():
             rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
             print("load", name, medians(runs), flush=True)

@@ -12,13 +12,14 @@ Each photo gets the caption ``benchmarks.loading.fields_cpu`` draws (8-20 words)
 tokenizer (``tokenizers``, vocabulary 500) is trained on them once and every contender's
 workers load it from the same file. Each contender converts the photos with their captions
 (centre crop to 256 px; the peers store JPEG quality 90 and the caption as text: a tar of
-``jpg`` + ``txt`` members, LitData's ``optimize`` of ``{image, caption}``, an MDS column each, the tar ``energon prepare`` makes a
-``CaptioningSample`` dataset of),
-then loads them in a fresh process: RandomResizedCrop 224 + flip + normalise to float32 and
-the caption tokenised and padded to 32 (per sample in a peer's map; fastdata: a batch's at
-once, ``encode_batch_fast``, as the caption's ``field_transforms``; ``TOKENIZERS_PARALLELISM=
-false`` for all), batch 64, shuffled, 2 workers (fastdata: its default threads). Measured as ``peers_cpu``:
-time to the first batch, img/s, CPU ms an image (the process and its workers), peak PSS.
+``jpg`` + ``txt`` members, LitData's ``optimize`` of ``{image, caption}``, an MDS column each,
+the tar that ``energon prepare`` makes a ``CaptioningSample`` dataset of), then loads them in
+a fresh process: RandomResizedCrop 224 + flip + normalise to float32 and the caption tokenised
+and padded to 32 (per sample in a peer's map; fastdata: a batch's at once,
+``encode_batch_fast``, as the caption's ``field_transforms``; ``TOKENIZERS_PARALLELISM=false``
+for all), batch 64, shuffled, 2 workers (fastdata: its default threads). Measured as
+``peers_cpu``: time to the first batch, img/s, CPU ms an image (the process and its workers),
+peak PSS.
 """
 from __future__ import annotations
 
@@ -227,17 +228,12 @@ def run(python: str, peer: str, step: str, src: str, out: str, batches: int, wor
 
 def prepare(photos: str, work: str) -> None:
     """The captions (``captions.json``) and the tokenizer trained on them."""
-    from benchmarks.loading.fields_cpu import labels_files, tokenizer
+    from benchmarks.loading.fields_cpu import captioned_rows, labels_files
 
     os.makedirs(work, exist_ok=True)
-    files = labels_files(photos, work)
-    import csv
-
-    with open(files["caption"], newline="") as f:
-        captions = {r["path"]: r["caption"] for r in csv.DictReader(f)}
+    labels_files(photos, work)          # tokenizer.json, trained on the captions
     with open(os.path.join(work, "captions.json"), "w") as f:
-        json.dump(captions, f)
-    tokenizer(files["captions"], os.path.join(work, "tokenizer.json"))
+        json.dump({r["path"]: r["caption"] for r in captioned_rows(photos)}, f)
 
 
 def main() -> None:
