@@ -37,7 +37,7 @@ def field_of(kind: str, **params) -> FieldKind:
     Raises:
         ValueError: an unknown kind (naming the registered ones) or a bad parameter.
     """
-    return FIELDS[choice("kind", kind, FIELDS)](**params)
+    return FIELDS[choice("kind", kind, sorted(FIELDS))](**params)
 
 
 class FieldError(ValueError):

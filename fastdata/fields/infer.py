@@ -31,7 +31,7 @@ def field_option(text: str) -> tuple[str, str]:
         raise ValueError(f"--field {text!r} is not NAME=KIND (e.g. caption=text)")
     if kind.strip() not in FIELDS:
         raise ValueError(f"--field {text!r}: kind {kind.strip()!r} is not valid; choose one "
-                         f"of {', '.join(FIELDS)}")
+                         f"of {', '.join(sorted(FIELDS))}")
     return name.strip(), kind.strip()
 
 

@@ -102,8 +102,8 @@ def test_a_kind_given_on_the_command_line_wins_over_the_inferred_one(captioned, 
     with pytest.raises(SystemExit):
         cli(["convert", src, str(tmp_path / "x"), "--labels", str(file), "--field",
              "score=words"])
-    assert "kind 'words' is not valid; choose one of array, class, multilabel" in \
-        capsys.readouterr().err
+    assert ("kind 'words' is not valid; choose one of array, class, float, json, keypoints, "
+            "multilabel, text, tokens") in capsys.readouterr().err
     with pytest.raises(ValueError, match="has no column 'scor'.*its columns: score, tags"):
         convert(src, str(tmp_path / "y"), labels=str(file), fields={"scor": "text"},
                 progress=False)
@@ -178,3 +178,17 @@ def test_a_resumed_conversion_of_fields_is_the_uninterrupted_one(captioned, tmp_
         assert (part / s["file"]).read_bytes() == (tmp_path / "whole" / s["file"]).read_bytes()
     np.testing.assert_array_equal(fastdata.open(str(part)).field_values("emb", range(12)),
                                   [[k] * 8 for k in range(12)])
+
+
+def test_a_set_without_fields_is_written_as_before(captioned, tmp_path):
+    """Version 2, no fields entry, the shard checksum of labels and CRCs alone: what every
+    earlier reader reads."""
+    from fastdata.format import shard_checksum
+
+    src, _ = captioned
+    m = convert(src, str(tmp_path / "o"), sizes=[16], progress=False)
+    assert m["version"] == 2 and "fields" not in m and "field_kinds" not in m
+    ds = fastdata.open(str(tmp_path / "o"))
+    assert ds.fields == {} and isinstance(ds[0], tuple)
+    reader = ds.shards[0]
+    assert shard_checksum(reader.labels(), [reader.crcs(16)]) == m["shards"][0]["sha256"]

@@ -81,11 +81,14 @@ def test_the_field_takes_its_names_and_mirrors_left_and_right():
         field_of("keypoints", names=NAMES, flip_pairs=[["nose", "ear"]])
 
 
-def test_keypoints_land_on_their_markers_after_crop_and_flip(person_set):
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_keypoints_land_on_their_markers_after_crop_and_flip(person_set, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="needs DALI")
     ds = fastdata.open(person_set)
     assert ds.annotations.keypoints.shape == (6, 3, 3)
     loader = fastdata.Loader(person_set, batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
-                             std=(1, 1, 1), scale=(0.5, 1.0), seed=1)
+                             std=(1, 1, 1), scale=(0.5, 1.0), seed=1, backend=backend)
     flipped = checked = 0
     for epoch in range(4):
         loader.set_epoch(epoch)
