@@ -20,10 +20,9 @@ from typing import Any
 from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer, printable
-from fastdata.converters.coco import scan_coco, write_coco_annotations
+from fastdata.converters.coco import write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
-from fastdata.converters.labels import scan_labeled
-from fastdata.converters.masks import scan_masks, write_class_maps_of
+from fastdata.converters.masks import write_class_maps_of
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
     changed_shards,
@@ -36,7 +35,8 @@ from fastdata.converters.resume import (
     uploaded,
     what_differs,
 )
-from fastdata.converters.scan import Scan, scan_folder
+from fastdata.converters.scan import Scan
+from fastdata.converters.sources import source_for
 from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
@@ -50,7 +50,6 @@ from fastdata.format import (
     FITS,
     FORMAT_NAME,
     FORMAT_VERSION,
-    IMAGE_EXTENSIONS,
     MANIFEST,
     SPATIAL_VERSION,
     TARGETS,
@@ -67,6 +66,7 @@ from fastdata.outdir import (
     leftover_temps,
     remove_own,
 )
+from fastdata.shards.stores import is_url
 
 log = logging.getLogger("fastdata.convert")
 
@@ -74,6 +74,8 @@ SHARD_BYTES = 256 << 20             # default --shard-size keeps a shard near th
 
 
 ENGINES = ("local", "ray")
+#: the sources a conversion records by name, so that ``--resume`` reads the same kind
+_DETECTED_KINDS = ("webdataset", "parquet", "hf")
 
 
 def _sample_bytes(sizes, encoding: str) -> int:
@@ -105,42 +107,6 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
                          f"worker{'s' if workers > 1 else ''} and the writer, and this process "
                          f"may use {memory / 2**30:.1f} GiB: use smaller sizes or fewer "
                          f"--num-workers")
-
-
-def _nothing_found(scan: Scan) -> str:
-    """What a source folder without image files holds instead, in one line."""
-    n = len(scan.classes)
-    ignored = ", ".join(f"{count} {printable(reason)}" for reason, count in
-                        sorted(scan.ignored.items(), key=lambda kv: -kv[1]))
-    return (f"no image files in {scan.root!r}: {n} class folder{'' if n == 1 else 's'} "
-            f"({', '.join(map(printable, scan.classes[:5]))}{', ...' if n > 5 else ''}) and "
-            f"no file with an image extension ({', '.join(IMAGE_EXTENSIONS)}) in "
-            f"{'it' if n == 1 else 'them'}" + (f"; ignored: {ignored}" if ignored else
-                                                ": they are empty"))
-
-
-def _scan(src: str, *, labels: str | None, coco: str | None, masks: str | None,
-          progress: bool, fields: dict[str, str] | None = None) -> Scan:
-    """The files to convert and their labels: from class folders, or a labels file, COCO
-    annotations or class maps (one at most). Raises ConversionError where there are none."""
-    given = [n for n, v in (("labels", labels), ("coco", coco), ("masks", masks)) if v]
-    if len(given) > 1:
-        raise ValueError(f"{' and '.join(given)} exclude each other: a set has one kind of "
-                         f"label")
-    if not given:
-        scan = scan_folder(src, progress=progress)
-        if not scan.files:
-            raise ConversionError(_nothing_found(scan))
-        return scan
-    what = os.path.abspath(str(labels or coco or masks))
-    if fields and not labels:
-        raise ValueError("fields name the kinds of a labels file's columns: give labels too")
-    scan = (scan_labeled(src, what, fields) if labels else
-            (scan_coco if coco else scan_masks)(src, what))
-    if not scan.files:
-        raise ConversionError(f"none of the images under {src!r} has its labels in {what} ("
-                              f"{len(scan.skipped)} left out, e.g. {scan.skipped[:1]})")
-    return scan
 
 
 def _field_kinds(fields) -> dict[str, str] | None:
@@ -193,12 +159,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             engine: str = "local", address: str | None = None, shuffle: bool = False,
             coco: str | None = None, masks: str | None = None,
             cache_dir: str | os.PathLike | None = None,
-            fields: dict[str, str] | None = None) -> dict:
-    """Pack the image folder ``src`` into a shard set at ``out``.
+            fields: dict[str, str] | None = None, source: str | None = None,
+            split: str | None = None, image_column: str | None = None) -> dict:
+    """Pack the images of ``src`` into a shard set at ``out``.
 
     Args:
-        src: an ImageFolder-style folder (a subfolder per class), or any folder with
-            ``labels``.
+        src: where the images are (``fastdata.converters.sources``): an ImageFolder-style
+            folder (a subfolder per class), any folder with ``labels``, ``coco`` or
+            ``masks``; WebDataset tars, parquet files or a Hugging Face dataset (a file, a
+            folder of them, a pattern such as ``shard-{000000..000127}.tar``; tars and
+            parquet files also as ``s3://``, ``gs://``, ``az://`` or ``https://`` URLs).
         out: the shard set's folder (made if missing; refused if it holds other files).
         container: ``"hdf5"`` or ``"lmdb"``.
         sizes: the stored square sizes, powers of two >= 8.
@@ -215,9 +185,16 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         labels: a labels file (CSV, JSON Lines or parquet: ``fastdata.converters.labels``)
             instead of class folder names: a row per image, its path (``path`` or
             ``file_name``), its label and any other columns, each a field of the set.
-        fields: the kind of a labels file's column by name (``{"caption": "text"}``; the
-            command line's ``--field caption=text``), where it is not to be inferred; kinds
-            from ``fastdata.fields.FIELDS``.
+        fields: the kind of a labels file's or a source's column by name (``{"caption":
+            "text"}``; the command line's ``--field caption=text``; a tar member's by its
+            extension), where it is not to be inferred; kinds from ``fastdata.fields.FIELDS``.
+        source: what ``src`` is, by name in ``fastdata.converters.sources.SOURCES``
+            (``"folder"``, ``"labels"``, ``"coco"``, ``"masks"``, ``"webdataset"``,
+            ``"parquet"``, ``"hf"``); default: what its options and its look say.
+        split: the split of a Hugging Face ``DatasetDict`` (default ``"train"``) or of a
+            folder of parquet files that holds several.
+        image_column: the image's column of a parquet source or Hugging Face dataset, where
+            it is not found by its type or name.
         engine: ``"local"`` (``num_workers`` decode processes) or ``"ray"`` (a task per shard on a
             Ray cluster: ``fastdata.converters.ray_engine``); the same shards either way.
         address: the Ray cluster's address (default: ``RAY_ADDRESS``, or a local cluster that
@@ -237,7 +214,8 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         The manifest written to ``out/manifest.json``.
 
     Raises:
-        ValueError: a bad argument, or ``out`` holds another conversion or foreign files.
+        ValueError: a bad argument, a source that is not of its kind, or ``out`` holds
+            another conversion or foreign files.
         ConversionError: no image could be read, or one could not with ``on_error="raise"``.
         FolderBusyError: another conversion holds ``out``.
         KeyboardInterrupt: Ctrl-C, after keeping the complete shards for ``resume``.
@@ -251,21 +229,21 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
         from fastdata.converters.bucket import Bucket, staging_folder
 
         bucket, folder = Bucket(out), staging_folder(out, cache_dir)
-    out = folder
-    src, out = os.path.abspath(src), os.path.abspath(out)
+    out = os.path.abspath(folder)
     warn_if_not_simd()
 
     fields = _field_kinds(fields)
-    scan = _scan(src, labels=labels, coco=coco, masks=masks, progress=progress, fields=fields)
+    reader = source_for(src if is_url(src) else os.path.abspath(src), source, labels=labels,
+                        coco=coco, masks=masks, fields=fields, split=split,
+                        image_column=image_column)
+    scan = _shuffled(reader.scan(progress=progress), flag("shuffle", shuffle))
     labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,
                                                                              masks))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
-    if flag("shuffle", shuffle):
-        scan = scan.shuffled()
-    job = _Job(src=src, out=out, scan=scan, container=container, shard_size=shard_size,
+    job = _Job(src=scan.root, out=out, scan=scan, container=container, shard_size=shard_size,
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
                labels=labels, coco=coco, masks=masks, shuffle=shuffle, bucket=bucket,
-               fields=fields,
+               fields=fields, source=reader.kind, split=split, image_column=image_column,
                progress=progress, workers=workers)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
@@ -297,6 +275,18 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
             with contextlib.suppress(OSError):
                 os.rmdir(out)
             _unlock(bucket)
+
+
+def _shuffled(scan: Scan, shuffle: bool) -> Scan:
+    """``scan``, or its samples in a seeded order where ``shuffle`` (refused for a source
+    read in order only)."""
+    if not shuffle:
+        return scan
+    if scan.images is not None and not scan.images.random_access:
+        raise ValueError(f"--shuffle writes the samples in a drawn order, and {scan.root} is "
+                         f"read in its own order (a parquet file a row group at a time): "
+                         f"convert it in order and read it with Loader(shuffle=True)")
+    return scan.shuffled()
 
 
 def _unlock(bucket) -> None:
@@ -341,6 +331,9 @@ class _Job:
     workers: int = 1                # processes that make a detection set's annotations
     shuffle: bool = False           # the files in a seeded order, not the folder's
     fields: dict | None = None      # the kinds given for a labels file's columns
+    source: str = "folder"          # the source's kind (converters.sources)
+    split: str | None = None        # a dataset's split
+    image_column: str | None = None     # the image's column of a table source
     bucket: Any = None              # a store's folder the shards go up to (converters.bucket)
     fp: str = ""
 
@@ -354,8 +347,10 @@ class _Job:
         return {"container": self.container, "sizes": list(o.sizes), "encoding": o.encoding,
                 "quality": o.quality if o.encoding == "jpeg" else None, "fit": o.fit,
                 "shard_size": self.shard_size, "labels": self.labels, "coco": self.coco,
-                "masks": self.masks,
-                "shuffle": self.shuffle, **({"fields": self.fields} if self.fields else {})}
+                "masks": self.masks, "shuffle": self.shuffle,
+                **{k: v for k, v in (("fields", self.fields), ("split", self.split),
+                                     ("image_column", self.image_column)) if v},
+                **({"source": self.source} if self.source in _DETECTED_KINDS else {})}
 
 
 def _finished(job: _Job) -> dict | None:
@@ -426,9 +421,10 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
     def jobs():
         values = job.scan.values.iter_from(first) if job.scan.values is not None else \
             itertools.repeat(())
-        for pos, ((path, label), v) in enumerate(zip(files.iter_from(first), values), first):
+        for pos, ((path, label), v, item) in enumerate(zip(files.iter_from(first), values,
+                                                           _items(job, first)), first):
             inflight[pos] = path, label, v
-            yield pos, os.path.join(job.src, path)
+            yield pos, item
 
     bar = tqdm(total=len(files), initial=first, unit="img", desc="convert",
                disable=not progress, dynamic_ncols=True)
@@ -473,6 +469,14 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
     return shards, skipped
 
 
+def _items(job: _Job, first: int):
+    """What the decode workers are handed for the samples from ``first`` on: their files'
+    paths, or what the source's images are (``converters.sources.base.Images``)."""
+    if job.scan.images is not None:
+        return job.scan.images.items(first, len(job.scan.files))
+    return (os.path.join(job.src, path) for path, _ in job.scan.files.iter_from(first))
+
+
 def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     """The finished set's manifest; the targets of a labels file written beside it first."""
     scan, opts = job.scan, job.opts
@@ -491,6 +495,8 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         "skipped": scan.skipped + skipped, "ignored": scan.ignored, "empty_classes": empty,
         "source": job.src, "config": job.fp, "shard_size": job.shard_size,
         "labels_file": job.labels, "shuffle": job.shuffle,
+        **({"source_kind": job.source, "split": job.split, "image_column": job.image_column}
+           if job.source in _DETECTED_KINDS else {}),
     }
     if scan.label_kind == "class":      # what `info` shows without reading the shards
         counts = [0] * len(scan.classes)
@@ -556,7 +562,9 @@ def _log_summary(job: _Job, manifest: dict, out: str) -> None:
     if len(dropped) > n_done:       # exit 0 stays: the set is sound, but is it the one meant?
         log.warning("only %d of the %d inputs were converted (%s): check the source and its "
                     "labels", n_done, n_done + len(dropped), skip_summary(dropped))
-    if empty:       # a model built from len(classes) gets an output per class
+    # a model built from len(classes) gets an output per class; a dataset's own class names
+    # (a ClassLabel's) are its to keep
+    if empty and job.source in ("folder", "labels"):
         where = (f"remove {'its' if len(empty) == 1 else 'their'} rows from {job.labels}"
                  if job.labels else f"remove {'it' if len(empty) == 1 else 'them'} from "
                  f"{job.src}")
@@ -573,7 +581,7 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     scan, out = job.scan, job.out
     if not shards:
         examples = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
-        raise ConversionError(f"none of the {len(scan.files)} image files in {job.src!r} could "
+        raise ConversionError(f"none of the {len(scan.files)} images in {job.src!r} could "
                               f"be read ({len(skipped)} skipped, e.g. {examples})")
     manifest = _manifest(job, shards, skipped)
     write_json_atomic(os.path.join(out, MANIFEST), manifest)

@@ -48,6 +48,24 @@ _TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
 
 
 @dataclass(frozen=True)
+class Span:
+    """Bytes of a local file that a decode worker reads itself: ``size`` bytes from
+    ``offset`` (a tar's member, an image in a memory-mapped Arrow file)."""
+
+    path: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An image known to be missing before it is decoded (a null cell): skipped with
+    ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class DecodeOptions:
     sizes: tuple[int, ...]          # ascending
     fit: str = "crop"
@@ -242,12 +260,7 @@ def _read(path: str) -> bytes:
         if st.st_size > MAX_FILE_BYTES:
             raise ValueError(f"file too large ({st.st_size / 2**30:.1f} GiB; images of up to "
                              f"{MAX_FILE_BYTES >> 30} GiB are read)")
-        head = os.pread(fd, 12, 0)
-        if head and not (head.startswith(_MAGIC) or (head[:4] == b"RIFF"
-                                                     and head[8:12] == b"WEBP")):
-            # the bytes themselves are not repeated: a link may reach any readable file
-            raise ValueError("not an image: its first bytes match no image format the "
-                             "converter reads")
+        _checked(os.pread(fd, 12, 0))
         parts = [os.read(fd, st.st_size + 1)]
         while parts[-1] and sum(map(len, parts)) <= MAX_FILE_BYTES:    # a file that grew since
             parts.append(os.read(fd, 1 << 20))
@@ -256,10 +269,55 @@ def _read(path: str) -> bytes:
     return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
-def _load(path: str, opts: DecodeOptions, scratch: Scratch | None = None) -> Image.Image:
-    """Decoded, upright pixels of ``path`` (RGB or RGBX), perhaps a view of ``scratch``. Raises
-    on unreadable input."""
-    data = _read(path)
+def _checked(data: bytes) -> bytes:
+    """``data``, refused where its first bytes show no image format the converter reads."""
+    head = data[:12]
+    if head and not (head.startswith(_MAGIC) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP")):
+        # the bytes themselves are not repeated: a link may reach any readable file
+        raise ValueError("not an image: its first bytes match no image format the "
+                         "converter reads")
+    return data
+
+
+def _span(span: Span) -> bytes:
+    """A span's bytes (a tar's member, an Arrow cell), read as ``_read`` reads a file."""
+    if span.size > MAX_FILE_BYTES:
+        raise ValueError(f"too large ({span.size / 2**30:.1f} GiB; images of up to "
+                         f"{MAX_FILE_BYTES >> 30} GiB are read)")
+    fd = os.open(span.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        if not _checked(os.pread(fd, 12, span.offset)) and span.size:
+            raise ValueError(f"{span.path} ends before byte {span.offset}")
+        data = os.pread(fd, span.size, span.offset)
+    finally:
+        os.close(fd)
+    if len(data) < span.size:
+        raise ValueError(f"cut short: {len(data)} of its {span.size} bytes are in "
+                         f"{os.path.basename(span.path)}")
+    return data
+
+
+def bytes_of(item) -> bytes:
+    """The encoded image a decode worker is handed: a file's path, a ``Span`` of a file, the
+    bytes themselves or an ``Unreadable`` (refused with its reason).
+
+    Raises:
+        ValueError: why there is no image there.
+        OSError: the file cannot be read.
+    """
+    if isinstance(item, str):
+        return _read(item)
+    if isinstance(item, Span):
+        return _span(item)
+    if isinstance(item, Unreadable):
+        raise ValueError(item.reason)
+    return _checked(bytes(item))
+
+
+def _load(item, opts: DecodeOptions, scratch: Scratch | None = None) -> Image.Image:
+    """Decoded, upright pixels of ``item`` (``bytes_of``: RGB or RGBX), perhaps a view of
+    ``scratch``. Raises on unreadable input."""
+    data = bytes_of(item)
     if not data:
         raise ValueError("empty file (0 bytes)")
     fast = _decode_jpeg(data, opts, scratch)
@@ -293,11 +351,11 @@ def pack_into(img: Image.Image, out: np.ndarray) -> None:
     out[:] = np.frombuffer(_packed_rgb(img), np.uint8)
 
 
-def prepare(path: str, opts: DecodeOptions, out: list[np.ndarray] | None = None,
+def prepare(path, opts: DecodeOptions, out: list[np.ndarray] | None = None,
             scratch: Scratch | None = None) -> list:
-    """Payloads for ``path``, one per size (ascending). With ``out`` (raw encoding: an array
-    per size), the pixels are packed into those, which are returned. ``scratch``: where to
-    decode. Raises on unreadable input."""
+    """Payloads for ``path`` (a file, or any item ``bytes_of`` takes), one per size
+    (ascending). With ``out`` (raw encoding: an array per size), the pixels are packed into
+    those, which are returned. ``scratch``: where to decode. Raises on unreadable input."""
     largest = fit_square(_load(path, opts, scratch), opts.sizes[-1], opts.fit)
     squares = [largest] + [largest.resize((s, s), _RESAMPLE) for s in opts.sizes[-2::-1]]
     if out is None:
@@ -328,9 +386,10 @@ class Ring:
         return [row[a:a + n] for a, n in zip(self.offsets, self.lengths)]
 
 
-def prepare_batch(jobs: list[tuple[int, str]], opts: DecodeOptions, ring: Ring | None = None,
+def prepare_batch(jobs: list[tuple], opts: DecodeOptions, ring: Ring | None = None,
                   scratch: Scratch | None = None, on_item=None) -> list[tuple]:
-    """Worker entry: ``[(position, path)]`` → ``[(position, payloads, crc32s, error)]``.
+    """Worker entry: ``[(position, item)]`` (an item: what ``bytes_of`` takes) →
+    ``[(position, payloads, crc32s, error)]``.
 
     With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
     the JPEGs are decoded into it; ``on_item()`` is called as each image starts.

@@ -61,26 +61,38 @@ def read_labels(file: str, kinds: dict[str, str] | None = None) -> LabelsFile:
     (``--field NAME=KIND``), where not inferred.
 
     Raises:
-        ValueError: the file is not a labels file (``read_table``), a ``kinds`` entry names no
-            column or gives the label another kind than ``class``, a column's name is not a
-            field's, or integer labels (class indices) are mixed with others (the first such
-            row named).
+        ValueError: the file is not a labels file (``read_table``), or its columns are not
+            labels and fields (``labels_of``).
     """
-    table = read_table(file)
+    return labels_of(read_table(file), kinds)
+
+
+def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
+    """A table's columns as labels and fields (see the module's docstring): any table, a
+    labels file's or a source's own columns (``fastdata.converters.sources``).
+
+    Raises:
+        ValueError: a ``kinds`` entry names no column or gives the label another kind than
+            ``class``, a column's name is not a field's, or integer labels (class indices)
+            are mixed with others (the first such row named).
+    """
     kinds = dict(kinds or {})
     missing = [n for n in kinds if n not in table.columns]
     if missing:
-        raise ValueError(f"--field {missing[0]}=...: labels file {file} has no column "
+        raise ValueError(f"--field {missing[0]}=...: {table.what} has no column "
                          f"{missing[0]!r} (its columns: {', '.join(table.columns)})")
     if kinds.get("label", "class") != "class":
         raise ValueError(f"--field label={kinds['label']}: the label column is a class per "
                          f"image; rename the column to make it a field of another kind")
+    if not table.columns:       # images alone
+        return LabelsFile("none", [], {p: [] for p in table.rows}, list(table.bad),
+                          table.lines)
     values = {p: [str(c).strip() if c is not None else "" for c in v]
               for p, v in table.rows.items()}
     if not kinds and table.columns == ["label"]:
-        return _classes(file, values, table.bad, table.lines)
+        return _classes(table, values, list(table.bad))
     if not kinds and "label" not in table.columns and _all_numbers(table):
-        return _numbers(table.columns, values, table.bad, table.lines)
+        return _numbers(table, values)
     return _with_fields(table, kinds)
 
 
@@ -102,9 +114,10 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
     for k, name in enumerate(table.columns):
         if name == "label":
             continue
-        check_name(name, f"labels file {table.file}: column")
+        check_name(name, f"{table.what}: column")
         cells = [row[k] for row in table.rows.values() if row[k] is not None]
-        fields[name] = kind_named(kinds[name], cells) if name in kinds else infer(name, cells)
+        fields[name] = (kind_named(kinds[name], cells) if name in kinds else
+                        table.known[name] if name in table.known else infer(name, cells))
     bad, parsed = list(table.bad), {}
     for path, row in table.rows.items():
         try:
@@ -117,7 +130,7 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
                           parsed)
     at = table.columns.index("label")
     values = {p: [str(table.rows[p][at]).strip()] for p in parsed}
-    out = _classes(table.file, values, bad, table.lines)
+    out = _classes(table, values, bad)
     out.fields, out.field_values = fields, {p: parsed[p] for p in out.values}
     return out
 
@@ -127,42 +140,55 @@ def _cell(cell):
     return "" if cell is None else cell
 
 
-def _classes(csv_path: str, values: dict, bad: list, lines: dict) -> LabelsFile:
-    """Class labels: names (sorted), or class indices where every label is an integer."""
+def _classes(table: Table, values: dict, bad: list) -> LabelsFile:
+    """Class labels: names (sorted), or class indices where every label is an integer; the
+    table's own class names (``table.classes``, a Hugging Face ``ClassLabel``'s) where it has
+    them."""
     labels = {p: v[0] for p, v in values.items()}
     for p in [p for p, v in labels.items() if not v]:
-        bad.append({"path": p, "reason": f"labels file line {lines[p]}: empty label",
-                    "kind": "bad_label"})
+        bad.append({"path": p, "reason": f"{table.where(p)}: empty label", "kind": "bad_label"})
         del labels[p]
-    integer = {p: bool(_INTEGER.fullmatch(v)) for p, v in labels.items()}
-    if labels and any(integer.values()):
-        if not all(integer.values()):      # never a silent reordering of integer classes
-            odd = next(p for p in labels if not integer[p])
-            raise ValueError(f"labels file {csv_path} line {lines[odd]}: label "
-                             f"{labels[odd][:40]!r} is not a non-negative integer, while "
-                             f"other labels are (class indices): use one kind of label")
-        for p in [p for p in labels if int(labels[p]) >= MAX_CLASSES]:
-            bad.append({"path": p, "kind": "bad_label",
-                        "reason": f"labels file line {lines[p]}: class index "
-                                             f"{labels[p][:40]} is not below {MAX_CLASSES}"})
-            del labels[p]
-        names = [str(i) for i in range(max((int(v) for v in labels.values()), default=-1) + 1)]
-        labels = {p: str(int(v)) for p, v in labels.items()}
+    if table.classes is not None:
+        names = list(table.classes)
+    elif any(_INTEGER.fullmatch(v) for v in labels.values()):
+        names = _indices(table, labels, bad)
     else:
         names = sorted(set(labels.values()))
         if len(labels) >= 20 and len(names) == len(labels):
-            log.warning("labels file %s: each of its %d images has a label of its own, so "
-                        "each is a class: if the column holds captions or other text, name it "
-                        "after what it holds (e.g. caption), and it becomes a text field",
-                        csv_path, len(labels))
-    return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad, lines)
+            log.warning("%s: each of its %d images has a label of its own, so each is a "
+                        "class: if the column holds captions or other text, name it after "
+                        "what it holds (e.g. caption), and it becomes a text field",
+                        table.what, len(labels))
+    return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad, table.lines)
 
 
-def _numbers(names: list[str], values: dict, bad: list, lines: dict) -> LabelsFile:
+def _indices(table: Table, labels: dict[str, str], bad: list) -> list[str]:
+    """Integer labels as class indices (``labels`` rewritten in place, those too large
+    dropped into ``bad``): the classes ``0..max``.
+
+    Raises:
+        ValueError: a label that is not an integer among them (never a silent reordering).
+    """
+    odd = next((p for p, v in labels.items() if not _INTEGER.fullmatch(v)), None)
+    if odd is not None:
+        raise ValueError(f"{table.where(odd)}: label {labels[odd][:40]!r} is not a "
+                         f"non-negative integer, while other labels are (class indices): "
+                         f"use one kind of label")
+    for p in [p for p in labels if int(labels[p]) >= MAX_CLASSES]:
+        bad.append({"path": p, "kind": "bad_label",
+                    "reason": f"{table.where(p)}: class index {labels[p][:40]} is not "
+                              f"below {MAX_CLASSES}"})
+        del labels[p]
+    for p, v in labels.items():
+        labels[p] = str(int(v))
+    return [str(i) for i in range(max((int(v) for v in labels.values()), default=-1) + 1)]
+
+
+def _numbers(table: Table, values: dict) -> LabelsFile:
     """Multi-hot (0 and 1 only) or regression targets, each a float32."""
-    parsed = {}
+    parsed, bad = {}, list(table.bad)
     for p, cells in values.items():
-        where = f"labels file line {lines[p]}"
+        where = table.where(p)
         try:
             row = [float(c) for c in cells]
         except ValueError:
@@ -178,12 +204,32 @@ def _numbers(names: list[str], values: dict, bad: list, lines: dict) -> LabelsFi
         if not fits:        # stored as float32: 1e39 would be inf, a damaged set
             bad.append({"path": p, "kind": "bad_label",
                         "reason": f"{where}: a number beyond float32's range "
-                                             f"(about ±3.4e38)"})
+                                  f"(about ±3.4e38)"})
             continue
         parsed[p] = row
     multi = all(v in (0.0, 1.0) for row in parsed.values() for v in row)
-    return LabelsFile("multi_label" if multi else "regression", names,
-                      {p: list(map(str, row)) for p, row in parsed.items()}, bad, lines)
+    return LabelsFile("multi_label" if multi else "regression", list(table.columns),
+                      {p: list(map(str, row)) for p, row in parsed.items()}, bad, table.lines)
+
+
+def samples(labels: LabelsFile, keys: list[str]) -> tuple[Files, np.ndarray | None,
+                                                          FieldValues | None]:
+    """The samples ``keys`` (each in ``labels.values``, in their order): their keys and
+    class labels, their targets (multi-label and regression) and their fields' values."""
+    files = Files()
+    if labels.kind == "class":
+        index = {name: k for k, name in enumerate(labels.names)}
+        for p in keys:
+            files.extend([p], index[labels.values[p][0]])
+    else:
+        files.extend(keys, 0)
+    targets = None
+    if labels.kind in ("multi_label", "regression"):
+        targets = np.array([[float(v) for v in labels.values[p]] for p in keys],
+                           np.float32).reshape(len(keys), len(labels.names))
+    values = (FieldValues.of(labels.fields, [labels.field_values[p] for p in keys])
+              if labels.fields else None)
+    return files.freeze(), targets, values
 
 
 def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> Scan:
@@ -208,18 +254,6 @@ def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> S
                  "kind": "missing"}
                 for p in sorted(set(table.values) - present)]
     paths = sorted(present & set(table.values))
-    files = Files()
-    targets = None
-    if table.kind == "class":
-        index = {name: k for k, name in enumerate(table.names)}
-        for p in paths:
-            files.extend([p], index[table.values[p][0]])
-    else:
-        files.extend(paths, 0)
-    if table.kind in ("multi_label", "regression"):
-        targets = np.array([[float(v) for v in table.values[p]] for p in paths],
-                           np.float32).reshape(len(paths), len(table.names))
-    values = (FieldValues.of(table.fields, [table.field_values[p] for p in paths])
-              if table.fields else None)
-    return Scan(root, table.names, files.freeze(), ignored, skipped=skipped,
-                label_kind=table.kind, targets=targets, values=values)
+    files, targets, values = samples(table, paths)
+    return Scan(root, table.names, files, ignored, skipped=skipped, label_kind=table.kind,
+                targets=targets, values=values)

@@ -2,6 +2,8 @@
 
 The driver scans the source once and cuts it into the ranges the local converter cuts
 (``units.range_end``); each range goes to a Ray task (a window of them in flight), which
+reads its images itself (files by path; a source's pieces by byte range or row group: the
+part of a tar, a parquet file or an Arrow file the range covers, ``converters.sources``),
 decodes, resizes and writes its shard straight into OUT (on a cluster, shared storage every
 node mounts at the same path) and returns its checksum, count and skipped inputs. Which shard
 number a range gets and where its samples start depend on the ranges before it, so the driver
@@ -49,21 +51,23 @@ def ranges(first: int, files: int, shard_size: int) -> list[tuple[int, int]]:
     return out
 
 
-def convert_range(src: str, out: str, container: str, opts, options: dict, fp: str,
+def convert_range(images, out: str, container: str, opts, options: dict, fp: str,
                   files: list[tuple[str, int]], first: int, on_error: str,
                   fields: dict | None = None, values: list[tuple] | None = None) -> dict:
-    """A Ray task: the source files at positions ``first, first + 1, ...`` (``files``: their
-    paths and labels; ``values``: their ``fields``' values) into one shard, left complete under
-    a temporary name; returns ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where
-    none was readable)."""
+    """A Ray task: the samples at positions ``first, first + 1, ...`` (``files``: their keys
+    and labels; ``values``: their ``fields``' values; ``images``: their files' paths, or the
+    source's ``Images`` of them, read here) into one shard, left complete under a temporary
+    name; returns ``{"tmp", "count", "sha256", "skipped"}`` (``tmp`` None where none was
+    readable)."""
 
     writer, skipped = None, []
     end = first + len(files)
+    items = images if isinstance(images, list) else images.items(0, len(files))
     os.makedirs(out, exist_ok=True)     # a staging folder, on a node that had none yet
     try:
-        for pos, ((path, label), v) in enumerate(zip(files, values or [()] * len(files)),
-                                                 first):
-            (_, payloads, crcs, error), = prepare_batch([(pos, os.path.join(src, path))], opts)
+        for pos, ((path, label), v, item) in enumerate(
+                zip(files, values or [()] * len(files), items), first):
+            (_, payloads, crcs, error), = prepare_batch([(pos, item)], opts)
             if error is not None:
                 if on_error == "raise":
                     raise ConversionError(f"cannot read {path!r}: {error}")
@@ -239,8 +243,11 @@ def write_shards(job, kept: list[ShardMeta], *, address: str | None, on_error: s
         if k < len(todo):
             a, b = todo[k]
             values = job.scan.values.rows(a, b) if job.scan.values is not None else None
-            refs[k] = task.remote(job.src, job.out, job.container, job.opts, options, fp,
-                                  files[a:b], a, on_error, job.scan.fields, values)
+            part = files[a:b]
+            images = (job.scan.images.part(a, b) if job.scan.images is not None else
+                      [os.path.join(job.src, path) for path, _ in part])
+            refs[k] = task.remote(images, job.out, job.container, job.opts, options, fp,
+                                  part, a, on_error, job.scan.fields, values)
 
     for k in range(window):
         submit(k)

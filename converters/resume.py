@@ -46,6 +46,8 @@ def fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> s
         h.update(scan.masks[1].encode())
     if scan.values is not None:
         h.update(scan.values.digest())
+    if scan.images is not None:
+        h.update(scan.images.digest())
     return h.hexdigest()
 
 

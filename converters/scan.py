@@ -148,6 +148,10 @@ class Scan:
     masks: tuple[str, str] | None = None
     #: the files' fields (a labels file's other columns), else None
     values: FieldValues | None = None
+    #: where the images are when they are not the files ``root/path`` (a tar's members, a
+    #: parquet file's cells: ``fastdata.converters.sources.base.Images``), else None; the
+    #: paths are then the samples' keys
+    images: Any = None
 
     @property
     def fields(self) -> dict:
@@ -164,7 +168,9 @@ class Scan:
             files.extend([path], label)
         targets = None if self.targets is None else self.targets[perm]
         values = None if self.values is None else self.values.take(perm)
-        return dataclasses.replace(self, files=files.freeze(), targets=targets, values=values)
+        images = None if self.images is None else self.images.take(perm)
+        return dataclasses.replace(self, files=files.freeze(), targets=targets, values=values,
+                                   images=images)
 
 
 def walk_images(folder: str, rel: str, ignored: dict[str, int], *,

@@ -32,14 +32,26 @@ class Table:
     file: str
     columns: list[str]
     rows: dict[str, list] = field(default_factory=dict)
-    lines: dict[str, int] = field(default_factory=dict)
+    lines: dict[str, int | str] = field(default_factory=dict)
     bad: list[dict] = field(default_factory=list)
-    #: what a row's place is called in messages ("line", or "row")
+    #: what a row's place is called in messages ("line", "row", or "sample")
     unit: str = "line"
+    #: what the table is called in messages (default: "labels file NAME")
+    what: str = ""
+    #: the label column's class names, where the source gives them (a Hugging Face
+    #: ``ClassLabel``'s, in index order), else None: inferred from the labels
+    classes: list[str] | None = None
+    #: the kinds of columns that the source's own types give (``fastdata.fields``), by name
+    known: dict = field(default_factory=dict)
+    #: the names of ``columns`` in the source, where it calls them otherwise (the label's)
+    sources: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.what = self.what or f"labels file {os.path.basename(self.file)}"
 
     def where(self, path: str, column: str | None = None) -> str:
         """A row (and column) of the file, for a message."""
-        at = f"labels file {os.path.basename(self.file)} {self.unit} {self.lines[path]}"
+        at = " ".join(filter(None, (self.what, self.unit, str(self.lines[path]))))
         return at if column is None else f"{at}, column {column}"
 
 

@@ -35,6 +35,10 @@ def manifest_options(done: dict) -> dict | None:
         found["shuffle"] = True
     if isinstance(done.get("field_kinds"), dict):   # the kinds given for its columns
         found["fields"] = done["field_kinds"]
+    for key, name in (("source_kind", "source"), ("split", "split"),
+                      ("image_column", "image_column")):
+        if isinstance(done.get(key), str):      # a source's kind, a dataset's split...
+            found[name] = done[key]
     return found
 
 

@@ -1,4 +1,5 @@
-"""``fastdata convert``: pack an image folder into a shard set."""
+"""``fastdata convert``: pack images (a folder, tars, parquet files, a Hugging Face dataset)
+into a shard set."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ from fastdata.fields import FIELDS
 from fastdata.fields.infer import field_option
 from fastdata.format import CONTAINERS, ENCODINGS, FITS
 
-HELP = "pack an image folder (root/<class>/...) into shards"
+#: ``--source``'s kinds and what each reads (``fastdata.converters.sources``, listed here so
+#: that ``--help`` does not import the converters)
+SOURCE_KINDS = {"folder": "an ImageFolder tree", "labels": "a folder with --labels FILE",
+                "coco": "a folder with --coco FILE", "masks": "a folder with --masks DIR",
+                "webdataset": "tars of KEY.jpg + KEY.cls/.txt/.json",
+                "parquet": "tables of image bytes (or paths) and columns",
+                "hf": "a Hugging Face save_to_disk folder, DatasetDict or hub layout"}
+
+HELP = ("pack images into shards: an image folder (root/<class>/...), WebDataset tars, parquet "
+        "files or a Hugging Face dataset")
 
 
 # ---------------------------------------------------------------- commands
 #: ``fastdata convert``'s options that make a shard set what it is, and their defaults
 CONVERT_DEFAULTS = {"container": "hdf5", "size": [[256]], "encoding": "raw", "quality": 90,
                     "fit": "crop", "shard_size": None, "labels": None, "coco": None, "masks": None,
-                    "shuffle": None, "field": None}
+                    "shuffle": None, "field": None, "source": None, "split": None,
+                    "image_column": None}
 
 
 def _convert_options(a) -> dict:
@@ -39,6 +50,8 @@ def _convert_options(a) -> dict:
                              ("labels", saved.get("labels")), ("coco", saved.get("coco")),
                              ("masks", saved.get("masks")),
                              ("shuffle", saved.get("shuffle")),
+                             ("source", saved.get("source")), ("split", saved.get("split")),
+                             ("image_column", saved.get("image_column")),
                              ("field", " --field ".join(f"{n}={k}" for n, k in (
                                  saved.get("fields") or {}).items()) or None))
                 if v not in (None, False)))
@@ -51,7 +64,8 @@ def _convert_options(a) -> dict:
             "encoding": o["encoding"], "quality": o["quality"], "fit": o["fit"],
             "shard_size": o["shard_size"], "labels": o["labels"], "coco": o["coco"],
             "masks": o["masks"], "shuffle": bool(o["shuffle"]),
-            "fields": dict(o["field"]) if o["field"] else None}
+            "fields": dict(o["field"]) if o["field"] else None, "source": o["source"],
+            "split": o["split"], "image_column": o["image_column"]}
 
 
 def _field_arg(text: str) -> tuple[str, str]:
@@ -75,7 +89,11 @@ def run(a) -> int:
 
 
 def add_args(c: argparse.ArgumentParser) -> None:
-    c.add_argument("src", help="image folder, ImageFolder layout (any layout with --labels)")
+    c.add_argument("src", help="the images: a folder (ImageFolder layout; any layout with "
+                   "--labels, --coco or --masks), WebDataset tars, parquet files or a Hugging "
+                   "Face dataset (a file, a folder of them, a pattern such as "
+                   "'shard-{000000..000127}.tar'; tars and parquet files also as s3://, gs://, "
+                   "az://, https:// URLs)")
     c.add_argument("out", help="output folder for the shard set, or a URL in an object store "
                    "(s3://bucket/path, gs://, az://; needs fastdata-shards[remote])")
     resumed = " (with --resume and none of the options that shape the set: the ones it was " \
@@ -98,8 +116,18 @@ def add_args(c: argparse.ArgumentParser) -> None:
                         "multi-label; only numbers: regression targets; any other column a "
                         "field (a caption, an embedding...), its kind inferred")
     c.add_argument("--field", type=_field_arg, action="append", metavar="NAME=KIND",
-                   help="the kind of the labels file's column NAME, where not inferred: "
-                        f"{', '.join(FIELDS)}; repeatable")
+                   help="the kind of the column NAME of a labels file, parquet file or "
+                        "dataset (of tar members of extension NAME), where not inferred: "
+                        f"{', '.join(sorted(FIELDS))}; repeatable")
+    c.add_argument("--source", choices=sorted(SOURCE_KINDS), default=None,
+                   help="what SRC is (default: what its options and its look say): "
+                        + "; ".join(f"{k}: {v}" for k, v in sorted(SOURCE_KINDS.items())))
+    c.add_argument("--split", default=None,
+                   help="the split of a Hugging Face DatasetDict (default train), or of "
+                        "parquet files that hold several")
+    c.add_argument("--image-column", default=None, metavar="NAME",
+                   help="the image's column of a parquet file or dataset, where it is not "
+                        "found by its type or name")
     c.add_argument("--coco", default=None, metavar="FILE.json",
                    help="a detection set: the images a COCO annotations file lists under SRC, "
                         "with their boxes and, where it has segmentations, instance masks")

@@ -196,7 +196,7 @@ class Annotations:
         if self.keypoints_kind is not None:
             k = len(self.keypoints_kind.names)
             try:
-                if self.keypoints.shape != (m, k, 3):
+                if self.keypoints is None or self.keypoints.shape != (m, k, 3):
                     raise FieldError(f"not the {m} boxes' {k} points")
                 self.keypoints_kind.from_bytes(self.keypoints.tobytes(), "keypoints")
             except FieldError as e:

@@ -151,7 +151,7 @@ def test_nothing_readable_is_one_clear_error(tmp_path, caplog):
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)
     (src / "a" / "x.jpg").write_text("not a jpeg")
-    for on_error, match in (("skip", "none of the 1 image files .* e.g. a/x.jpg: "
+    for on_error, match in (("skip", "none of the 1 images .* e.g. a/x.jpg: "
                                      "ValueError: not an image"),
                             ("raise", "cannot read 'a/x.jpg'")):
         caplog.clear()
@@ -340,9 +340,14 @@ def test_no_class_dirs_and_missing_source(tmp_path):
         convert(str(tmp_path / "flat"), str(tmp_path / "o1"), progress=False)
     with pytest.raises(FileNotFoundError, match="nope' does not exist$"):
         convert(str(tmp_path / "nope"), str(tmp_path / "o2"), progress=False)
-    (tmp_path / "x.tar").write_bytes(b"")
-    with pytest.raises(NotADirectoryError, match=r"x.tar' is a file, not a folder"):
-        convert(str(tmp_path / "x.tar"), str(tmp_path / "o3"), progress=False)
+    (tmp_path / "x.bin").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=r"x.bin' is a file, not a folder"):
+        convert(str(tmp_path / "x.bin"), str(tmp_path / "o3"), progress=False)
+    (tmp_path / "x.tar").write_bytes(b"")       # a tar source, of no member
+    with pytest.raises(ConversionError, match=r"no sample with an image in .*x.tar \(it holds "
+                                              r"no member\)"):
+        convert(str(tmp_path / "x.tar"), str(tmp_path / "o4"), progress=False)
+    assert not (tmp_path / "o4").exists()
     with pytest.raises(fastdata.format.ShardFormatError, match="nothere' does not exist"):
         fastdata.open(tmp_path / "nothere")
 

@@ -90,9 +90,9 @@ def write_chunk(fd: int, chunk, done: int, limit: int | None, update) -> None:
 class Store:
     """A set's folder in a store: the objects directly in it, by name. Picklable (a worker
     process makes its own client). A subclass gives ``chunks``, ``objects``, ``put``,
-    ``create`` and ``delete``; ``read``, ``download`` and ``put_file`` are built on them and
-    may be given more directly. Every failure is an ``OSError`` that names the object
-    (``FileNotFoundError`` for one that is not there).
+    ``create`` and ``delete``; ``read``, ``download``, ``put_file``, ``chunks_from`` and
+    ``read_range`` are built on them and may be given more directly. Every failure is an
+    ``OSError`` that names the object (``FileNotFoundError`` for one that is not there).
 
     Args:
         url: the folder's URL.
@@ -117,6 +117,30 @@ class Store:
     def objects(self) -> dict[str, int]:
         """The objects directly in the folder: name -> size in bytes."""
         raise NotImplementedError
+
+    def chunks_from(self, name: str, offset: int) -> Iterator[bytes]:
+        """The object ``name``'s bytes from byte ``offset`` on, a piece at a time (a store
+        that reads ranges gives this directly; here the bytes before ``offset`` are read and
+        dropped)."""
+        skip = offset
+        for chunk in self.chunks(name):
+            if skip >= len(chunk):
+                skip -= len(chunk)
+                continue
+            yield chunk[skip:] if skip else chunk
+            skip = 0
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end - 1`` of the object ``name`` (fewer where it ends
+        before)."""
+        parts: list[bytes] = []
+        n = end - start
+        for chunk in self.chunks_from(name, start):
+            parts.append(chunk[:n])
+            n -= len(parts[-1])
+            if n <= 0:
+                break
+        return b"".join(parts)
 
     def put(self, name: str, data: bytes) -> None:
         """Store ``data`` as the object ``name`` (whole, or not at all)."""

@@ -35,15 +35,24 @@ class FsspecStore(Store):
         return f"{self._root.rstrip('/')}/{plain_name(name)}"
 
     def chunks(self, name: str) -> Iterator[bytes]:
+        return self.chunks_from(name, 0)
+
+    def chunks_from(self, name: str, offset: int) -> Iterator[bytes]:
         with self._named(name, "reading"):
             f = self.fs.open(self._path(name), "rb")
         with f:
+            with self._named(name, "reading"):
+                f.seek(offset)
             while True:
                 with self._named(name, "reading"):
                     chunk = f.read(CHUNK)
                 if not chunk:
                     return
                 yield chunk
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        with self._named(name, "reading"):
+            return self.fs.cat_file(self._path(name), start=start, end=end)
 
     def objects(self) -> dict[str, int]:
         with self._named("", "listing"):

@@ -35,17 +35,29 @@ class LocalStore(Store):
         return os.path.join(self.root, plain_name(name))
 
     def chunks(self, name: str) -> Iterator[bytes]:
+        return self.chunks_from(name, 0)
+
+    def chunks_from(self, name: str, offset: int) -> Iterator[bytes]:
         with self._named(name, "reading"):
             fd = os.open(self._path(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         try:
             while True:
                 with self._named(name, "reading"):
-                    chunk = os.read(fd, CHUNK)
+                    chunk = os.pread(fd, CHUNK, offset)
                 if not chunk:
                     return
+                offset += len(chunk)
                 yield chunk
         finally:
             os.close(fd)
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        with self._named(name, "reading"):
+            fd = os.open(self._path(name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                return os.pread(fd, max(0, end - start), start)
+            finally:
+                os.close(fd)
 
     def objects(self) -> dict[str, int]:
         with self._named("", "listing"), os.scandir(self.root) as it:

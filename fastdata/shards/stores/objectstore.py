@@ -253,6 +253,37 @@ class ObjectStore(Store):
                          self.shown, name, done, self.reason(str(e)))
                 time.sleep(min(0.2 * 2 ** idle, 10))
 
+    def chunks(self, name: str):
+        return self.chunks_from(name, 0)
+
+    def chunks_from(self, name: str, offset: int):
+        """``name``'s bytes from ``offset`` on, as they arrive; a body cut off is asked again
+        from the byte where it stopped (the same version), as ``download`` does."""
+        tag, idle = None, 0
+        while True:
+            got = self._call(name, "reading",
+                             lambda at=offset, version=tag: self._get_from(name, at, version))
+            tag, before = got.meta.get("e_tag"), offset
+            try:
+                for chunk in got.stream(min_chunk_size=CHUNK):
+                    offset += len(chunk)
+                    yield bytes(chunk)
+                return
+            except Exception as e:  # noqa: BLE001 - the body cut off: the network, a timeout
+                idle = 0 if offset > before else idle + 1
+                if idle > RETRIES:
+                    raise OSError(f"{self.shown}/{name}: reading failed after {offset} bytes: "
+                                  f"{self.reason(str(e))}") from None
+                time.sleep(min(0.2 * 2 ** idle, 10))
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        import obstore
+
+        if end <= start:
+            return b""
+        return bytes(self._call(name, "reading", lambda: obstore.get_range(
+            self.store, name, start=start, end=end)))
+
     def _get_from(self, name: str, offset: int, tag: str | None):
         """The request for ``name`` from byte ``offset`` on (of version ``tag``, where the
         store gave one: a changed object is an error, not a splice of two)."""
@@ -273,11 +304,17 @@ class ObjectStore(Store):
 
     def objects(self) -> dict[str, int]:
         """The objects directly in the set's folder: name -> size in bytes."""
+        return {name: size for name, (size, _) in self.versions().items()}
+
+    def versions(self) -> dict[str, tuple[int, str]]:
+        """The objects directly in the folder: name -> (size, ETag), by which a conversion
+        from them tells a changed object."""
         import obstore
 
         def listing():
             got = obstore.list_with_delimiter(self.store)
-            return {o["path"].rsplit("/", 1)[-1]: int(o["size"]) for o in got["objects"]}
+            return {o["path"].rsplit("/", 1)[-1]: (int(o["size"]), str(o.get("e_tag") or ""))
+                    for o in got["objects"]}
         return self._call("", "listing", listing)
 
     def put(self, name: str, data: bytes) -> None:
