@@ -129,7 +129,7 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
         return LabelsFile("none", [], {p: [] for p in parsed}, bad, table.lines, fields,
                           parsed)
     at = table.columns.index("label")
-    values = {p: [str(table.rows[p][at]).strip()] for p in parsed}
+    values = {p: [str(_cell(table.rows[p][at])).strip()] for p in parsed}
     out = _classes(table, values, bad)
     out.fields, out.field_values = fields, {p: parsed[p] for p in out.values}
     return out

@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -744,3 +745,135 @@ def captioned_folder(root, per_class: int = 8):
             w.writerow([p.replace(os.sep, "/"), p.split(os.sep)[0], caption_of(k),
                         json.dumps([float(k)] * 8)])
     return src, labels
+
+
+def source_forms(root, per_class: int = 8) -> dict:
+    """The photos of ``captioned_folder`` (class, caption, embedding) in each form a
+    conversion reads: ``{form: (SRC, options)}``. ``folder``: the images with their labels
+    file; ``tar``: one tar of ``KEY.jpg|png``, ``.cls``, ``.txt``, ``.emb`` members (the
+    embedding as JSON); ``tar.gz``: it gzipped; ``tars``: three tars of 8 samples written by
+    WebDataset's own ``ShardWriter``, as a brace pattern; ``parquet``: a file of image bytes,
+    class names, captions and embeddings in row groups of 5; ``hf``: a ``save_to_disk``
+    folder of a Hugging Face dataset (``Image``, ``ClassLabel``, ``Value``, a fixed-length
+    ``Sequence``) made by ``datasets``; ``hf-dict``: a ``DatasetDict`` of it; ``hub``: its
+    parquet files in the hub's layout, a train and a test split. Samples in the same order in
+    each (the labels file's, sorted by path)."""
+    import csv
+    import gzip
+    import tarfile
+
+    src, labels = captioned_folder(os.path.join(root, "photos"), per_class=per_class)
+    with open(labels, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    classes = sorted({r["label"] for r in rows})
+    images = [open(os.path.join(src, r["path"]), "rb").read() for r in rows]
+    forms = {"folder": (src, {"labels": labels})}
+    tar = os.path.join(root, "data.tar")
+    with tarfile.open(tar, "w") as tf:
+        for k, (r, data) in enumerate(zip(rows, images)):
+            for ext, value in ((r["path"].rsplit(".", 1)[1], data),
+                               ("cls", str(classes.index(r["label"])).encode()),
+                               ("txt", r["caption"].encode()), ("emb", r["emb"].encode())):
+                info = tarfile.TarInfo(f"s/{k:04d}.{ext}")
+                info.size = len(value)
+                tf.addfile(info, io.BytesIO(value))
+    forms["tar"] = (tar, {"fields": {"emb": "array"}})
+    with open(tar, "rb") as f, gzip.open(tar + ".gz", "wb") as g:
+        g.write(f.read())
+    forms["tar.gz"] = (tar + ".gz", {"fields": {"emb": "array"}})
+    forms.update(_webdataset_form(root, rows, images, classes))
+    forms.update(_table_forms(root, rows, images, classes))
+    return forms
+
+
+def _webdataset_form(root, rows, images, classes) -> dict:
+    wds = pytest.importorskip("webdataset")
+    folder = os.path.join(root, "wds")
+    os.makedirs(folder, exist_ok=True)
+    with wds.ShardWriter(os.path.join(folder, "shard-%06d.tar"), maxcount=8, verbose=0) as w:
+        for k, (r, data) in enumerate(zip(rows, images)):
+            w.write({"__key__": f"{k:06d}", r["path"].rsplit(".", 1)[1]: data,
+                     "cls": classes.index(r["label"]), "txt": r["caption"],
+                     "emb": r["emb"]})
+    n = len(os.listdir(folder))
+    return {"tars": (os.path.join(folder, f"shard-{{000000..{n - 1:06d}}}.tar"),
+                     {"fields": {"emb": "array"}})}
+
+
+def _table_forms(root, rows, images, classes) -> dict:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    embs = [json.loads(r["emb"]) for r in rows]
+    parquet = os.path.join(root, "data.parquet")
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()),
+                             "label": [r["label"] for r in rows],
+                             "caption": [r["caption"] for r in rows], "emb": embs}),
+                   parquet, row_group_size=5)
+    forms = {"parquet": (parquet, {})}
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({
+        "image": datasets.Image(), "label": datasets.ClassLabel(names=classes),
+        "caption": datasets.Value("string"),
+        "emb": datasets.Sequence(datasets.Value("float32"), length=8)})
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": d, "path": r["path"]} for r, d in zip(rows, images)],
+         "label": [classes.index(r["label"]) for r in rows],
+         "caption": [r["caption"] for r in rows], "emb": embs}, features=features)
+    ds.save_to_disk(os.path.join(root, "hf"))
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(3))}).save_to_disk(
+        os.path.join(root, "hf-dict"))
+    hub = os.path.join(root, "hub", "data")
+    half = len(rows) // 2
+    for k, part in enumerate((ds.select(range(half)), ds.select(range(half, len(rows))))):
+        part.to_parquet(os.path.join(hub, f"train-{k:05d}-of-00002.parquet"))
+    ds.select(range(3)).to_parquet(os.path.join(hub, "test-00000-of-00001.parquet"))
+    forms.update({"hf": (os.path.join(root, "hf"), {}),
+                  "hf-dict": (os.path.join(root, "hf-dict"), {"split": "train"}),
+                  "hub": (os.path.join(root, "hub"), {"split": "train"})})
+    return forms
+
+
+KILLED_CHILD = """
+import sys, time
+from fastdata.converters import decode
+from fastdata.converters.convert import convert
+real = decode.prepare
+decode.prepare = lambda p, o, *a: (time.sleep(0.05), real(p, o, *a))[1]
+convert(sys.argv[1], sys.argv[2], sizes=[8, 16], shard_size=4, num_workers=1, progress=False)
+"""
+
+
+def killed_then_resumed(src: str, tmp_path) -> None:
+    """A conversion of ``src`` killed (SIGKILL) after its second shard, then resumed, is the
+    uninterrupted conversion: the same manifest and shards."""
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get(
+        "PYTHONPATH")]))}
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, src, str(out)], cwd=REPO,
+                                env=env, stderr=err)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        names = os.listdir(out) if out.exists() else []
+        if len([n for n in names if n.startswith("shard-") and not n.endswith(".tmp")]) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, (tmp_path / "stderr").read_text()
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.time() + 20             # the orphaned workers leave too, and the lock
+    while time.time() < deadline and any(map(running, workers)):
+        time.sleep(0.05)
+    assert not (out / "manifest.json").exists()
+    from fastdata.converters.convert import convert
+
+    resumed = convert(src, str(out), sizes=[8, 16], shard_size=4, num_workers=1, resume=True,
+                      progress=False)
+    clean = convert(src, str(tmp_path / "clean"), sizes=[8, 16], shard_size=4, num_workers=1,
+                    progress=False)
+    assert resumed == clean
+    for entry in clean["shards"]:
+        assert (out / entry["file"]).read_bytes() == \
+            (tmp_path / "clean" / entry["file"]).read_bytes()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from fastdata.converters.decode import MAX_FILE_BYTES
+from fastdata.converters import decode
 from fastdata.converters.sources.base import Unreadable
 from fastdata.converters.table import Table
 from fastdata.fields import FieldKind, field_of
@@ -104,9 +104,9 @@ def image_items(column, form: str) -> list:
     for k, n in enumerate(lengths):
         if n is None:
             out.append(Unreadable(_no_bytes(column, k, form)))
-        elif n > MAX_FILE_BYTES:
+        elif n > decode.MAX_FILE_BYTES:
             out.append(Unreadable(f"its image cell holds {n:,} bytes, more than an image may "
-                                  f"({MAX_FILE_BYTES:,})"))
+                                  f"({decode.MAX_FILE_BYTES:,})"))
         else:
             out.append(data[k].as_py())
     return out

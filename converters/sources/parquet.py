@@ -27,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fastdata._optional import require
+from fastdata.converters import decode
 from fastdata.converters.labels import labels_of, samples
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources import arrow
@@ -39,8 +40,9 @@ from fastdata.shards.stores import is_url
 SUFFIXES = (".parquet", ".pq")
 #: rows of the image column read at once
 BATCH_ROWS = 32
-#: a row group whose images take more than this, uncompressed, is refused (its rows
-#: skipped): a file made of few huge cells or a compressed bomb, never read
+#: a row group whose images take more than this uncompressed, or more than an image may
+#: take (``decode.MAX_FILE_BYTES``) a row, is refused (its rows skipped) before a byte of it
+#: is decompressed: few huge cells, or a compressed bomb
 MAX_GROUP_BYTES = 16 << 30
 #: a hub layout's file name: SPLIT-INDEX-of-COUNT
 _HUB_NAME = re.compile(r"(?:^|/)([A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
@@ -113,10 +115,11 @@ class ParquetImages(Indexed):
 
     def _group(self, file, piece: Piece, group: int, rows: list[int]) -> Iterator:
         size = _image_bytes(file, group, self.column)
-        if size > MAX_GROUP_BYTES:
+        most = min(MAX_GROUP_BYTES, decode.MAX_FILE_BYTES * file.metadata.row_group(group).num_rows)
+        if size > most:
             reason = (f"row group {group} of {piece.name} holds {size:,} bytes of images, "
-                      f"more than the {MAX_GROUP_BYTES:,} read: write it with smaller row "
-                      f"groups")
+                      f"more than the {most:,} read (a row group of few huge cells, or "
+                      f"damaged): write it with smaller row groups")
             yield from (Unreadable(reason) for _ in rows)
             return
         want, at = iter(rows), 0

@@ -14,6 +14,8 @@ from fastdata.shards.stores import is_url, open_store, redact
 
 #: bytes a sequential read of a local file asks for at a time
 READ_BYTES = 1 << 20
+#: decompressed bytes a gzip stream gives at a time: what comes before damage is read
+INFLATE_BYTES = 64 << 10
 _BRACE = re.compile(r"\{([^{}]*)\}")
 
 
@@ -213,10 +215,10 @@ class GzipReader(Reader):
         """Decompress more into the buffer; False at the end of the stream."""
         while True:
             if self.inflate.eof:        # the member ended: a next one, where bytes follow
-                self.pending = self.inflate.unused_data + self.pending
+                self.pending = self.inflate.unused_data    # (its unconsumed_tail holds them too)
                 self.inflate, self.open = zlib.decompressobj(wbits=31), False
             if not self.pending:
-                self.pending = self.raw.read(READ_BYTES)
+                self.pending = self.raw.read(INFLATE_BYTES)
                 if not self.pending:
                     if self.open:
                         raise OSError(f"{self.shown}: its gzip stream ends early (after "
@@ -224,7 +226,7 @@ class GzipReader(Reader):
                     return False
             self.open = True
             try:
-                out = self.inflate.decompress(self.pending, READ_BYTES)
+                out = self.inflate.decompress(self.pending, INFLATE_BYTES)
             except zlib.error as e:
                 raise OSError(f"{self.shown}: its gzip data is damaged near compressed byte "
                               f"{self.raw.tell()} ({e})") from None
@@ -347,4 +349,6 @@ def _matching(folder: str, pattern: str, names: list[str], piece) -> list[Piece]
             raise FileNotFoundError(f"{folder}/{missing[0]}: not found ({len(missing)} of "
                                     f"the {len(wanted)} files {pattern} names are missing)")
         return [piece(n) for n in wanted]
-    return [piece(n) for n in names if fnmatch.fnmatchcase(n, pattern)]
+    # as a shell's glob: a hidden file only where the pattern starts with a dot
+    return [piece(n) for n in names if fnmatch.fnmatchcase(n, pattern)
+            and (not n.startswith(".") or pattern.startswith("."))]

@@ -19,7 +19,11 @@ _REGULAR = (b"0", b"\0", b"7")
 
 
 class TarDamaged(OSError):
-    """The archive cannot be read past this point (the message says where and why)."""
+    """The archive cannot be read past this point (the message says where and why);
+    ``in_data``: the damage is inside the data of the member last given (a header's damage
+    leaves the members before it whole)."""
+
+    in_data = False
 
 
 @dataclass(frozen=True)
@@ -118,8 +122,10 @@ def members(reader: Reader, shown: str, size: int | None = None) -> Iterator[Mem
         yield member
         need = member.offset + -(-member.size // BLOCK) * BLOCK - reader.tell()
         if reader.skip(need) < need and reader.tell() < data_end:
-            raise TarDamaged(f"{shown}: cut off inside the data of {member.name!r} (byte "
-                             f"{reader.tell()} of the {data_end} it needs)")
+            e = TarDamaged(f"{shown}: cut off inside the data of {member.name!r} (byte "
+                           f"{reader.tell()} of the {data_end} it needs)")
+            e.in_data = True
+            raise e
 
 
 def _extended(reader: Reader, kind: bytes, length: int, where: str) -> dict[str, str]:

@@ -181,7 +181,9 @@ class _Index:
                     seen.add(key)
                 self._member(reader, m, ext, current)
         except (TarDamaged, OSError) as e:
-            if current is not None:
+            # a damaged header after a sample's members leaves them whole; damage inside a
+            # member's data (or a stream's) does not
+            if current is not None and (getattr(e, "in_data", True)):
                 current.problem = current.problem or "the tar is damaged inside it"
             self.skipped.append({"path": piece.name, "kind": "unreadable",
                                  "reason": f"{e}; the members after it are left out"})
@@ -224,7 +226,9 @@ class _Index:
         data = b"".join(reader.read(min(READ_BYTES, m.size - k))
                         for k in range(0, m.size, READ_BYTES))
         if len(data) < m.size:
-            raise TarDamaged(f"cut off inside the data of {m.name!r}")
+            e = TarDamaged(f"cut off inside the data of {m.name!r}")
+            e.in_data = True
+            raise e
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
