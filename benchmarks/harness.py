@@ -67,6 +67,17 @@ def tree_cpu_seconds() -> float:
     return ticks / os.sysconf("SC_CLK_TCK") + t.children_user + t.children_system
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB, from ``/proc/self/status``' ``VmHWM``
+    (``getrusage``'s ``ru_maxrss`` keeps the peak of the process it was forked from, before
+    its ``exec``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -124,7 +124,7 @@ class Source:
     #: what SRC is, for messages and ``--help``
     described: ClassVar[str] = ""
 
-    def __init__(self, src: str, **options):
+    def __init__(self, src: str, **options: object):
         self.src = src
         for name, value in options.items():
             if value is not None and name not in self.takes:

@@ -7,7 +7,8 @@ path up to the first ``.`` of its file name, the rest its extension (``000123.se
 the member with an image extension (``jpg``, ``png``, ``webp``, ...) is the image; ``cls`` is
 the class (an integer, or a class name); ``txt`` is a ``text`` field and ``json`` a ``json``
 one, each named by its extension; any other extension is a field only where ``--field
-EXT=KIND`` names its kind (else it is left out and counted). Samples are in the tars' order
+EXT=KIND`` names its kind (its text parsed as a labels file's cell is; a ``.npy`` member's
+array, never unpickled), else it is left out and counted. Samples are in the tars' order
 (the pattern's, or their sorted paths) and in member order within a tar; a sample's key is
 ``TAR/KEY``.
 
@@ -21,6 +22,7 @@ manifest.
 """
 from __future__ import annotations
 
+import io
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +71,20 @@ class _Sample:
     image: Member | None = None
     cells: dict[str, str] = field(default_factory=dict)
     problem: str | None = None
+
+
+def _npy(data: bytes, m: Member, sample: _Sample):
+    """A ``.npy`` member's array as a list (what an ``array`` or ``tokens`` field parses);
+    never unpickled."""
+    try:
+        value = np.load(io.BytesIO(data), allow_pickle=False)
+        if value.dtype.kind not in "biuf":
+            raise ValueError(f"of {value.dtype}")
+        return value.tolist()
+    except (ValueError, OSError, EOFError) as e:
+        sample.problem = (f"its member {posixpath.basename(m.name)!r} is not an array of "
+                          f"numbers in NumPy's .npy format ({e})")
+        return ""
 
 
 class TarImages(Indexed):
@@ -229,6 +245,8 @@ class _Index:
             e = TarDamaged(f"cut off inside the data of {m.name!r}")
             e.in_data = True
             raise e
+        if m.name.lower().endswith(".npy"):
+            return _npy(data, m, sample)
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:

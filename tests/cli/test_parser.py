@@ -52,3 +52,10 @@ def test_train_crops_by_default_to_what_the_model_is_made_for(tmp_path, caplog):
         caplog.clear()
         assert main(["-q", "train", shards, "--model", "tiny", "--crop", "32", *common]) == 0
         assert "default from images" not in caplog.text
+
+
+def test_convert_offers_every_registered_source():
+    from fastdata.cli.convert import SOURCE_KINDS
+    from fastdata.converters.sources import SOURCES
+
+    assert sorted(SOURCE_KINDS) == sorted(SOURCES)

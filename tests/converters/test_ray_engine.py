@@ -19,7 +19,13 @@ import pytest
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.shards.verify import verify
-from tests.helpers import captioned_folder, detection_folder, plain_folder, s3_server
+from tests.helpers import (
+    captioned_folder,
+    detection_folder,
+    plain_folder,
+    s3_server,
+    source_forms,
+)
 
 pytest.importorskip("ray", reason="needs Ray (pip install 'fastdata-shards[ray]')")
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -152,6 +158,52 @@ def test_a_detection_set_on_ray_is_the_local_one(cluster, tmp_path):
         assert json.load(f) == local
     for name in ["annotations.bin"] + [s["file"] for s in local["shards"]]:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def forms(tmp_path_factory):
+    """The same photos as tars, a gzipped tar, parquet and Hugging Face datasets."""
+    return source_forms(tmp_path_factory.mktemp("forms"), per_class=3)
+
+
+def _options(options: dict) -> list[str]:
+    """A source's options as the command line gives them."""
+    return [a for n, k in (options.get("fields") or {}).items() for a in ("--field", f"{n}={k}")] \
+        + (["--split", options["split"]] if "split" in options else [])
+
+
+@pytest.mark.parametrize("form", ["tars", "tar.gz", "parquet", "hf", "hub"])
+def test_a_source_on_ray_is_the_local_conversion_byte_for_byte(cluster, forms, form, tmp_path):
+    """Each task reads its range's part of the source's files (a tar's byte range, a
+    parquet file's row groups, an Arrow file's cells): the local engine's shards."""
+    src, options = forms[form]
+    local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
+                    num_workers=1, progress=False, **options)
+    r = _ray_convert(src, tmp_path / "ray", cluster, *_options(options))
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        assert json.load(f) == local
+    for s in local["shards"]:
+        assert (tmp_path / "ray" / s["file"]).read_bytes() == \
+            (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
+
+
+def test_tars_in_a_bucket_on_ray_are_the_local_conversion(cluster, s3, forms, tmp_path):
+    """The tasks read their ranges of the tars from the bucket, by byte range."""
+    src, options = forms["tars"]
+    folder = os.path.dirname(src)
+    for name in sorted(os.listdir(folder)):
+        s3.upload_file(os.path.join(folder, name), "fastdata-ray", f"tars/{name}")
+    url = "s3://fastdata-ray/tars/" + os.path.basename(src)
+    local = convert(url, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
+                    num_workers=1, progress=False, **options)
+    r = _ray_convert(url, tmp_path / "ray", cluster, *_options(options))
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "ray" / "manifest.json") as f:
+        assert json.load(f) == local
+    for s in local["shards"]:
+        assert (tmp_path / "ray" / s["file"]).read_bytes() == \
+            (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
 
 
 def test_ray_tasks_upload_the_shards_the_local_converter_writes(cluster, s3, source, tmp_path,
