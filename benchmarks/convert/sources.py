@@ -16,8 +16,8 @@ groups of 100 rows); ``tars/shard-{000000..000005}.tar`` of ``jpg`` + ``cls`` + 
 members; ``hf/``, the same dataset's ``save_to_disk``. Every conversion runs in a fresh
 interpreter (clock started after the imports): raw HDF5 at 256 px, the default decode
 workers. img/s, CPU ms an image (the process and its workers), the peak RSS of the
-converting process and of its largest worker. After the rounds, every set is compared with the folder's sample by sample (the
-pixels of each image, its class, its caption).
+converting process and of its largest worker. After the rounds, every set is compared with
+the folder's sample by sample (the pixels of each image, its class, its caption).
 
 The peers, each in its own virtual environment (``--venv``), read the same parquet file row
 group by row group with pyarrow and write the same 256 px centre-cropped squares (PIL:
@@ -33,7 +33,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 from benchmarks.harness import interleaved, medians, write_results
 
@@ -136,9 +135,10 @@ print(json.dumps({"img_s": n / dt, "secs": dt,
 
 def make_inputs(photos: str, work: str) -> dict:
     """The photos in every form (see the module's docstring), made once in ``work``."""
-    import datasets
     import io
     import tarfile
+
+    import datasets
 
     from benchmarks.loading.fields_cpu import captioned_rows, write_labels
 
