@@ -11,6 +11,7 @@ import io
 import json
 import mmap
 import os
+import re
 import shutil
 import signal
 import socket
@@ -556,15 +557,16 @@ def peak_kib():
 
 
 class FileServer(http.server.ThreadingHTTPServer):
-    """An HTTP server of the files in ``root`` (GET and HEAD, no ranges) with faults on
-    demand: ``faults[name]``, a list taken one a GET (403, 404, 500, ``"corrupt"``,
+    """An HTTP server of the files in ``root`` (GET and HEAD; ranges where ``ranges``) with
+    faults on demand: ``faults[name]``, a list taken one a GET (403, 404, 500, ``"corrupt"``,
     ``"slow"``, ``"oversize"``, ``"truncate"``); ``gets`` counts each name's GETs."""
 
     daemon_threads = True
 
-    def __init__(self, root):
+    def __init__(self, root, ranges: bool = False):
         super().__init__(("127.0.0.1", 0), _FileHandler)
         self.root, self.gets, self.faults = root, {}, {}
+        self.ranges = ranges    # answer a GET's Range header (206), as most servers do
         self.lock = threading.Lock()
         self.delay = 0.0        # seconds a shard's answer waits (a long round trip)
 
@@ -607,7 +609,15 @@ class _FileHandler(http.server.BaseHTTPRequestHandler):
             time.sleep(3)
         if fault == "oversize":                 # more than the manifest says the shard is
             data += bytes(1 << 20)
-        self.send_response(200)
+        asked = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
+        if srv.ranges and asked:
+            first = int(asked.group(1))
+            last = min(int(asked.group(2) or len(data) - 1), len(data) - 1)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+            data = data[first:last + 1]
+        else:
+            self.send_response(200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if not body:

@@ -2,6 +2,7 @@
 
     python -m benchmarks.inputs.make_photos /tmp/photos     # fetches the .deb: apt-get download
     python -m benchmarks.inputs.make_photos /tmp/photos --deb ukui-wallpapers_20.04.3-1.1_all.deb
+    python -m benchmarks.inputs.make_photos /tmp/photos-2x --scale 2      # web-sized
 
 Random crops with short side 333-500 (aspect 3:4..4:3, either orientation), quality 90, fixed
 seed, 10 class folders. The images are never committed: regenerate them with this script.
@@ -35,12 +36,13 @@ def sources(deb: str | None = None) -> list[Image.Image]:
         return [Image.open(p).convert("RGB") for p in wallpapers(tmp, deb)]
 
 
-def plans(images: list[Image.Image], count: int, seed: int):
-    """``(source index, size, box)`` of ``count`` random ImageNet-sized crops of ``images``."""
+def plans(images: list[Image.Image], count: int, seed: int, scale: float = 1.0):
+    """``(source index, size, box)`` of ``count`` random ImageNet-sized crops of ``images``
+    (``scale`` times larger: 2 for web-sized photos)."""
     rng = random.Random(seed)
     for i in range(count):
         src = images[i % len(images)]
-        short = rng.randint(333, 500)
+        short = round(rng.randint(333, 500) * scale)
         long = int(short * rng.uniform(1.0, 4 / 3) + 0.5)
         w, h = (long, short) if rng.random() < 0.75 else (short, long)
         zoom = rng.uniform(1.0, min(src.width / w, src.height / h))  # crop zoom-out, then resize
@@ -74,6 +76,8 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=3000)
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="short sides of 333-500 px times this (2: web-sized photos, 666-1000)")
     ap.add_argument("--deb", help="a downloaded ukui-wallpapers .deb (on a machine with no "
                     "package registry, e.g. the GPU machine)")
     args = ap.parse_args()
@@ -81,7 +85,7 @@ def main() -> None:
         os.makedirs(os.path.join(args.out, f"class_{c:02d}"), exist_ok=True)
     _IMAGES[:] = sources(args.deb)
     jobs = [(i, p, args.out, args.classes)
-            for i, p in enumerate(plans(_IMAGES, args.count, args.seed))]
+            for i, p in enumerate(plans(_IMAGES, args.count, args.seed, args.scale))]
     with multiprocessing.get_context("fork").Pool() as pool:   # the same files, on every core
         for _ in pool.imap_unordered(_save, jobs, chunksize=16):
             pass

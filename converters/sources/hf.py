@@ -226,7 +226,7 @@ def _spans(column, form: str, base: int, piece: Piece) -> list[tuple[int, int]]:
     if values_buf is not None and not 0 <= at <= piece.size - values_buf.size:
         raise ValueError(f"{piece.shown}: its image bytes are not stored as they are (a "
                          f"compressed Arrow file): save the dataset without compression")
-    valid = data.is_valid().to_numpy(zero_copy_only=False)
+    valid = data.is_valid().to_pylist() if data.null_count else [True] * len(data)
     out = []
     for k in range(len(data)):
         if valid[k]:

@@ -313,6 +313,8 @@ def _in_store(src: str, suffixes: tuple[str, ...], what: str) -> list[Piece]:
     store = _store(folder) if is_pattern(name) or name.lower().endswith(suffixes) else None
     if store is None:
         folder, name, store = src, "", _store(src)
+    if not store.lists:         # a plain HTTP server: each file by name
+        return [Piece(n, folder, *store.head(n)) for n in _named(src, name, suffixes)]
     listing = _listing(store)
     if is_pattern(name):
         pieces = _matching(folder, name, sorted(listing),
@@ -328,6 +330,20 @@ def _in_store(src: str, suffixes: tuple[str, ...], what: str) -> list[Piece]:
         raise ValueError(f"{redact(src)}: no {what} there (objects ending in "
                          f"{', '.join(suffixes)})")
     return pieces
+
+
+def _named(src: str, name: str, suffixes: tuple[str, ...]) -> list[str]:
+    """The files a URL of a store that cannot list names: one, or a brace pattern's.
+
+    Raises:
+        ValueError: a folder or a glob (naming what to give instead).
+    """
+    if name.lower().endswith(suffixes) and not is_pattern(name):
+        return [name]
+    if _BRACE.search(name) and not any(c in name for c in "*?["):
+        return expand(name)
+    raise ValueError(f"{redact(src)}: a plain HTTP server cannot list a folder: give a file's "
+                     f"URL or a brace pattern of them (shard-{{000000..000127}}.tar)")
 
 
 def _listing(store) -> dict[str, tuple[int, str]]:

@@ -56,8 +56,11 @@ def _checked(block: bytes, where: str) -> None:
     is not the one it holds."""
     stored = _number(block[148:156], where)
     unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = unsigned - 2 * sum(b for b in block if b >= 128)     # some writers sum signed
-    if stored not in (unsigned, signed):
+    if stored == unsigned:
+        return
+    high = block[:148] + block[156:]        # some writers sum the bytes as signed
+    signed = unsigned - 256 * (len(high) - len(high.translate(None, bytes(range(128, 256)))))
+    if stored != signed:
         raise TarDamaged(f"{where}: its header is damaged (checksum {stored}, its bytes sum "
                          f"to {unsigned})")
 

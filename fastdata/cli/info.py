@@ -149,7 +149,7 @@ def _print_classes(d: dict, kind: str, many: bool) -> None:
     for name, n in names.items():
         echo(f"    {name:<{width}}  {n}" if counted else f"    {name}")
     if d["empty_classes"]:
-        echo(f"  empty classes (kept so indices match folder names): "
+        echo(f"  empty classes (kept so that indices match the class names): "
              f"{', '.join(map(p, d['empty_classes']))}")
 
 

@@ -90,8 +90,8 @@ def write_chunk(fd: int, chunk, done: int, limit: int | None, update) -> None:
 class Store:
     """A set's folder in a store: the objects directly in it, by name. Picklable (a worker
     process makes its own client). A subclass gives ``chunks``, ``objects``, ``put``,
-    ``create`` and ``delete``; ``read``, ``download``, ``put_file``, ``chunks_from`` and
-    ``read_range`` are built on them and may be given more directly. Every failure is an
+    ``create`` and ``delete``; ``read``, ``download``, ``put_file``, ``head``, ``chunks_from``
+    and ``read_range`` are built on them and may be given more directly. Every failure is an
     ``OSError`` that names the object (``FileNotFoundError`` for one that is not there).
 
     Args:
@@ -117,6 +117,14 @@ class Store:
     def objects(self) -> dict[str, int]:
         """The objects directly in the folder: name -> size in bytes."""
         raise NotImplementedError
+
+    def head(self, name: str) -> tuple[int, str]:
+        """The object ``name``'s size and version (what tells a changed object: an ETag, a
+        modification time; here its size), without reading it."""
+        objects = self.objects()
+        if name not in objects:
+            raise FileNotFoundError(f"{self.shown}/{name}: not found")
+        return objects[name], str(objects[name])
 
     def chunks_from(self, name: str, offset: int) -> Iterator[bytes]:
         """The object ``name``'s bytes from byte ``offset`` on, a piece at a time (a store

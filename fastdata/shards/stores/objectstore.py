@@ -276,6 +276,12 @@ class ObjectStore(Store):
                                   f"{self.reason(str(e))}") from None
                 time.sleep(min(0.2 * 2 ** idle, 10))
 
+    def head(self, name: str) -> tuple[int, str]:
+        import obstore
+
+        meta = self._call(name, "reading", lambda: obstore.head(self.store, name))
+        return int(meta["size"]), str(meta.get("e_tag") or meta["size"])
+
     def read_range(self, name: str, start: int, end: int) -> bytes:
         import obstore
 

@@ -140,3 +140,36 @@ def test_a_bucket_source_into_a_bucket(forms, reference, bucket, tmp_path):
         [(e["file"], e["count"], e["sha256"]) for e in local["shards"]]
     assert contents("s3://fastdata-sources/sets/from-tars", "txt",
                     cache_dir=str(tmp_path / "read")) == reference
+
+
+@pytest.mark.parametrize("name,form", [("shard-{000000..000002}.tar", "tars"),
+                                       ("data.parquet", "parquet"), ("data.tar", "tar")])
+def test_a_source_on_a_plain_http_server_is_read_by_range(forms, reference, name, form,
+                                                          tmp_path):
+    """A server that cannot list: each file by its URL or a brace pattern's, its size from a
+    HEAD, its bytes by range."""
+    import shutil
+    import threading
+
+    from tests.helpers import FileServer
+
+    pytest.importorskip("obstore", reason="obstore not installed")
+    served = tmp_path / "served"
+    served.mkdir()
+    for path in (forms["tar"][0], forms["parquet"][0]):
+        shutil.copy(path, served)
+    wds = os.path.dirname(forms["tars"][0])
+    for n in os.listdir(wds):
+        shutil.copy(os.path.join(wds, n), served)
+    server = FileServer(str(served), ranges=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/data/{name}"
+        out = str(tmp_path / "set")
+        m = convert(url, out, sizes=[8, 16], progress=False, shard_size=7, **forms[form][1])
+        assert m["skipped"] == [] and contents(out, CAPTION.get(form, "caption")) == reference
+        with pytest.raises(ValueError, match="a plain HTTP server cannot list a folder"):
+            convert(url.rsplit("/", 1)[0], str(tmp_path / "x"), progress=False,
+                    source="webdataset")
+    finally:
+        server.shutdown()
