@@ -386,10 +386,52 @@ class Ring:
         return [row[a:a + n] for a, n in zip(self.offsets, self.lengths)]
 
 
+@dataclass(frozen=True)
+class Held:
+    """An encoded image the parent put in the ``Inbox``: ``size`` bytes at ``offset``."""
+
+    offset: int
+    size: int
+
+
+class Inbox:
+    """Shared anonymous memory that forked workers inherit: the encoded images the parent
+    reads itself (a parquet cell, a tar's member in a store) reach the workers through it, a
+    region of ``batch_bytes`` per batch in flight, instead of through a pipe, whose write
+    blocks the parent (and its writes of the shards) until a busy worker reads the batch.
+
+    Batch ``number``'s region is ``number % batches``: the decoder keeps at most ``batches``
+    batches in flight, so a region is free again once its batch's results are in. An image
+    that does not fit its batch's region goes through the pipe as it is.
+    """
+
+    def __init__(self, batches: int, batch_bytes: int):
+        self.batches, self.batch_bytes = batches, batch_bytes
+        self.mem = mmap.mmap(-1, batches * batch_bytes)
+
+    def put(self, number: int, batch: list[tuple]) -> list[tuple]:
+        """``batch`` (``[(position, item)]``) with its bytes copied into batch ``number``'s
+        region, a ``Held`` in their place (bytes that do not fit, as ``bytes``)."""
+        base, at, out = (number % self.batches) * self.batch_bytes, 0, []
+        for pos, item in batch:
+            if isinstance(item, (bytes, bytearray, memoryview)):
+                if at + len(item) <= self.batch_bytes:
+                    self.mem[base + at:base + at + len(item)] = item
+                    item, at = Held(base + at, len(item)), at + len(item)
+                else:
+                    item = bytes(item)
+            out.append((pos, item))
+        return out
+
+    def get(self, held: Held) -> bytes:
+        return self.mem[held.offset:held.offset + held.size]
+
+
 def prepare_batch(jobs: list[tuple], opts: DecodeOptions, ring: Ring | None = None,
-                  scratch: Scratch | None = None, on_item=None) -> list[tuple]:
-    """Worker entry: ``[(position, item)]`` (an item: what ``bytes_of`` takes) →
-    ``[(position, payloads, crc32s, error)]``.
+                  scratch: Scratch | None = None, on_item=None,
+                  inbox: Inbox | None = None) -> list[tuple]:
+    """Worker entry: ``[(position, item)]`` (an item: what ``bytes_of`` takes, or a ``Held``
+    in the ``inbox``) → ``[(position, payloads, crc32s, error)]``.
 
     With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
     the JPEGs are decoded into it; ``on_item()`` is called as each image starts.
@@ -399,6 +441,8 @@ def prepare_batch(jobs: list[tuple], opts: DecodeOptions, ring: Ring | None = No
         if on_item is not None:
             on_item()
         try:
+            if isinstance(path, Held):
+                path = inbox.get(path)  # type: ignore[union-attr]
             payloads = prepare(path, opts, None if ring is None else ring.get(pos), scratch)
             crcs = [crc32(p) for p in payloads]
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
-from fastdata.converters.decode import DecodeOptions, Ring, Scratch, prepare_batch
+from fastdata.converters.decode import DecodeOptions, Inbox, Ring, Scratch, prepare_batch
 from fastdata.env import parent_garbage_frozen
 
 log = logging.getLogger("fastdata.convert")
@@ -24,6 +24,7 @@ MAX_BATCH = 16
 QUEUED = 2                          # batches a worker holds at most (the one it decodes too)
 WINDOW = 4                          # batches per worker between the workers and the writer
 ITEM_TIMEOUT_S = 120.0              # an image that takes longer is treated as a hung worker
+INBOX_BATCH_BYTES = 6 << 20         # encoded bytes a batch passes through the Inbox, at most
 POLL_S = 1.0                        # how often a wait for results looks for a hung worker
 
 
@@ -43,7 +44,7 @@ class _WorkerDied(Exception):
 
 
 def _worker_main(conn, opts: DecodeOptions, ring: Ring | None, parent: int, beats,
-                 me: int) -> None:
+                 me: int, inbox: Inbox | None = None) -> None:
     """A decode worker: batches in from ``conn``, results out, in the order they came; the
     time each image starts goes into ``beats[me]``, by which the parent tells a hung worker
     from a busy one."""
@@ -59,7 +60,7 @@ def _worker_main(conn, opts: DecodeOptions, ring: Ring | None, parent: int, beat
         except EOFError:
             return
         try:
-            results = prepare_batch(batch, opts, ring, scratch, on_item=beat)
+            results = prepare_batch(batch, opts, ring, scratch, on_item=beat, inbox=inbox)
         except Exception:       # noqa: BLE001 - a bug, not a bad image: the parent raises it
             results = RuntimeError(f"a decode worker failed:\n{traceback.format_exc()}")
         conn.send(results)
@@ -104,6 +105,8 @@ class Decoder:
         self.batch = batch_size(opts.sizes)
         self.ring = (Ring(self.window * self.batch, opts.sizes)
                      if fork and opts.encoding == "raw" else None)
+        # untouched until a source hands the workers bytes (it costs no memory before)
+        self.inbox = Inbox(self.window, INBOX_BATCH_BYTES) if fork else None
 
     @property
     def window(self) -> int:
@@ -117,7 +120,7 @@ class Decoder:
                 here, there = self._ctx.Pipe()
                 p = self._ctx.Process(target=_worker_main, daemon=True,  # type: ignore[attr-defined]
                                       args=(there, self.opts, self.ring, os.getpid(),
-                                            self._beats, me))
+                                            self._beats, me, self.inbox))
                 p.start()
                 there.close()       # so that the worker's death is an EOF here
                 self._pool.append(_Worker(p, here, me))
@@ -195,7 +198,7 @@ class Decoder:
                         break
                     number = head + len(sent)
                     sent[number] = batch        # before the send: one that fails is retried
-                    self._send(w, number, batch)
+                    self._send(w, number, self._passed(number, batch))
                 if not sent:
                     return
                 if head not in done:
@@ -214,12 +217,20 @@ class Decoder:
             head += 1
             yield self._with_payloads(results)
 
+    def _passed(self, number: int, batch: list[tuple]) -> list[tuple]:
+        """``batch`` as it goes to a worker: its encoded bytes through the ``Inbox`` (where
+        there is one: forked workers), else through the pipe (as ``bytes``)."""
+        if self.inbox is not None:
+            return self.inbox.put(number, batch)
+        return [(pos, bytes(item) if isinstance(item, memoryview) else item)
+                for pos, item in batch]
+
     def _isolate(self, jobs):
         for job in jobs:
             self._start(1)
             done: dict[int, list] = {}
             try:
-                self._send(self._pool[0], 0, [job])
+                self._send(self._pool[0], 0, self._passed(0, [job]))
                 self._collect(done)
             except _WorkerDied as e:
                 yield [(job[0], None, None, f"worker process {e} while decoding this file")]

@@ -11,8 +11,8 @@ input, the peers' own converters beside fastdata's (figures in docs/performance.
 
 The inputs are made once in ``--work`` from the photos (each photo's class and the caption
 ``benchmarks.loading.fields_cpu`` draws): ``labels.csv``; ``hub/data/train-*.parquet``
-written by ``datasets`` (``Image`` with its bytes, ``ClassLabel``, the caption; its own row
-groups of 100 rows); ``tars/shard-{000000..000005}.tar`` of ``jpg`` + ``cls`` + ``txt``
+written by ``datasets`` (``Image`` with its bytes, ``ClassLabel``, the caption; row groups
+of 100 rows, as the hub's image datasets have); ``tars/shard-{000000..000005}.tar`` of ``jpg`` + ``cls`` + ``txt``
 members; ``hf/``, the same dataset's ``save_to_disk``. Every conversion runs in a fresh
 interpreter (clock started after the imports): raw HDF5 at 256 px, the default decode
 workers. img/s, CPU ms an image (the process and its workers), the peak RSS of the
@@ -163,7 +163,9 @@ def make_inputs(photos: str, work: str) -> dict:
         features=datasets.Features({"image": datasets.Image(),
                                     "label": datasets.ClassLabel(names=classes),
                                     "caption": datasets.Value("string")}))
-    ds.to_parquet(os.path.join(out["hub"], "data", "train-00000-of-00001.parquet"))
+    # row groups of 100 rows, as the hub's image datasets have them
+    ds.to_parquet(os.path.join(out["hub"], "data", "train-00000-of-00001.parquet"),
+                  batch_size=100)
     ds.save_to_disk(out["hf"])
     os.makedirs(out["tars"], exist_ok=True)
     per = -(-len(rows) // 6)

@@ -91,24 +91,28 @@ def _listed(schema) -> str:
 
 
 def image_items(column, form: str) -> list:
-    """A chunk of the image column as what decode workers are handed: the bytes of each
-    cell, or an ``Unreadable`` for a null cell, a cell without bytes or one larger than an
-    image may be."""
-    import pyarrow.compute as pc
+    """A chunk of the image column as what decode workers are handed: each cell's bytes (a
+    view of the Arrow buffer, not a copy), or an ``Unreadable`` for a null cell, a cell
+    without bytes or one larger than an image may be."""
+    import numpy as np
 
-    data = column.field("bytes") if form == "struct" else column
-    if form == "struct" and column.null_count:      # a null struct: no bytes either
-        data = pc.if_else(column.is_valid(), data, None)
-    lengths = pc.binary_length(data).to_pylist()
+    data = column.flatten()[column.type.get_field_index("bytes")] if form == "struct" \
+        else column         # flatten: the struct's own nulls and offset applied
+    valid = data.is_valid().to_pylist() if data.null_count else None
+    _, offsets_buf, values_buf = data.buffers()[:3]
+    offsets = np.frombuffer(offsets_buf, np.int64 if str(data.type).startswith("large_")
+                            else np.int32)[data.offset:data.offset + len(data) + 1].tolist()
+    values = memoryview(values_buf) if values_buf is not None else memoryview(b"")
     out: list = []
-    for k, n in enumerate(lengths):
-        if n is None:
+    for k in range(len(data)):
+        n = offsets[k + 1] - offsets[k]
+        if valid is not None and not valid[k]:
             out.append(Unreadable(_no_bytes(column, k, form)))
         elif n > decode.MAX_FILE_BYTES:
             out.append(Unreadable(f"its image cell holds {n:,} bytes, more than an image may "
                                   f"({decode.MAX_FILE_BYTES:,})"))
         else:
-            out.append(data[k].as_py())
+            out.append(values[offsets[k]:offsets[k + 1]])
     return out
 
 

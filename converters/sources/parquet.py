@@ -45,7 +45,7 @@ BATCH_ROWS = 32
 #: is decompressed: few huge cells, or a compressed bomb
 MAX_GROUP_BYTES = 16 << 30
 #: a hub layout's file name: SPLIT-INDEX-of-COUNT
-_HUB_NAME = re.compile(r"(?:^|/)([A-Za-z0-9_.]+?)-\d{5}-of-\d{5}\.parquet$")
+_HUB_NAME = re.compile(r"(?:^|/)([A-Za-z0-9_.]+?)-(\d{5})-of-(\d{5})\.parquet$")
 
 
 class _RangeFile:
@@ -262,12 +262,14 @@ def of_split(pieces: list[Piece], split: str | None, src: str) -> list[Piece]:
     Raises:
         ValueError: the files hold several splits and none is asked for, or not the one
             asked for (naming those they hold).
+        FileNotFoundError: a file of the hub's layout is missing (``_complete``).
     """
     def split_of(p: Piece) -> str | None:
         m = _HUB_NAME.search(p.name.replace(os.sep, "/"))
         parts = p.name.replace(os.sep, "/").split("/")
         return m.group(1) if m else (parts[-2] if len(parts) > 1 else None)
 
+    _complete(pieces, src)
     splits = sorted({s for s in map(split_of, pieces) if s is not None})
     if split is None:
         if len(splits) > 1 and all(split_of(p) for p in pieces):
@@ -279,3 +281,25 @@ def of_split(pieces: list[Piece], split: str | None, src: str) -> list[Piece]:
         raise ValueError(f"{src} has no split {split!r}; its splits: "
                          f"{', '.join(splits) or 'none named'}")
     return chosen
+
+
+def _complete(pieces: list[Piece], src: str) -> None:
+    """Refuse a hub layout's split that misses one of its files (``train-00001-of-00004``
+    named by the others' count, not there).
+
+    Raises:
+        FileNotFoundError: naming the first file missing and the fix.
+    """
+    groups: dict[tuple[str, str, str], set[int]] = {}
+    for p in pieces:
+        m = _HUB_NAME.search(p.name.replace(os.sep, "/"))
+        if m:
+            folder = os.path.dirname(p.name)
+            groups.setdefault((folder, m.group(1), m.group(3)), set()).add(int(m.group(2)))
+    for (folder, split, count), have in groups.items():
+        missing = sorted(set(range(int(count))) - have)
+        if missing:
+            name = os.path.join(folder, f"{split}-{missing[0]:05d}-of-{count}.parquet")
+            raise FileNotFoundError(f"{src}: {name} is missing ({len(missing)} of the "
+                                    f"{int(count)} files of its split): download the dataset "
+                                    f"again")

@@ -87,3 +87,16 @@ def test_a_null_image_skips_its_row(tmp_path):
         {"path": "data-00000-of-00001.arrow/1", "kind": "unreadable",
          "reason": "ValueError: its image cell is null"}]
     assert fastdata.open(str(tmp_path / "o"))[0]["caption"] == "x"
+
+
+def test_a_hub_layout_missing_a_file_of_its_split_is_named(forms, tmp_path):
+    import shutil
+
+    hub = tmp_path / "hub"
+    shutil.copytree(forms["hub"][0], hub)
+    os.remove(hub / "data" / "train-00001-of-00002.parquet")
+    with pytest.raises(FileNotFoundError, match=r"data/train-00001-of-00002.parquet is missing "
+                                                r"\(1 of the 2 files of its split\): "
+                                                r"download the dataset again"):
+        convert(str(hub), str(tmp_path / "o"), sizes=[8], split="train", progress=False)
+    assert not (tmp_path / "o").exists()

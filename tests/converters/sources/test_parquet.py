@@ -119,3 +119,21 @@ def test_a_killed_parquet_conversion_resumes_into_the_uninterrupted_one(tmp_path
                                           "caption": [f"c{k}" for k in range(24)]},
                  row_group_size=5)
     killed_then_resumed(src, tmp_path)
+
+
+def test_cells_reach_the_workers_through_shared_memory_or_the_pipe_alike(tmp_path, monkeypatch):
+    """The parent's bytes go to the decode workers through the Inbox, those that do not fit
+    their batch's region through the pipe: the same shards either way."""
+    from fastdata.converters import pool
+
+    src = _write(tmp_path / "p.parquet", {"image": [_png(k) for k in range(40)]},
+                 row_group_size=7)
+    sizes = [len(_png(k)) for k in range(40)]
+    runs = {}
+    for name, region in (("inbox", pool.INBOX_BATCH_BYTES), ("some by pipe", max(sizes) * 3),
+                         ("pipe", 1)):
+        monkeypatch.setattr(pool, "INBOX_BATCH_BYTES", region)
+        m = convert(src, str(tmp_path / name), sizes=[8, 16], progress=False, num_workers=2)
+        runs[name] = [(e["sha256"], (tmp_path / name / e["file"]).read_bytes())
+                      for e in m["shards"]]
+    assert runs["inbox"] == runs["some by pipe"] == runs["pipe"]
