@@ -13,9 +13,9 @@ The inputs are made once in ``--work`` from the photos (each photo's class and t
 ``benchmarks.loading.fields_cpu`` draws): ``labels.csv``; ``hub/data/train-*.parquet``
 written by ``datasets`` (``Image`` with its bytes, ``ClassLabel``, the caption; row groups
 of 100 rows, as the hub's image datasets have); ``tars/shard-{000000..000005}.tar`` of
-``jpg`` + ``cls`` + ``txt`` members; ``hf/``, the same dataset's ``save_to_disk``. Every conversion runs in a fresh
-interpreter (clock started after the imports): raw HDF5 at 256 px, the default decode
-workers. img/s, CPU ms an image (the process and its workers), the peak RSS of the
+``jpg`` + ``cls`` + ``txt`` members; ``hf/``, the same dataset's ``save_to_disk``. Every
+conversion runs in a fresh interpreter (clock started after the imports): raw HDF5 at 256
+px, the default decode workers. img/s, CPU ms an image (the process and its workers), the peak RSS of the
 converting process and of its largest worker. After the rounds, every set is compared with
 the folder's sample by sample (the pixels of each image, its class, its caption).
 
