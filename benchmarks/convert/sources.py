@@ -15,9 +15,10 @@ written by ``datasets`` (``Image`` with its bytes, ``ClassLabel``, the caption; 
 of 100 rows, as the hub's image datasets have); ``tars/shard-{000000..000005}.tar`` of
 ``jpg`` + ``cls`` + ``txt`` members; ``hf/``, the same dataset's ``save_to_disk``. Every
 conversion runs in a fresh interpreter (clock started after the imports): raw HDF5 at 256
-px, the default decode workers. img/s, CPU ms an image (the process and its workers), the peak RSS of the
-converting process and of its largest worker. After the rounds, every set is compared with
-the folder's sample by sample (the pixels of each image, its class, its caption).
+px, the default decode workers. img/s, CPU ms an image (the process and its workers), the
+peak RSS of the converting process and of its largest worker. After the rounds, every set
+is compared with the folder's sample by sample (the pixels of each image, its class, its
+caption).
 
 The peers, each in its own virtual environment (``--venv``), read the same parquet file row
 group by row group with pyarrow and write the same 256 px centre-cropped squares (PIL:
