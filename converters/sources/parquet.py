@@ -49,10 +49,15 @@ _HUB_NAME = re.compile(r"(?:^|/)([A-Za-z0-9_.]+?)-(\d{5})-of-(\d{5})\.parquet$")
 
 
 class _RangeFile:
-    """A piece in a store as the seekable file pyarrow reads: each read one byte range."""
+    """A piece in a store as the seekable file pyarrow reads: reads by byte range, at least
+    ``AHEAD`` bytes a request (pyarrow reads a column chunk a buffer at a time: one request
+    for several)."""
+
+    AHEAD = 8 << 20
 
     def __init__(self, piece: Piece):
         self.piece, self.at, self.closed = piece, 0, False
+        self.held, self.held_at = b"", 0      # the bytes of the last request, and where
 
     def seek(self, offset: int, whence: int = 0) -> int:
         self.at = offset + (0, self.at, self.piece.size)[whence]
@@ -63,7 +68,13 @@ class _RangeFile:
 
     def read(self, n: int = -1) -> bytes:
         end = self.piece.size if n < 0 else min(self.piece.size, self.at + n)
-        data = self.piece.read(self.at, end) if end > self.at else b""
+        if end <= self.at:
+            return b""
+        if not (self.held_at <= self.at and end <= self.held_at + len(self.held)):
+            self.held_at = self.at
+            self.held = self.piece.read(self.at, min(self.piece.size,
+                                                     max(end, self.at + self.AHEAD)))
+        data = self.held[self.at - self.held_at:end - self.held_at]
         self.at += len(data)
         return data
 
