@@ -415,9 +415,10 @@ class Inbox:
         base, at, out = (number % self.batches) * self.batch_bytes, 0, []
         for pos, item in batch:
             if isinstance(item, (bytes, bytearray, memoryview)):
-                if at + len(item) <= self.batch_bytes:
-                    self.mem[base + at:base + at + len(item)] = item
-                    item, at = Held(base + at, len(item)), at + len(item)
+                n = len(item)
+                if at + n <= self.batch_bytes:
+                    self.mem[base + at:base + at + n] = item
+                    item, at = Held(base + at, n), at + n
                 else:
                     item = bytes(item)
             out.append((pos, item))
