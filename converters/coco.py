@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.converters.geometry import frame
-from fastdata.converters.labels import _relative
 from fastdata.converters.scan import Files, Scan, source_folder, walk_images
+from fastdata.converters.table import relative
 from fastdata.converters.units import read_limited
 from fastdata.fields import field_of
 from fastdata.fields.keypoints import KeypointsField
@@ -126,7 +126,7 @@ def _images(images: list, skipped: list) -> dict[str, tuple[int, int, int]]:
     for k, im in enumerate(images):
         ok = isinstance(im, dict) and isinstance(im.get("id"), int) and all(
             isinstance(im.get(n), int) and 0 < im[n] <= 1 << 16 for n in ("width", "height"))
-        rel = _relative(im["file_name"]) if ok and isinstance(im.get("file_name"), str) else None
+        rel = relative(im["file_name"]) if ok and isinstance(im.get("file_name"), str) else None
         if rel is None or im["id"] in ids or rel in out:
             skipped.append({"path": f"images[{k}]", "kind": "bad_label",
                             "reason": "annotations file: not an image "

@@ -19,6 +19,7 @@ are reported as the manifest's skipped entries, with why.
 """
 from __future__ import annotations
 
+import array
 import logging
 import re
 from dataclasses import dataclass, field
@@ -42,21 +43,20 @@ _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)", re
 
 @dataclass
 class LabelsFile:
+    """A table's rows as labels and fields: the rows kept (their numbers in the table,
+    ascending), each one's class index or targets, and its fields' values."""
+
     kind: str                                   # one of fastdata.format.LABEL_KINDS
     names: list[str]                            # classes or target names
-    values: dict[str, list[str]]                # path -> its label's cells
+    rows: np.ndarray                            # the rows kept, by number
+    labels: np.ndarray | None = None            # their class indices (kind "class")
+    targets: np.ndarray | None = None           # their targets (multi-label, regression)
     bad: list[dict] = field(default_factory=list)   # rows that cannot be used: path, reason
-    lines: dict[str, int] = field(default_factory=dict)     # path -> its line in the file
     fields: dict[str, FieldKind] = field(default_factory=dict)  # the other columns' kinds
-    #: path -> its fields' parsed values, in ``fields``' order
-    field_values: dict[str, tuple] = field(default_factory=dict)
+    values: FieldValues | None = None           # the rows kept's fields' values
 
 
-def _relative(path: str) -> str | None:
-    return relative(path)
-
-
-def read_labels(file: str, kinds: dict[str, str] | None = None) -> LabelsFile:
+def read_labels(file: str, kinds: dict[str, str] | None = None) -> tuple[Table, LabelsFile]:
     """Parse a labels file (see the module's docstring). ``kinds``: a column's kind by name
     (``--field NAME=KIND``), where not inferred.
 
@@ -64,12 +64,14 @@ def read_labels(file: str, kinds: dict[str, str] | None = None) -> LabelsFile:
         ValueError: the file is not a labels file (``read_table``), or its columns are not
             labels and fields (``labels_of``).
     """
-    return labels_of(read_table(file), kinds)
+    table = read_table(file)
+    return table, labels_of(table, kinds)
 
 
 def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
     """A table's columns as labels and fields (see the module's docstring): any table, a
-    labels file's or a source's own columns (``fastdata.converters.sources``).
+    labels file's or a source's own columns (``fastdata.converters.sources``). Each column
+    is read a few times over, never held whole.
 
     Raises:
         ValueError: a ``kinds`` entry names no column or gives the label another kind than
@@ -84,54 +86,78 @@ def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
     if kinds.get("label", "class") != "class":
         raise ValueError(f"--field label={kinds['label']}: the label column is a class per "
                          f"image; rename the column to make it a field of another kind")
+    everyone = np.arange(len(table))
     if not table.columns:       # images alone
-        return LabelsFile("none", [], {p: [] for p in table.rows}, list(table.bad),
-                          table.lines)
-    values = {p: [str(c).strip() if c is not None else "" for c in v]
-              for p, v in table.rows.items()}
+        return LabelsFile("none", [], everyone, bad=list(table.bad))
     if not kinds and table.columns == ["label"]:
-        return _classes(table, values, list(table.bad))
+        return _classes(table, everyone, list(table.bad))
     if not kinds and "label" not in table.columns and _all_numbers(table):
-        return _numbers(table, values)
+        return _numbers(table)
     return _with_fields(table, kinds)
+
+
+def _is_number(c) -> bool:
+    return (isinstance(c, (int, float)) and not isinstance(c, bool)) or (
+        isinstance(c, str) and _NUMBER.fullmatch(c.strip()) is not None)
 
 
 def _all_numbers(table: Table) -> bool:
     """Whether most cells of each column are numbers: a multi-label or regression file, where
     a cell that is not one skips its row."""
-    def number(c) -> bool:
-        return (isinstance(c, (int, float)) and not isinstance(c, bool)) or (
-            isinstance(c, str) and _NUMBER.fullmatch(c.strip()) is not None)
-
-    rows = list(table.rows.values())
-    return bool(rows) and all(2 * sum(number(r[k]) for r in rows) > len(rows)
-                              for k in range(len(table.columns)))
+    return len(table) > 0 and all(2 * sum(map(_is_number, table.column(k))) > len(table)
+                                  for k in range(len(table.columns)))
 
 
-def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
-    """A ``label`` column (if any) as the class label, every other column a field."""
+def _label_text(cell) -> str:
+    return str(_cell(cell)).strip()
+
+
+def _kinds_of(table: Table, kinds: dict[str, str]) -> dict[str, FieldKind]:
+    """Each column's kind but the label's: given, the source's own, or inferred."""
     fields = {}
     for k, name in enumerate(table.columns):
         if name == "label":
             continue
         check_name(name, f"{table.what}: column")
-        cells = [row[k] for row in table.rows.values() if row[k] is not None]
+        cells = _Present(table, k)
         fields[name] = (kind_named(kinds[name], cells) if name in kinds else
                         table.known[name] if name in table.known else infer(name, cells))
-    bad, parsed = list(table.bad), {}
-    for path, row in table.rows.items():
+    return fields
+
+
+class _Present:
+    """A column's cells but the missing ones, as ``infer`` reads them (any number of
+    passes)."""
+
+    def __init__(self, table: Table, k: int):
+        self.table, self.k = table, k
+
+    def __iter__(self):
+        return (c for c in self.table.column(self.k) if c is not None)
+
+
+def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
+    """A ``label`` column (if any) as the class label, every other column a field."""
+    fields = _kinds_of(table, kinds)
+    at = [table.columns.index(n) for n in fields]
+    bad, good = list(table.bad), array.array("q")
+    builder = FieldValues.build(fields)
+    for row, key, cells, where in table.rows():
         try:
-            parsed[path] = tuple(kind.parse(_cell(row[table.columns.index(n)]),
-                                            table.where(path, n)) for n, kind in fields.items())
+            parsed = tuple(kind.parse(_cell(cells[k]), f"{where}, column {n}")
+                           for (n, kind), k in zip(fields.items(), at))
         except FieldError as e:
-            bad.append({"path": path, "kind": "bad_label", "reason": str(e)})
+            bad.append({"path": key, "kind": "bad_label", "reason": str(e)})
+            continue
+        builder.add(parsed)
+        good.append(row)
+    values, rows = builder.done(), np.frombuffer(good, np.int64).copy()
     if "label" not in table.columns:
-        return LabelsFile("none", [], {p: [] for p in parsed}, bad, table.lines, fields,
-                          parsed)
-    at = table.columns.index("label")
-    values = {p: [str(_cell(table.rows[p][at])).strip()] for p in parsed}
-    out = _classes(table, values, bad)
-    out.fields, out.field_values = fields, {p: parsed[p] for p in out.values}
+        return LabelsFile("none", [], rows, bad=bad, fields=fields, values=values)
+    out = _classes(table, rows, bad)
+    if len(out.rows) < len(rows):       # rows whose label is not one
+        values = values.take(np.flatnonzero(np.isin(rows, out.rows)))
+    out.fields, out.values = fields, values
     return out
 
 
@@ -140,96 +166,150 @@ def _cell(cell):
     return "" if cell is None else cell
 
 
-def _classes(table: Table, values: dict, bad: list) -> LabelsFile:
-    """Class labels: names (sorted), or class indices where every label is an integer; the
-    table's own class names (``table.classes``, a Hugging Face ``ClassLabel``'s) where it has
-    them."""
-    labels = {p: v[0] for p, v in values.items()}
-    for p in [p for p, v in labels.items() if not v]:
-        bad.append({"path": p, "reason": f"{table.where(p)}: empty label", "kind": "bad_label"})
-        del labels[p]
+def _label_texts(table: Table, rows: np.ndarray):
+    """``(row number, label text)`` of the rows ``rows`` (ascending), in order."""
+    wanted = np.zeros(len(table), bool)
+    wanted[rows] = True
+    at = table.columns.index("label")
+    return ((row, _label_text(c)) for row, c in enumerate(table.column(at)) if wanted[row])
+
+
+def _classes(table: Table, rows: np.ndarray, bad: list) -> LabelsFile:
+    """Class labels of the rows ``rows``: names (sorted), or class indices where every label
+    is an integer; the table's own class names (``table.classes``, a Hugging Face
+    ``ClassLabel``'s) where it has them. Two passes over the label column: its names (a set
+    of them), then each row's index."""
+    names_seen: set[str] = set()
+    integers, count = False, 0
+    for row, v in _label_texts(table, rows):
+        if not v:
+            bad.append({"path": _key(table, row), "reason": f"{table.where(row)}: empty label",
+                        "kind": "bad_label"})
+            continue
+        count += 1
+        integers = integers or _INTEGER.fullmatch(v) is not None
+        names_seen.add(v)
     if table.classes is not None:
         names = list(table.classes)
-    elif any(_INTEGER.fullmatch(v) for v in labels.values()):
-        names = _indices(table, labels, bad)
+    elif integers:
+        names = _indices(table, rows, names_seen)
     else:
-        names = sorted(set(labels.values()))
-        if len(labels) >= 20 and len(names) == len(labels):
+        names = sorted(names_seen)
+        if count >= 20 and len(names) == count:
             log.warning("%s: each of its %d images has a label of its own, so each is a "
                         "class: if the column holds captions or other text, name it after "
                         "what it holds (e.g. caption), and it becomes a text field",
-                        table.what, len(labels))
-    return LabelsFile("class", names, {p: [v] for p, v in labels.items()}, bad, table.lines)
+                        table.what, count)
+    index = {name: k for k, name in enumerate(names)}
+    kept, labels = array.array("q"), array.array("i")
+    for row, v in _label_texts(table, rows):
+        k = index.get(_as_index(v) if integers else v)
+        if k is not None:
+            kept.append(row)
+            labels.append(k)
+        elif v:
+            bad.append({"path": _key(table, row), "kind": "bad_label",
+                        "reason": f"{table.where(row)}: " + (
+                            f"class index {v[:40]} is not below {MAX_CLASSES}" if integers
+                            else f"{v[:40]!r} is not one of its {len(names)} classes")})
+    return LabelsFile("class", names, np.frombuffer(kept, np.int64).copy(),
+                      np.frombuffer(labels, np.int32).copy(), bad=bad)
 
 
-def _indices(table: Table, labels: dict[str, str], bad: list) -> list[str]:
-    """Integer labels as class indices (``labels`` rewritten in place, those too large
-    dropped into ``bad``): the classes ``0..max``.
+def _key(table: Table, row: int) -> str:
+    return table.keys.block(row, row + 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _indices(table: Table, rows: np.ndarray, seen: set[str]) -> list[str]:
+    """Integer labels as class indices: the classes ``0..max`` (those from ``MAX_CLASSES`` on
+    are rows to skip).
 
     Raises:
-        ValueError: a label that is not an integer among them (never a silent reordering).
+        ValueError: a label that is not an integer among them (never a silent reordering),
+            naming its row.
     """
-    odd = next((p for p, v in labels.items() if not _INTEGER.fullmatch(v)), None)
-    if odd is not None:
-        raise ValueError(f"{table.where(odd)}: label {labels[odd][:40]!r} is not a "
-                         f"non-negative integer, while other labels are (class indices): "
-                         f"use one kind of label")
-    for p in [p for p in labels if int(labels[p]) >= MAX_CLASSES]:
-        bad.append({"path": p, "kind": "bad_label",
-                    "reason": f"{table.where(p)}: class index {labels[p][:40]} is not "
-                              f"below {MAX_CLASSES}"})
-        del labels[p]
-    for p, v in labels.items():
-        labels[p] = str(int(v))
-    return [str(i) for i in range(max((int(v) for v in labels.values()), default=-1) + 1)]
+    if not all(_INTEGER.fullmatch(v) for v in seen):
+        row, v = next((r, v) for r, v in _label_texts(table, rows)
+                      if v and not _INTEGER.fullmatch(v))
+        raise ValueError(f"{table.where(row)}: label {v[:40]!r} is not a non-negative "
+                         f"integer, while other labels are (class indices): use one kind of "
+                         f"label")
+    top = max((int(v) for v in map(_as_index, seen) if v), default=-1)
+    return [str(i) for i in range(top + 1)]
 
 
-def _numbers(table: Table, values: dict) -> LabelsFile:
+def _as_index(label: str) -> str:
+    """An integer label as its class index's name ("007": "7"); "" for one of
+    ``MAX_CLASSES`` or more (a row to skip)."""
+    digits = label.lstrip("0") or "0"
+    return digits if len(digits) < 8 and int(digits) < MAX_CLASSES else ""
+
+
+def _numbers(table: Table) -> LabelsFile:
     """Multi-hot (0 and 1 only) or regression targets, each a float32."""
-    parsed, bad = {}, list(table.bad)
-    for p, cells in values.items():
-        where = table.where(p)
-        try:
-            row = [float(c) for c in cells]
-        except ValueError:
-            bad.append({"path": p, "reason": f"{where}: not numbers: {cells[:5]}",
+    good, targets, bad = array.array("q"), array.array("f"), list(table.bad)
+    for row, key, cells, where in table.rows():
+        problem, values = _number_row(cells)
+        if problem is not None:
+            bad.append({"path": key, "reason": f"{where}: {problem}",
                         "kind": "bad_label"})
             continue
-        if not np.isfinite(row).all():
-            bad.append({"path": p, "reason": f"{where}: not a finite number",
-                        "kind": "bad_label"})
-            continue
-        with np.errstate(over="ignore"):
-            fits = np.isfinite(np.asarray(row, np.float32)).all()
-        if not fits:        # stored as float32: 1e39 would be inf, a damaged set
-            bad.append({"path": p, "kind": "bad_label",
-                        "reason": f"{where}: a number beyond float32's range "
-                                  f"(about ±3.4e38)"})
-            continue
-        parsed[p] = row
-    multi = all(v in (0.0, 1.0) for row in parsed.values() for v in row)
-    return LabelsFile("multi_label" if multi else "regression", list(table.columns),
-                      {p: list(map(str, row)) for p, row in parsed.items()}, bad, table.lines)
+        good.append(row)
+        targets.extend(values)
+    rows = np.frombuffer(good, np.int64).copy()
+    matrix = np.frombuffer(targets, np.float32).reshape(len(rows), len(table.columns)).copy()
+    multi = bool(np.isin(matrix, (0.0, 1.0)).all())
+    return LabelsFile("multi_label" if multi else "regression", list(table.columns), rows,
+                      targets=matrix, bad=bad)
 
 
-def samples(labels: LabelsFile, keys: list[str]) -> tuple[Files, np.ndarray | None,
-                                                          FieldValues | None]:
-    """The samples ``keys`` (each in ``labels.values``, in their order): their keys and
-    class labels, their targets (multi-label and regression) and their fields' values."""
+def _number_row(cells: list) -> tuple[str | None, list[float]]:
+    """A row's cells as numbers, or why they are not (a problem's text)."""
+    texts = [_label_text(c) for c in cells]
+    try:
+        row = [float(c) for c in texts]
+    except ValueError:
+        return f"not numbers: {texts[:5]}", []
+    if not np.isfinite(row).all():
+        return "not a finite number", []
+    with np.errstate(over="ignore"):
+        fits = np.isfinite(np.asarray(row, np.float32)).all()
+    if not fits:        # stored as float32: 1e39 would be inf, a damaged set
+        return "a number beyond float32's range (about ±3.4e38)", []
+    return None, row
+
+
+def samples(table: Table, labels: LabelsFile, order: np.ndarray | None = None
+            ) -> tuple[Files, np.ndarray | None, FieldValues | None]:
+    """The rows ``labels`` kept (in ``order``, positions among them, where given): their keys
+    and class labels, their targets (multi-label and regression) and their fields'
+    values."""
     files = Files()
-    if labels.kind == "class":
-        index = {name: k for k, name in enumerate(labels.names)}
-        for p in keys:
-            files.extend([p], index[labels.values[p][0]])
-    else:
-        files.extend(keys, 0)
-    targets = None
-    if labels.kind in ("multi_label", "regression"):
-        targets = np.array([[float(v) for v in labels.values[p]] for p in keys],
-                           np.float32).reshape(len(keys), len(labels.names))
-    values = (FieldValues.of(labels.fields, [labels.field_values[p] for p in keys])
-              if labels.fields else None)
+    label = labels.labels if labels.labels is not None else np.zeros(len(labels.rows),
+                                                                     np.int32)
+    if order is None:
+        keep = np.zeros(len(table), bool)
+        keep[labels.rows] = True
+        at = 0
+        for a in range(0, len(table), Files.BLOCK):
+            keys = table.keys.block(a, a + Files.BLOCK)
+            chosen = [k.decode("utf-8", "surrogateescape")
+                      for k, ok in zip(keys, keep[a:a + Files.BLOCK]) if ok]
+            files.extend(chosen, label[at:at + len(chosen)])
+            at += len(chosen)
+        return files.freeze(), labels.targets, labels.values
+    keys = kept_keys(table, labels)
+    files.extend([keys[k] for k in order.tolist()], label[order])
+    targets = labels.targets[order] if labels.targets is not None else None
+    values = labels.values.take(order) if labels.values is not None else None
     return files.freeze(), targets, values
+
+
+def kept_keys(table: Table, labels: LabelsFile) -> list[str]:
+    """The keys of the rows ``labels`` kept, in their order."""
+    keep = set(labels.rows.tolist())
+    return [k.decode("utf-8", "surrogateescape")
+            for row, k in enumerate(table.keys.iter_from(0)) if row in keep]
 
 
 def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> Scan:
@@ -243,17 +323,19 @@ def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> S
         ValueError: the labels file is not valid (``read_labels``).
     """
     root = source_folder(root)
-    table = read_labels(file, kinds)
+    table, labels = read_labels(file, kinds)
     ignored: dict[str, int] = {}
     present = set(walk_images(root, "", ignored))
-    listed = set(table.values) | {_relative(s["path"]) for s in table.bad}
-    skipped = list(table.bad)
+    keys = kept_keys(table, labels)
+    position = {k: n for n, k in enumerate(keys)}
+    listed = set(keys) | {relative(s["path"]) for s in labels.bad}
+    skipped = list(labels.bad)
     skipped += [{"path": p, "reason": "not in the labels file", "kind": "unlabelled"}
                 for p in sorted(present - listed)]
     skipped += [{"path": p, "reason": "in the labels file, not an image in the source folder",
                  "kind": "missing"}
-                for p in sorted(set(table.values) - present)]
-    paths = sorted(present & set(table.values))
-    files, targets, values = samples(table, paths)
-    return Scan(root, table.names, files, ignored, skipped=skipped, label_kind=table.kind,
+                for p in sorted(set(keys) - present)]
+    order = np.array([position[p] for p in sorted(present & set(keys))], np.int64)
+    files, targets, values = samples(table, labels, order)
+    return Scan(root, labels.names, files, ignored, skipped=skipped, label_kind=labels.kind,
                 targets=targets, values=values)

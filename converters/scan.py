@@ -12,7 +12,9 @@ types are used: no ``stat`` per file (but for links), which a network file syste
 """
 from __future__ import annotations
 
+import array
 import dataclasses
+import itertools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -25,62 +27,107 @@ from tqdm import tqdm
 from fastdata.format import IMAGE_EXTENSIONS
 
 
-class Files(Sequence):
-    """The scan's ``(path relative to root, label)`` pairs, in order, packed in three unlinked
-    temporary files (the paths' bytes, where each ends, the labels) and read back a block at a
-    time, so that a conversion's memory does not grow with the number of files. Sequential
-    reads are what the converter does; ``files[i]`` costs a few reads."""
+class Packed:
+    """Byte strings appended in order and packed in two unlinked temporary files (their bytes,
+    where each ends), read back a block at a time: a list whose memory does not grow with its
+    length. Appends gather in memory and go to the files ``PENDING`` at a time; ``block(a,
+    b)`` costs three reads."""
 
-    BLOCK = 1 << 14         # files a read brings in
+    PENDING = 1 << 12
 
     def __init__(self):
-        self._paths, self._ends, self._labels = (tempfile.TemporaryFile() for _ in range(3))
+        self._bytes, self._ends = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         self._n = self._nbytes = 0
+        self._pending: list[bytes] = []
 
-    def extend(self, paths: list[str], label: int) -> None:
-        blobs = [p.encode("utf-8", "surrogateescape") for p in paths]
-        self._paths.write(b"".join(blobs))
-        ends = np.cumsum([len(b) for b in blobs], dtype=np.int64) + self._nbytes
-        self._ends.write(ends.tobytes())
-        self._labels.write(np.full(len(paths), label, np.int32).tobytes())
-        self._n += len(paths)
-        self._nbytes = int(ends[-1]) if len(paths) else self._nbytes
+    def append(self, blobs: list[bytes]) -> None:
+        self._pending += blobs
+        self._n += len(blobs)
+        if len(self._pending) >= self.PENDING:
+            self.flush()
 
-    def freeze(self) -> Files:
-        """Done adding: read from here on."""
-        for f in (self._paths, self._ends, self._labels):
+    def flush(self) -> Packed:
+        """Write what is pending (before a read)."""
+        if self._pending:
+            self._bytes.write(b"".join(self._pending))
+            self._ends.write(array.array("q", itertools.accumulate(
+                map(len, self._pending), initial=self._nbytes))[1:].tobytes())
+            self._nbytes += sum(map(len, self._pending))
+            self._pending = []
+        for f in (self._bytes, self._ends):
             f.flush()
         return self
 
     def __len__(self) -> int:
         return self._n
 
-    def _block(self, a: int, b: int) -> list[tuple[str, int]]:
-        """Entries ``a`` to ``b - 1``, in three reads."""
+    def block(self, a: int, b: int) -> list[bytes]:
+        """Entries ``a`` to ``b - 1``."""
+        b = min(b, self._n)
         if a >= b:
             return []
+        if self._pending:
+            self.flush()
         ends = np.frombuffer(os.pread(self._ends.fileno(), 8 * (b - a), 8 * a), np.int64)
         start = 0 if a == 0 else int(np.frombuffer(os.pread(self._ends.fileno(), 8,
                                                             8 * (a - 1)), np.int64)[0])
-        blob = os.pread(self._paths.fileno(), int(ends[-1]) - start, start)
-        labels = np.frombuffer(os.pread(self._labels.fileno(), 4 * (b - a), 4 * a), np.int32)
+        blob = os.pread(self._bytes.fileno(), int(ends[-1]) - start, start)
         cuts = [0, *(ends - start).tolist()]
-        return [(blob[cuts[k]:cuts[k + 1]].decode("utf-8", "surrogateescape"), int(label))
-                for k, label in enumerate(labels.tolist())]
+        return [blob[cuts[k]:cuts[k + 1]] for k in range(b - a)]
+
+    def iter_from(self, first: int, block: int = 1 << 14):
+        for a in range(first, self._n, block):
+            yield from self.block(a, a + block)
+
+
+class Files(Sequence):
+    """The scan's ``(path relative to root, label)`` pairs, in order, packed in unlinked
+    temporary files (``Packed`` paths, and the labels) and read back a block at a time, so
+    that a conversion's memory does not grow with the number of files. Sequential reads are
+    what the converter does; ``files[i]`` costs a few reads."""
+
+    BLOCK = 1 << 14         # files a read brings in
+
+    def __init__(self):
+        self._paths, self._labels = Packed(), tempfile.TemporaryFile()
+
+    def extend(self, paths: list[str], label) -> None:
+        """``paths``, each with ``label`` (one for all, or one each)."""
+        self._paths.append([p.encode("utf-8", "surrogateescape") for p in paths])
+        labels = np.broadcast_to(np.asarray(label, np.int32), (len(paths),))
+        self._labels.write(np.ascontiguousarray(labels).tobytes())
+
+    def freeze(self) -> Files:
+        """Done adding: read from here on."""
+        self._paths.flush()
+        self._labels.flush()
+        return self
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def _block(self, a: int, b: int) -> list[tuple[str, int]]:
+        """Entries ``a`` to ``b - 1``."""
+        paths = self._paths.block(a, b)
+        labels = np.frombuffer(os.pread(self._labels.fileno(), 4 * len(paths), 4 * a),
+                               np.int32).tolist()
+        return [(p.decode("utf-8", "surrogateescape"), label)
+                for p, label in zip(paths, labels)]
 
     def __getitem__(self, i):
+        n = len(self)
         if isinstance(i, slice):
-            a, b, step = i.indices(self._n)
+            a, b, step = i.indices(n)
             if step != 1:
-                return self._block(0, self._n)[i]
+                return self._block(0, n)[i]
             return self._block(a, max(a, b))
-        i = range(self._n)[i]
+        i = range(n)[i]
         return self._block(i, i + 1)[0]
 
     def iter_from(self, first: int):
         """The entries from position ``first`` on."""
-        for a in range(first, self._n, self.BLOCK):
-            yield from self._block(a, min(a + self.BLOCK, self._n))
+        for a in range(first, len(self), self.BLOCK):
+            yield from self._block(a, min(a + self.BLOCK, len(self)))
 
     def __iter__(self):
         return self.iter_from(0)
@@ -89,33 +136,51 @@ class Files(Sequence):
 class FieldValues:
     """The fields' values of a scan's files, in the scan's order: one column per field
     (``fastdata.fields.Column``: the packed form a shard stores, not a Python object per
-    value)."""
+    value), memory-mapped from unlinked temporary files as ``FieldValues.build`` writes
+    them."""
 
     def __init__(self, fields: dict, columns: list):
         self.fields, self.columns = dict(fields), columns
 
     @classmethod
-    def of(cls, fields: dict, rows: list[tuple]) -> FieldValues:
+    def build(cls, fields: dict) -> _ValuesBuilder:
+        """A builder: ``add(values)`` a file's parsed values (in ``fields``' order) at a
+        time, ``done()`` the ``FieldValues``."""
+        return _ValuesBuilder(fields)
+
+    @classmethod
+    def of(cls, fields: dict, rows) -> FieldValues:
         """``rows``: each file's parsed values, in ``fields``' order."""
-        return cls(fields, [kind.pack([r[k] for r in rows])
-                            for k, kind in enumerate(fields.values())])
+        builder = cls.build(fields)
+        for r in rows:
+            builder.add(r)
+        return builder.done()
+
+    def __len__(self) -> int:
+        return len(self.columns[0]) if self.columns else 0
 
     def rows(self, a: int, b: int) -> list[tuple]:
         """The values of files ``a`` to ``b - 1``, a tuple per file."""
-        local = np.arange(a, b)
-        columns = [kind.read(c, local) for kind, c in zip(self.fields.values(), self.columns)]
-        return list(zip(*columns)) if columns else [() for _ in local]
+        return self.at(np.arange(a, b))
+
+    def at(self, positions: np.ndarray) -> list[tuple]:
+        """The values of the files at ``positions``, a tuple per file."""
+        columns = [kind.read(c, positions) for kind, c in zip(self.fields.values(),
+                                                              self.columns)]
+        return list(zip(*columns)) if columns else [() for _ in positions]
 
     def iter_from(self, first: int, block: int = 1 << 12):
         """The values of the files from position ``first`` on, a tuple per file."""
-        n = len(self.columns[0]) if self.columns else 0
-        for a in range(first, n, block):
-            yield from self.rows(a, min(n, a + block))
+        for a in range(first, len(self), block):
+            yield from self.rows(a, min(len(self), a + block))
 
-    def take(self, order: np.ndarray) -> FieldValues:
+    def take(self, order: np.ndarray, block: int = 1 << 12) -> FieldValues:
         """These values in the order ``order`` (positions) gives."""
-        rows = self.rows(0, len(self.columns[0]))
-        return FieldValues.of(self.fields, [rows[k] for k in order.tolist()])
+        builder = FieldValues.build(self.fields)
+        for a in range(0, len(order), block):
+            for row in self.at(np.asarray(order[a:a + block])):
+                builder.add(row)
+        return builder.done()
 
     def digest(self) -> bytes:
         """What a conversion's fingerprint takes of them: the kinds and every value."""
@@ -125,10 +190,54 @@ class FieldValues:
 
         h = hashlib.sha256(repr(entries(self.fields)).encode())
         for c in self.columns:
-            h.update(c.values.tobytes())
+            h.update(np.ascontiguousarray(c.values).view(np.uint8).data)
             if c.offsets is not None:
                 h.update(c.offsets.tobytes())
         return h.digest()
+
+
+class _ValuesBuilder:
+    """``FieldValues`` written a file at a time: each field's values packed as its shard
+    column holds them (an array a value, or bytes and where each ends) into unlinked
+    temporary files, memory-mapped when done."""
+
+    def __init__(self, fields: dict):
+        self.fields = dict(fields)
+        self.files = [(tempfile.TemporaryFile(), None if kind.fixed else Packed())
+                      for kind in self.fields.values()]
+        self.n = 0
+
+    def add(self, values: tuple) -> None:
+        for kind, value, (f, packed) in zip(self.fields.values(), values, self.files):
+            if packed is None:
+                f.write(np.asarray(value, kind.dtype).reshape(kind.shape).tobytes())
+            else:
+                packed.append([kind.to_bytes(value)])
+        self.n += 1
+
+    def done(self) -> FieldValues:
+        from fastdata.fields import Column
+
+        columns = []
+        for kind, (f, packed) in zip(self.fields.values(), self.files):
+            if packed is None:
+                columns.append(Column(_mapped(f, kind.dtype, (self.n, *kind.shape))))
+                continue
+            packed.flush()
+            ends = _mapped(packed._ends, np.dtype(np.int64), (self.n,))
+            columns.append(Column(_mapped(packed._bytes, np.dtype(np.uint8),
+                                          (int(ends[-1]) if self.n else 0,)),
+                                  np.concatenate([np.zeros(1, np.int64), ends])))
+        return FieldValues(self.fields, columns)
+
+
+def _mapped(f, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """The temporary file ``f``'s values as a read-only array of ``shape`` (mapped, so that
+    they take no memory of their own)."""
+    f.flush()
+    if not int(np.prod(shape)) or not dtype.itemsize:
+        return np.zeros(shape, dtype)
+    return np.memmap(f, dtype=dtype, mode="r", shape=shape)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from fastdata._optional import require
+from fastdata.converters.scan import Packed
 from fastdata.converters.units import read_limited
 
 #: a labels file larger than this is refused before it is parsed
@@ -25,14 +26,15 @@ FORMATS = {".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
 
 @dataclass
 class Table:
-    """A labels file's rows by image: ``rows[path]`` the cells of ``columns`` (CSV: strings;
-    JSON Lines and parquet: JSON values), ``lines[path]`` where the row is (a line, or a parquet
-    row from 1); ``bad``: rows that name no usable image, as skipped entries."""
+    """A table of rows by key (a labels file's image paths, a source's samples): ``add`` a
+    row at a time; its keys, cells (CSV: strings; JSON Lines, parquet, a source: JSON values)
+    and places (``line``: where a row is, for messages) are packed in temporary files
+    (``fastdata.converters.scan.Packed``), read back a block at a time, so that a table's
+    memory does not grow with its rows. ``bad``: rows that name no usable image, as skipped
+    entries."""
 
     file: str
     columns: list[str]
-    rows: dict[str, list] = field(default_factory=dict)
-    lines: dict[str, int | str] = field(default_factory=dict)
     bad: list[dict] = field(default_factory=list)
     #: what a row's place is called in messages ("line", "row", or "sample")
     unit: str = "line"
@@ -48,11 +50,60 @@ class Table:
 
     def __post_init__(self):
         self.what = self.what or f"labels file {os.path.basename(self.file)}"
+        self.keys, self.places = Packed(), Packed()
+        self.cells = [Packed() for _ in self.columns]
 
-    def where(self, path: str, column: str | None = None) -> str:
-        """A row (and column) of the file, for a message."""
-        at = " ".join(filter(None, (self.what, self.unit, str(self.lines[path]))))
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, key: str, cells, place) -> None:
+        """The row ``key`` (``cells``: one per column) found at ``place``."""
+        self.keys.append([key.encode("utf-8", "surrogateescape")])
+        self.places.append([str(place).encode("utf-8", "surrogateescape")])
+        for column, cell in zip(self.cells, cells):
+            column.append([encode_cell(cell)])
+
+    def rows(self, block: int = 1 << 12):
+        """``(row number, key, cells, where)`` of each row, in order (``where``: the row, for
+        a message)."""
+        for a in range(0, len(self), block):
+            keys = [k.decode("utf-8", "surrogateescape") for k in self.keys.block(a, a + block)]
+            places = self.places.block(a, a + block)
+            columns = [list(map(decode_cell, c.block(a, a + block))) for c in self.cells]
+            for k, key in enumerate(keys):
+                yield a + k, key, [c[k] for c in columns], self._at(places[k])
+
+    def column(self, k: int):
+        """Column ``k``'s cells, in order (a fresh pass each call)."""
+        return map(decode_cell, self.cells[k].iter_from(0))
+
+    def where(self, row: int, column: str | None = None) -> str:
+        """Row number ``row`` (and a column) of the table, for a message."""
+        at = self._at(self.places.block(row, row + 1)[0])
         return at if column is None else f"{at}, column {column}"
+
+    def _at(self, place: bytes) -> str:
+        return " ".join(filter(None, (self.what, self.unit,
+                                      place.decode("utf-8", "surrogateescape"))))
+
+
+def encode_cell(cell) -> bytes:
+    """A cell as ``Table`` packs it: a string as its UTF-8 bytes, none as nothing, any other
+    JSON value as JSON, a first byte telling which."""
+    if isinstance(cell, str):
+        return b"s" + cell.encode("utf-8", "surrogatepass")
+    if cell is None:
+        return b"n"
+    return b"j" + json.dumps(cell, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def decode_cell(data: bytes):
+    """``encode_cell``'s cell back."""
+    tag = data[:1]
+    if tag == b"n":
+        return None
+    text = data[1:].decode("utf-8", "surrogatepass")
+    return text if tag == b"s" else json.loads(text)
 
 
 def relative(path) -> str | None:
@@ -90,13 +141,15 @@ def read_table(file: str) -> Table:
                          f"once, not {header[:6]}")
     at = header.index(paths[0])
     table = Table(file, [c for c in header if c != paths[0]], unit=unit)
+    seen: set[str] = set()
     for line, row in records:
-        _add(table, line, row, at)
+        _add(table, line, row, at, seen)
     return table
 
 
-def _add(table: Table, line: int, row: list | None, at: int) -> None:
-    """One record into ``table`` (``row`` None: one that does not fit the header)."""
+def _add(table: Table, line: int, row: list | None, at: int, seen: set[str]) -> None:
+    """One record into ``table`` (``row`` None: one that does not fit the header; ``seen``:
+    the paths of the rows before it)."""
     where = f"labels file {os.path.basename(table.file)} {table.unit} {line}"
     if row is None or len(row) != len(table.columns) + 1:
         shown = row[at] if row and len(row) > at else f"{table.unit} {line}"
@@ -108,12 +161,12 @@ def _add(table: Table, line: int, row: list | None, at: int) -> None:
     if path is None:
         table.bad.append({"path": str(row[at]), "kind": "bad_label",
                           "reason": f"{where}: not a path inside the source folder"})
-    elif path in table.rows:
+    elif path in seen:
         table.bad.append({"path": str(row[at]), "kind": "note",
                           "reason": f"{where}: listed again (the first row counts)"})
     else:
-        table.rows[path] = [c for k, c in enumerate(row) if k != at]
-        table.lines[path] = line
+        seen.add(path)
+        table.add(path, [c for k, c in enumerate(row) if k != at], line)
 
 
 def _csv(file: str, data: bytes) -> tuple[list[str], list, str]:

@@ -159,7 +159,7 @@ def _names(feature: dict) -> list[str]:
     return [str(n) for n in names] if isinstance(names, list) and names else []
 
 
-def add_rows(table: Table, columns: dict[str, list], keys: list[str], lines: list,
+def add_rows(table: Table, columns: dict[str, list], keys: list[str], places: list,
              class_names: dict[str, list[str]]) -> None:
     """Rows into ``table``: ``columns[name]`` the cells of the source's column ``name`` (a
     ``ClassLabel``'s indices turned into their names, an index out of range into no label),
@@ -167,8 +167,7 @@ def add_rows(table: Table, columns: dict[str, list], keys: list[str], lines: lis
     ordered = [[_named(c, class_names[name]) for c in columns[name]] if name in class_names
                else columns[name] for name in table.sources]
     for k, key in enumerate(keys):
-        table.rows[key] = [col[k] for col in ordered]
-        table.lines[key] = lines[k]
+        table.add(key, [col[k] for col in ordered], places[k])
 
 
 def _named(cell, names: list[str]):

@@ -16,6 +16,7 @@ and uncompressed), which it reads itself.
 """
 from __future__ import annotations
 
+import array
 import json
 import os
 from collections.abc import Iterator
@@ -123,7 +124,7 @@ class HFSource(Source):
         return None
 
     def _scan(self, pieces: list[Piece], features: dict, progress: bool) -> Scan:
-        locations: list[tuple[int, int, int]] = []
+        locations = array.array("q")       # each row's file, and its image's bytes
         table: Any = None
         class_names: Any = None
         image: Any = None
@@ -145,21 +146,20 @@ class HFSource(Source):
                                                            "dataset", piece.where)
                 elif batch.schema.names != schema.names:
                     raise ValueError(f"{piece.shown}: its columns differ from the first file's")
-                locations += _add_batch(batch, base, piece, number, row, table,
-                                        class_names, image)
+                for place in _add_batch(batch, base, piece, number, row, table, class_names,
+                                        image):
+                    locations.extend(place)
                 row += batch.num_rows
             bar.update(piece.size)
         bar.close()
         if table is None:
             raise ConversionError(f"{self.src}: the dataset has no rows")
         labels = labels_of(table, self.options["fields"])
-        where = dict(zip(table.rows, locations))
-        keys = [k for k in table.rows if k in labels.values]
-        if not keys:
+        if not len(labels.rows):
             raise ConversionError(f"no usable row in {self.src} ({len(labels.bad)} left out, "
                                   f"e.g. {labels.bad[:1]})")
-        files, targets, values = samples(labels, keys)
-        at = np.array([where[k] for k in keys], np.int64).reshape(-1, 3)
+        files, targets, values = samples(table, labels)
+        at = np.frombuffer(locations, np.int64).reshape(-1, 3)[labels.rows]
         return Scan(os.path.abspath(self.src), labels.names, files, skipped=labels.bad,
                     label_kind=labels.kind, targets=targets, values=values,
                     images=ArrowImages(pieces, at[:, 0], at[:, 1], at[:, 2]))

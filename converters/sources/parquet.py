@@ -19,6 +19,7 @@ is refused naming both.
 """
 from __future__ import annotations
 
+import array
 import os
 import re
 from collections.abc import Iterator
@@ -188,51 +189,55 @@ class ParquetSource(Source):
         image = arrow.image_column(schema, features, self.options["image_column"],
                                    pieces[0].shown)
         table, class_names = arrow.label_table(schema, image, features, "parquet", self.src)
-        locations: list[tuple[int, int, int]] = []
+        locations = array.array("q")       # each row's file, row group and row
+        seen: set[str] = set()              # the paths of a path column, so far
         bar = tqdm(total=sum(p.size for p in pieces), unit="B", unit_scale=True,
                    desc="index parquet", disable=not progress, dynamic_ncols=True)
         for number, piece in enumerate(pieces):
             file = first if number == 0 else open_parquet(piece)
             _same_columns(file.schema_arrow, schema, piece, pieces[0])
+            start = 0
             for group in range(file.num_row_groups):
-                locations += _index_group(file, piece, number, group, table, class_names,
-                                          image)
+                for place in _index_group(file, piece, (number, group, start), table,
+                                          class_names, image, seen):
+                    locations.extend(place)
+                start += file.metadata.row_group(group).num_rows
             bar.update(piece.size)
         bar.close()
         return self._scan(pieces, table, image, locations)
 
     def _scan(self, pieces: list[Piece], table, image, locations) -> Scan:
         labels = labels_of(table, self.options["fields"])
-        where = {key: loc for key, loc in zip(table.rows, locations)}
-        keys = [k for k in table.rows if k in labels.values]
-        if not keys:
+        if not len(labels.rows):
             raise ConversionError(f"no usable row in {self.src} ({len(labels.bad)} left out, "
                                   f"e.g. {labels.bad[:1]})")
-        files, targets, values = samples(labels, keys)
+        files, targets, values = samples(table, labels)
         if image.form == "path":
             return Scan(_folder(self.src), labels.names, files, skipped=labels.bad,
                         label_kind=labels.kind, targets=targets, values=values)
-        at = np.array([where[k] for k in keys], np.int64).reshape(-1, 3)
+        at = np.frombuffer(locations, np.int64).reshape(-1, 3)[labels.rows]
         return Scan(self.src, labels.names, files, skipped=labels.bad, label_kind=labels.kind,
                     targets=targets, values=values,
                     images=ParquetImages(pieces, at[:, 0], at[:, 1], at[:, 2], image.name,
                                          image.form))
 
 
-def _index_group(file, piece: Piece, number: int, group: int, table, class_names,
-                 image) -> list[tuple[int, int, int]]:
-    """The rows of one row group into ``table`` (their other columns; a path column's paths
-    as their keys); returns their places ``(file, group, row)``."""
-    start = sum(file.metadata.row_group(g).num_rows for g in range(group))
+def _index_group(file, piece: Piece, at: tuple[int, int, int], table, class_names, image,
+                 seen: set[str]) -> list[tuple[int, int, int]]:
+    """The rows of one row group (``at``: the file's number, the group's, its first row's in
+    the file) into ``table`` (their other columns; a path column's paths as their keys,
+    ``seen`` those of the rows before); returns their places ``(file, group, row)``."""
+    number, group, start = at
     columns = table.sources + ([image.name] if image.form == "path" else [])
     data = file.read_row_group(group, columns=columns, use_threads=False)
     cells = {name: data.column(name).to_pylist() for name in columns}
-    rows = range(data.num_rows)
+    good, keys = list(range(data.num_rows)), [f"{piece.name}/{start + r}"
+                                             for r in range(data.num_rows)]
     if image.form == "path":
-        good, keys, taken = [], [], set(table.rows)
-        for r, path in zip(rows, cells[image.name]):
+        good, keys = [], []
+        for r, path in enumerate(cells[image.name]):
             key = relative(path)
-            if key is None or key in taken:
+            if key is None or key in seen:
                 table.bad.append({"path": f"{piece.name}/{start + r}", "kind": "bad_label",
                                   "reason": f"parquet {piece.name} row {start + r}: "
                                             f"{str(path)[:80]!r} is " +
@@ -241,9 +246,7 @@ def _index_group(file, piece: Piece, number: int, group: int, table, class_names
                 continue
             good.append(r)
             keys.append(key)
-            taken.add(key)
-    else:
-        good, keys = list(rows), [f"{piece.name}/{start + r}" for r in rows]
+            seen.add(key)
     arrow.add_rows(table, {n: [cells[n][r] for r in good] for n in table.sources}, keys,
                    [f"{piece.name} row {start + r}" for r in good], class_names)
     return [(number, group, r) for r in good]

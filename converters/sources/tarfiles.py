@@ -55,7 +55,7 @@ def _checked(block: bytes, where: str) -> None:
     """Refuse a header whose checksum (the sum of its bytes, the checksum's own as spaces)
     is not the one it holds."""
     stored = _number(block[148:156], where)
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    unsigned = sum(block) - sum(block[148:156]) + 8 * 32
     if stored == unsigned:
         return
     high = block[:148] + block[156:]        # some writers sum the bytes as signed

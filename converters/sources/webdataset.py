@@ -22,6 +22,7 @@ manifest.
 """
 from __future__ import annotations
 
+import array
 import io
 import posixpath
 from collections.abc import Iterator
@@ -144,24 +145,23 @@ class TarSource(Source):
         pieces = find(self.src, SUFFIXES, "tar files")
         given = dict(self.options["fields"] or {})
         kinds = {**{ext: k for ext, k in KINDS.items() if ext != "cls"}, **given}
-        index = _Index(kinds)
+        index = _Index(kinds, self.src)
         bar = tqdm(total=sum(p.size for p in pieces), unit="B", unit_scale=True,
                    desc="index tars", disable=not progress, dynamic_ncols=True)
         for k, piece in enumerate(pieces):
             index.add(piece, k)
             bar.update(piece.size)
         bar.close()
-        table = index.table(self.src)
+        table = index.done()
         labels = labels_of(table, {c: kinds[c] for c in table.columns if c in kinds})
-        keys = [key for key in index.order if key in labels.values]
-        if not keys:
+        if not len(labels.rows):
             left = index.skipped + labels.bad
             raise ConversionError(f"no sample with an image in {self.src} (" + (
                 f"{len(left)} left out, e.g. {left[0]['path']}: {left[0]['reason']}" if left
                 else "; ".join(f"{n} {why}" for why, n in index.ignored.items())
                 or "it holds no member") + ")")
-        at = np.array([index.where[key] for key in keys], np.int64).reshape(-1, 3)
-        files, targets, values = samples(labels, keys)
+        at = index.places()[labels.rows]
+        files, targets, values = samples(table, labels)
         return Scan(self.src, labels.names, files, index.ignored,
                     skipped=index.skipped + labels.bad, label_kind=labels.kind,
                     targets=targets, values=values,
@@ -169,14 +169,16 @@ class TarSource(Source):
 
 
 class _Index:
-    """The samples of a source's tars as their headers and small members say, in order."""
+    """The samples of a source's tars as their headers and small members say, in order: a
+    table of their small members (``cls`` as the ``label`` column, each field's extension a
+    column of its own) and where each image is, packed as they come."""
 
-    def __init__(self, kinds: dict[str, str]):
+    def __init__(self, kinds: dict[str, str], src: str):
+        self.exts = ["cls", *kinds]
         self.kinds = kinds
-        self.order: list[str] = []                 # keys with an image, in order
-        self.where: dict[str, tuple[int, int, int]] = {}    # key -> (tar, offset, size)
-        self.cells: dict[str, dict[str, str]] = {}
-        self.columns: list[str] = []
+        self.table = Table(src, ["label", *kinds], unit="sample", what="webdataset")
+        self.where = array.array("q")           # each sample's tar, offset, size
+        self.seen_columns: set[str] = set()     # the extensions some sample has
         self.skipped: list[dict] = []
         self.ignored: dict[str, int] = {}
 
@@ -261,24 +263,22 @@ class _Index:
         if sample.problem is None and sample.image is None:
             sample.problem = (f"no image member ({', '.join(sorted(IMAGE_EXTS))}) among its "
                               f"{len(sample.cells)} member{'s' if len(sample.cells) != 1 else ''}")
-        if sample.problem is not None or key in self.where:
-            self.skipped.append({"path": key, "kind": "unreadable",
-                                 "reason": sample.problem or "its key again"})
+        if sample.problem is not None:
+            self.skipped.append({"path": key, "kind": "unreadable", "reason": sample.problem})
             return
         assert sample.image is not None
-        self.order.append(key)
-        self.where[key] = (number, sample.image.offset, sample.image.size)
-        self.cells[key] = sample.cells
-        self.columns += [c for c in sample.cells if c not in self.columns]
+        self.table.add(key, [sample.cells.get(ext) for ext in self.exts], key)
+        self.where.extend((number, sample.image.offset, sample.image.size))
+        self.seen_columns.update(sample.cells)
 
-    def table(self, src: str) -> Table:
-        """The samples' small members as a table: ``cls`` as the ``label`` column, each other
-        extension a column of its own."""
-        columns = sorted(self.columns, key=lambda c: (c != "cls", self.columns.index(c)))
-        table = Table(src, ["label" if c == "cls" else c for c in columns], unit="sample",
-                      what="webdataset")
-        for key in self.order:
-            cells = self.cells[key]
-            table.rows[key] = [cells.get(c) for c in columns]
-            table.lines[key] = key
-        return table
+    def done(self) -> Table:
+        """The table, without the columns no sample has (a tar without ``cls``: no label)."""
+        for ext in reversed(self.exts):
+            if ext not in self.seen_columns:
+                k = self.exts.index(ext)
+                del self.exts[k], self.table.columns[k], self.table.cells[k]
+        return self.table
+
+    def places(self) -> np.ndarray:
+        """Where each sample's image is: ``(tar, offset, size)`` rows."""
+        return np.frombuffer(self.where, np.int64).reshape(-1, 3)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable
 
 from fastdata.fields.base import FIELDS, FieldKind, field_of
 
@@ -50,8 +51,40 @@ def _numbers(values) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
-def infer(name: str, cells: Sequence) -> FieldKind:
-    """The kind of column ``name`` whose values are ``cells`` (CSV strings or JSON values).
+class _Stats:
+    """What one pass over a column's cells finds: how many are objects, lists, numbers; of
+    the lists, whether all are of numbers, of integers, their lengths and the integers'
+    range; the first list (its shape)."""
+
+    def __init__(self, cells: Iterable):
+        self.n = self.dicts = self.lists = self.numbers = 0
+        self.numeric = self.integers = True
+        self.lengths: Counter = Counter()
+        self.lo = self.hi = 0
+        self.first: list | None = None
+        for cell in cells:
+            self._see(_json(cell))
+
+    def _see(self, v) -> None:
+        self.n += 1
+        if isinstance(v, dict):
+            self.dicts += 1
+        elif isinstance(v, list):
+            self.lists += 1
+            self.first = v if self.first is None else self.first
+            self.lengths[len(v)] += 1
+            self.numeric = self.numeric and _numbers(v)
+            ints = [x for x in v if isinstance(x, int)]
+            self.integers = self.integers and len(ints) == len(v)
+            if ints:
+                self.lo, self.hi = min(self.lo, *ints), max(self.hi, *ints)
+        elif _number(v):
+            self.numbers += 1
+
+
+def infer(name: str, cells: Iterable) -> FieldKind:
+    """The kind of column ``name`` whose values are ``cells`` (CSV strings or JSON values;
+    any iterable that can be read more than once: a pass or two over it, none held).
 
     Returns:
         The field kind, with its parameters (a class field's names, an array's shape).
@@ -61,21 +94,21 @@ def infer(name: str, cells: Sequence) -> FieldKind:
     """
     if name.strip().lower() in CLASS_COLUMNS and all(isinstance(c, (str, int)) for c in cells):
         return _classes(cells)
-    values = [_json(c) for c in cells]
-    if not values:
+    stats = _Stats(cells)
+    if not stats.n:
         return field_of("text")
-    if all(isinstance(v, dict) for v in values):
+    if stats.dicts == stats.n:
         return field_of("json")
-    if all(isinstance(v, list) for v in values):
-        return _lists(values)
-    if _most(map(_number, values), len(values)):     # the others are rows to skip
+    if stats.lists == stats.n:
+        return _lists(stats)
+    if _most(stats.numbers, stats.n):       # the others are rows to skip
         return field_of("float")
     return field_of("text")
 
 
-def _most(flags, n: int) -> bool:
-    """Whether more than half of ``n`` flags are true."""
-    return 2 * sum(flags) > n
+def _most(count: int, n: int) -> bool:
+    """Whether ``count`` is more than half of ``n``."""
+    return 2 * count > n
 
 
 def _number(v) -> bool:
@@ -85,33 +118,30 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _lists(values: list[list]) -> FieldKind:
+def _lists(stats: _Stats) -> FieldKind:
     """Lists: of numbers of one length an array, of integers tokens, any others json."""
-    if not all(_numbers(v) for v in values):
+    if not stats.numeric:
         return field_of("json")
-    lengths = [len(v) for v in values]
-    common = max(set(lengths), key=lengths.count)
-    if common and (len(set(lengths)) == 1 or _most((n == common for n in lengths), len(values))
-                   and not all(isinstance(x, int) for v in values for x in v)):
+    common, count = max(stats.lengths.items(), key=lambda kv: (kv[1], -kv[0]))
+    if common and (len(stats.lengths) == 1 or _most(count, stats.n) and not stats.integers):
         return field_of("array", shape=[common], dtype="float32")
-    if all(isinstance(x, int) for v in values for x in v):
-        return field_of("tokens", dtype=_token_dtype(values))
+    if stats.integers:
+        return field_of("tokens", dtype=_token_dtype(stats.lo, stats.hi))
     return field_of("json")
 
 
-def _token_dtype(values: list) -> str:
-    """The smallest of the tokens kind's dtypes that holds every integer of ``values``."""
-    flat = [x for v in values for x in v if isinstance(x, int)]
-    lo, hi = min(flat, default=0), max(flat, default=0)
+def _token_dtype(lo: int, hi: int) -> str:
+    """The smallest of the tokens kind's dtypes that holds every integer from ``lo`` to
+    ``hi``."""
     if lo >= 0 and hi < 1 << 16:
         return "uint16"
     return "int32" if -(1 << 31) <= lo and hi < 1 << 31 else "int64"
 
 
-def kind_named(kind: str, cells: Sequence) -> FieldKind:
+def kind_named(kind: str, cells: Iterable) -> FieldKind:
     """The kind ``kind`` (a ``--field NAME=KIND``'s) with the parameters its column's
-    ``cells`` imply: a class or multilabel field's names (sorted), a float vector's length, an
-    array's shape, the tokens' dtype.
+    ``cells`` imply (one pass over them): a class or multilabel field's names (sorted), a
+    float vector's length, an array's shape, the tokens' dtype.
 
     Raises:
         ValueError: an unknown kind (naming the kinds), or cells that imply no parameters
@@ -119,22 +149,31 @@ def kind_named(kind: str, cells: Sequence) -> FieldKind:
     """
     if kind == "class":
         return _classes(cells)
-    values = [_json(c) for c in cells]
     if kind == "multilabel":
-        return field_of("multilabel", classes=sorted(_names_in(values)))
-    lists = [v for v in values if isinstance(v, list)]
+        return field_of("multilabel", classes=sorted(_names_in(map(_json, cells))))
     if kind == "float":
-        if not lists and values and all(isinstance(v, str) and len(v.split()) > 1
-                                        for v in values):
-            lists = [v.split() for v in values]
-        return field_of("float", length=len(lists[0])) if lists else field_of("float")
+        return _floats(cells)
+    stats = _Stats(cells)
     if kind == "array":
-        if not lists:
+        if stats.first is None:
             raise ValueError("an array field needs JSON arrays of numbers in its column")
-        return field_of("array", shape=list(_shape(lists[0])), dtype="float32")
+        return field_of("array", shape=list(_shape(stats.first)), dtype="float32")
     if kind == "tokens":
-        return field_of("tokens", dtype=_token_dtype(lists))
+        return field_of("tokens", dtype=_token_dtype(stats.lo, stats.hi))
     return field_of(kind)
+
+
+def _floats(cells: Iterable) -> FieldKind:
+    """A float field: of the first list's length where the cells are lists (or strings of
+    several numbers, all of them), else a scalar."""
+    first, words = None, None
+    for v in map(_json, cells):
+        if isinstance(v, list):
+            return field_of("float", length=len(v))
+        if words is not False:
+            words = isinstance(v, str) and len(v.split()) > 1
+            first = v.split() if words and first is None else first
+    return field_of("float", length=len(first)) if words and first else field_of("float")
 
 
 def _names_in(values) -> set[str]:
@@ -161,11 +200,11 @@ def _shape(value) -> tuple[int, ...]:
 def _classes(cells) -> FieldKind:
     """A class column's kind: non-negative integers are class indices (``0..max``, so that a
     label is its index); any other values are names, sorted."""
-    names = [str(c).strip() for c in cells]
+    names = {str(c).strip() for c in cells}
     if names and all(_INTEGER.fullmatch(n) for n in names):
-        top = max(map(int, names))
+        top = max(int(n) if len(n.lstrip("0")) < 8 else MAX_CLASSES for n in names)
         if top >= MAX_CLASSES:
-            raise ValueError(f"a class index of {top}: integer labels are class indices "
-                             f"0..{MAX_CLASSES - 1}; give class names instead")
+            raise ValueError(f"a class index of {MAX_CLASSES:,} or more: integer labels are "
+                             f"class indices 0..{MAX_CLASSES - 1}; give class names instead")
         return field_of("class", classes=[str(k) for k in range(top + 1)])
-    return field_of("class", classes=sorted(set(names)))
+    return field_of("class", classes=sorted(names))
