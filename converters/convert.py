@@ -284,8 +284,9 @@ def _shuffled(scan: Scan, shuffle: bool) -> Scan:
         return scan
     if scan.images is not None and not scan.images.random_access:
         raise ValueError(f"--shuffle writes the samples in a drawn order, and {scan.root} is "
-                         f"read in its own order (a parquet file a row group at a time): "
-                         f"convert it in order and read it with Loader(shuffle=True)")
+                         f"read in its own order (a parquet file a row group at a time, a "
+                         f"compressed tar or one in a store from its start): convert it in "
+                         f"order and read it with Loader(shuffle=True)")
     return scan.shuffled()
 
 

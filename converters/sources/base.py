@@ -60,8 +60,10 @@ class Indexed(Images):
     ``(a[k], b[k])`` (a byte offset and size, a row group and row: the subclass's own).
     Subclasses give ``read``: what runs of samples in one piece are handed as."""
 
-    #: whether ``take`` (a shuffled conversion) reads the images fast (random access)
-    random_access: ClassVar[bool] = True
+    @property
+    def random_access(self) -> bool:
+        """Whether the images can be read in any order (``take``: a shuffled conversion)."""
+        return True
 
     def __init__(self, pieces: list[Piece], piece: np.ndarray, a: np.ndarray, b: np.ndarray):
         self.pieces = pieces

@@ -109,7 +109,10 @@ def open_parquet(piece: Piece):
 class ParquetImages(Indexed):
     """A parquet source's images: ``(a, b)`` a row group and a row in it."""
 
-    random_access = False
+    @property
+    def random_access(self) -> bool:
+        """No: a row group is read a few rows at a time, in order."""
+        return False
 
     def __init__(self, pieces, piece, a, b, column: str, form: str):
         super().__init__(pieces, piece, a, b)

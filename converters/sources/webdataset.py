@@ -91,6 +91,12 @@ def _npy(data: bytes, m: Member, sample: _Sample):
 class TarImages(Indexed):
     """A tar source's images: ``(a, b)`` a member's data offset and size in its tar."""
 
+    @property
+    def random_access(self) -> bool:
+        """Tars on disk, uncompressed: a shuffled conversion reads each image where it is
+        (a compressed tar or one in a store is read in order)."""
+        return not any(p.remote or p.compressed for p in self.pieces)
+
     def read(self, piece: Piece, a: np.ndarray, b: np.ndarray) -> Iterator:
         if not piece.remote and not piece.compressed:
             for off, size in zip(a.tolist(), b.tolist()):
@@ -105,7 +111,7 @@ class TarImages(Indexed):
         yield from _windows(piece, a.tolist(), b.tolist())
 
 
-def _windows(piece: Piece, offsets: list[int], sizes: list[int]) -> Iterator[bytes]:
+def _windows(piece: Piece, offsets: list[int], sizes: list[int]) -> Iterator[memoryview]:
     """Members of a tar in a store, read a byte range of up to ``WINDOW_BYTES`` at a time
     (one request for many small members; the run's offsets ascend)."""
     k = 0
@@ -118,7 +124,7 @@ def _windows(piece: Piece, offsets: list[int], sizes: list[int]) -> Iterator[byt
         data = memoryview(piece.read(start, max(o + s for o, s in zip(offsets[k:stop],
                                                                       sizes[k:stop]))))
         for off, size in zip(offsets[k:stop], sizes[k:stop]):
-            yield bytes(data[off - start:off - start + size])
+            yield data[off - start:off - start + size]
         k = stop
 
 

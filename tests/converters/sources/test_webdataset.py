@@ -150,3 +150,20 @@ def test_a_missing_tar_of_a_pattern_is_named(tmp_path):
 
 def test_a_killed_tar_conversion_resumes_into_the_uninterrupted_one(tmp_path):
     killed_then_resumed(_tar(tmp_path / "t.tar", _samples(24)), tmp_path)
+
+
+def test_a_shuffled_conversion_reads_a_tar_on_disk_in_its_drawn_order(tmp_path):
+    """A tar on disk is read where each image lies, in any order; a compressed one only in
+    its own (refused with --shuffle, naming why)."""
+    tar = _tar(tmp_path / "t.tar", _samples(12))
+    m = convert(tar, str(tmp_path / "s"), sizes=[8], progress=False, shuffle=True)
+    convert(tar, str(tmp_path / "p"), sizes=[8], progress=False)
+    plain, drawn = fastdata.open(str(tmp_path / "p")), fastdata.open(str(tmp_path / "s"))
+    by_caption = {plain[i]["txt"]: plain[i]["image"].tobytes() for i in range(len(plain))}
+    order = [drawn[i]["txt"] for i in range(len(drawn))]
+    assert m["shuffle"] and sorted(order) == sorted(by_caption) and order != sorted(order)
+    assert all(drawn[i]["image"].tobytes() == by_caption[order[i]] for i in range(len(drawn)))
+    (tmp_path / "t.tar.gz").write_bytes(gzip.compress(open(tar, "rb").read()))
+    with pytest.raises(ValueError, match="a compressed tar or one in a store from its start"):
+        convert(str(tmp_path / "t.tar.gz"), str(tmp_path / "g"), sizes=[8], progress=False,
+                shuffle=True)
