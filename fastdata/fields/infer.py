@@ -54,14 +54,13 @@ def _numbers(values) -> bool:
 class _Stats:
     """What one pass over a column's cells finds: how many are objects, lists, numbers; of
     the lists, whether all are of numbers, of integers, their lengths and the integers'
-    range; the first list (its shape)."""
+    range."""
 
     def __init__(self, cells: Iterable):
         self.n = self.dicts = self.lists = self.numbers = 0
         self.numeric = self.integers = True
         self.lengths: Counter = Counter()
         self.lo = self.hi = 0
-        self.first: list | None = None
         for cell in cells:
             self._see(_json(cell))
 
@@ -71,7 +70,6 @@ class _Stats:
             self.dicts += 1
         elif isinstance(v, list):
             self.lists += 1
-            self.first = v if self.first is None else self.first
             self.lengths[len(v)] += 1
             self.numeric = self.numeric and _numbers(v)
             ints = [x for x in v if isinstance(x, int)]
@@ -153,12 +151,13 @@ def kind_named(kind: str, cells: Iterable) -> FieldKind:
         return field_of("multilabel", classes=sorted(_names_in(map(_json, cells))))
     if kind == "float":
         return _floats(cells)
-    stats = _Stats(cells)
     if kind == "array":
-        if stats.first is None:
+        first = next((v for v in map(_json, cells) if isinstance(v, list)), None)
+        if first is None:
             raise ValueError("an array field needs JSON arrays of numbers in its column")
-        return field_of("array", shape=list(_shape(stats.first)), dtype="float32")
+        return field_of("array", shape=list(_shape(first)), dtype="float32")
     if kind == "tokens":
+        stats = _Stats(cells)
         return field_of("tokens", dtype=_token_dtype(stats.lo, stats.hi))
     return field_of(kind)
 
