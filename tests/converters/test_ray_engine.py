@@ -172,11 +172,9 @@ def _options(options: dict) -> list[str]:
         + (["--split", options["split"]] if "split" in options else [])
 
 
-@pytest.mark.parametrize("form", ["tars", "tar.gz", "parquet", "hf", "hub"])
-def test_a_source_on_ray_is_the_local_conversion_byte_for_byte(cluster, forms, form, tmp_path):
-    """Each task reads its range's part of the source's files (a tar's byte range, a
-    parquet file's row groups, an Arrow file's cells): the local engine's shards."""
-    src, options = forms[form]
+def _local_and_ray_alike(src: str, options: dict, cluster: str, tmp_path) -> None:
+    """``src`` converted by the local engine and on the cluster: the same manifest and the
+    same shards, byte for byte."""
     local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
                     num_workers=1, progress=False, **options)
     r = _ray_convert(src, tmp_path / "ray", cluster, *_options(options))
@@ -188,22 +186,21 @@ def test_a_source_on_ray_is_the_local_conversion_byte_for_byte(cluster, forms, f
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
 
 
+@pytest.mark.parametrize("form", ["tars", "tar.gz", "parquet", "hf", "hub"])
+def test_a_source_on_ray_is_the_local_conversion_byte_for_byte(cluster, forms, form, tmp_path):
+    """Each task reads its range's part of the source's files (a tar's byte range, a
+    parquet file's row groups, an Arrow file's cells): the local engine's shards."""
+    _local_and_ray_alike(*forms[form], cluster, tmp_path)
+
+
 def test_tars_in_a_bucket_on_ray_are_the_local_conversion(cluster, s3, forms, tmp_path):
     """The tasks read their ranges of the tars from the bucket, by byte range."""
     src, options = forms["tars"]
     folder = os.path.dirname(src)
     for name in sorted(os.listdir(folder)):
         s3.upload_file(os.path.join(folder, name), "fastdata-ray", f"tars/{name}")
-    url = "s3://fastdata-ray/tars/" + os.path.basename(src)
-    local = convert(url, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
-                    num_workers=1, progress=False, **options)
-    r = _ray_convert(url, tmp_path / "ray", cluster, *_options(options))
-    assert r.returncode == 0, r.stderr
-    with open(tmp_path / "ray" / "manifest.json") as f:
-        assert json.load(f) == local
-    for s in local["shards"]:
-        assert (tmp_path / "ray" / s["file"]).read_bytes() == \
-            (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
+    _local_and_ray_alike("s3://fastdata-ray/tars/" + os.path.basename(src), options, cluster,
+                         tmp_path)
 
 
 def test_ray_tasks_upload_the_shards_the_local_converter_writes(cluster, s3, source, tmp_path,
