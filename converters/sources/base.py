@@ -6,7 +6,6 @@ decode worker is handed for one image (a path, a ``Span`` of a file, bytes, or a
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Iterator
 from typing import ClassVar
 
@@ -17,7 +16,6 @@ from fastdata.converters.decode import Span, Unreadable
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources.pieces import Piece
 
-log = logging.getLogger("fastdata.convert")
 __all__ = ["SOURCES", "Images", "Indexed", "Source", "Span", "Unreadable", "register",
            "source_for"]
 
