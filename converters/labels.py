@@ -20,6 +20,7 @@ are reported as the manifest's skipped entries, with why.
 from __future__ import annotations
 
 import array
+import itertools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fastdata.converters.scan import FieldValues, Files, Scan, source_folder, walk_images
+from fastdata.converters.spill import Spilled, blocks_of, merged
 from fastdata.converters.table import Table, read_table, relative
 from fastdata.fields import FieldError, FieldKind
 from fastdata.fields.infer import infer, kind_named
@@ -48,8 +50,8 @@ class LabelsFile:
 
     kind: str                                   # one of fastdata.format.LABEL_KINDS
     names: list[str]                            # classes or target names
-    rows: np.ndarray                            # the rows kept, by number
-    labels: np.ndarray | None = None            # their class indices (kind "class")
+    rows: Spilled | None                        # the rows kept, by number (None: all)
+    labels: Spilled | None = None               # their class indices (kind "class")
     targets: np.ndarray | None = None           # their targets (multi-label, regression)
     bad: list[dict] = field(default_factory=list)   # rows that cannot be used: path, reason
     fields: dict[str, FieldKind] = field(default_factory=dict)  # the other columns' kinds
@@ -86,11 +88,10 @@ def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
     if kinds.get("label", "class") != "class":
         raise ValueError(f"--field label={kinds['label']}: the label column is a class per "
                          f"image; rename the column to make it a field of another kind")
-    everyone = np.arange(len(table))
     if not table.columns:       # images alone
-        return LabelsFile("none", [], everyone, bad=list(table.bad))
+        return LabelsFile("none", [], None, bad=list(table.bad))
     if not kinds and table.columns == ["label"]:
-        return _classes(table, everyone, list(table.bad))
+        return _classes(table, None, list(table.bad))
     if not kinds and "label" not in table.columns and _all_numbers(table):
         return _numbers(table)
     return _with_fields(table, kinds)
@@ -140,8 +141,8 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
     """A ``label`` column (if any) as the class label, every other column a field."""
     fields = _kinds_of(table, kinds)
     at = [table.columns.index(n) for n in fields]
-    bad, good = list(table.bad), array.array("q")
-    builder = FieldValues.build(fields)
+    bad, good = list(table.bad), Spilled(np.int64)
+    values = FieldValues(fields)
     for row, key, cells, where in table.rows():
         try:
             parsed = tuple(kind.parse(_cell(cells[k]), f"{where}, column {n}")
@@ -149,15 +150,28 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
         except FieldError as e:
             bad.append({"path": key, "kind": "bad_label", "reason": str(e)})
             continue
-        builder.add(parsed)
-        good.append(row)
-    values, rows = builder.done(), np.frombuffer(good, np.int64).copy()
+        values.add(parsed)
+        good.append([row])
     if "label" not in table.columns:
-        return LabelsFile("none", [], rows, bad=bad, fields=fields, values=values)
-    out = _classes(table, rows, bad)
-    if len(out.rows) < len(rows):       # rows whose label is not one
-        values = values.take(np.flatnonzero(np.isin(rows, out.rows)))
+        return LabelsFile("none", [], good, bad=bad, fields=fields, values=values)
+    out = _classes(table, good, bad)
+    if out.rows is not None and len(out.rows) < len(good):     # rows whose label is not one
+        values = values.take(_positions(good, out.rows))
     out.fields, out.values = fields, values
+    return out
+
+
+def _positions(rows: Spilled, kept: Spilled) -> Spilled:
+    """Where each of ``kept`` (a subset of ``rows``, both ascending) is among ``rows``."""
+    out = Spilled(np.int64)
+    wanted = (int(r) for b in blocks_of(kept) for r in b.tolist())
+    want = next(wanted, None)
+    for position, row in enumerate(int(r) for b in blocks_of(rows) for r in b.tolist()):
+        if want is None:
+            break
+        if row == want:
+            out.append([position])
+            want = next(wanted, None)
     return out
 
 
@@ -166,15 +180,14 @@ def _cell(cell):
     return "" if cell is None else cell
 
 
-def _label_texts(table: Table, rows: np.ndarray):
-    """``(row number, label text)`` of the rows ``rows`` (ascending), in order."""
-    wanted = np.zeros(len(table), bool)
-    wanted[rows] = True
+def _label_texts(table: Table, rows: Spilled | None):
+    """``(row number, label text)`` of the rows ``rows`` (ascending; None: all), in
+    order."""
     at = table.columns.index("label")
-    return ((row, _label_text(c)) for row, c in enumerate(table.column(at)) if wanted[row])
+    return ((row, _label_text(c)) for row, c in merged(table.column(at), rows))
 
 
-def _classes(table: Table, rows: np.ndarray, bad: list) -> LabelsFile:
+def _classes(table: Table, rows: Spilled | None, bad: list) -> LabelsFile:
     """Class labels of the rows ``rows``: names (sorted), or class indices where every label
     is an integer; the table's own class names (``table.classes``, a Hugging Face
     ``ClassLabel``'s) where it has them. Two passes over the label column: its names (a set
@@ -201,26 +214,25 @@ def _classes(table: Table, rows: np.ndarray, bad: list) -> LabelsFile:
                         "what it holds (e.g. caption), and it becomes a text field",
                         table.what, count)
     index = {name: k for k, name in enumerate(names)}
-    kept, labels = array.array("q"), array.array("i")
+    kept, labels = Spilled(np.int64), Spilled(np.int32)
     for row, v in _label_texts(table, rows):
         k = index.get(_as_index(v) if integers else v)
         if k is not None:
-            kept.append(row)
-            labels.append(k)
+            kept.append([row])
+            labels.append([k])
         elif v:
             bad.append({"path": _key(table, row), "kind": "bad_label",
                         "reason": f"{table.where(row)}: " + (
                             f"class index {v[:40]} is not below {MAX_CLASSES}" if integers
                             else f"{v[:40]!r} is not one of its {len(names)} classes")})
-    return LabelsFile("class", names, np.frombuffer(kept, np.int64).copy(),
-                      np.frombuffer(labels, np.int32).copy(), bad=bad)
+    return LabelsFile("class", names, kept, labels, bad=bad)
 
 
 def _key(table: Table, row: int) -> str:
     return table.keys.block(row, row + 1)[0].decode("utf-8", "surrogateescape")
 
 
-def _indices(table: Table, rows: np.ndarray, seen: set[str]) -> list[str]:
+def _indices(table: Table, rows: Spilled | None, seen: set[str]) -> list[str]:
     """Integer labels as class indices: the classes ``0..max`` (those from ``MAX_CLASSES`` on
     are rows to skip).
 
@@ -247,19 +259,18 @@ def _as_index(label: str) -> str:
 
 def _numbers(table: Table) -> LabelsFile:
     """Multi-hot (0 and 1 only) or regression targets, each a float32."""
-    good, targets, bad = array.array("q"), array.array("f"), list(table.bad)
+    good, targets, bad = Spilled(np.int64), array.array("f"), list(table.bad)
     for row, key, cells, where in table.rows():
         problem, values = _number_row(cells)
         if problem is not None:
             bad.append({"path": key, "reason": f"{where}: {problem}",
                         "kind": "bad_label"})
             continue
-        good.append(row)
+        good.append([row])
         targets.extend(values)
-    rows = np.frombuffer(good, np.int64).copy()
-    matrix = np.frombuffer(targets, np.float32).reshape(len(rows), len(table.columns)).copy()
+    matrix = np.frombuffer(targets, np.float32).reshape(len(good), len(table.columns)).copy()
     multi = bool(np.isin(matrix, (0.0, 1.0)).all())
-    return LabelsFile("multi_label" if multi else "regression", list(table.columns), rows,
+    return LabelsFile("multi_label" if multi else "regression", list(table.columns), good,
                       targets=matrix, bad=bad)
 
 
@@ -285,20 +296,17 @@ def samples(table: Table, labels: LabelsFile, order: np.ndarray | None = None
     and class labels, their targets (multi-label and regression) and their fields'
     values."""
     files = Files()
-    label = labels.labels if labels.labels is not None else np.zeros(len(labels.rows),
-                                                                     np.int32)
     if order is None:
-        keep = np.zeros(len(table), bool)
-        keep[labels.rows] = True
-        at = 0
-        for a in range(0, len(table), Files.BLOCK):
-            keys = table.keys.block(a, a + Files.BLOCK)
-            chosen = [k.decode("utf-8", "surrogateescape")
-                      for k, ok in zip(keys, keep[a:a + Files.BLOCK]) if ok]
-            files.extend(chosen, label[at:at + len(chosen)])
-            at += len(chosen)
+        keys = merged(table.keys.iter_from(0), labels.rows)
+        classes = (int(c) for b in blocks_of(labels.labels) for c in b.tolist()) \
+            if labels.labels is not None else itertools.repeat(0)
+        for chunk in iter(lambda: list(itertools.islice(zip(keys, classes), Files.BLOCK)), []):
+            files.extend([k.decode("utf-8", "surrogateescape") for (_, k), _ in chunk],
+                         [c for _, c in chunk])
         return files.freeze(), labels.targets, labels.values
     keys = kept_keys(table, labels)
+    label = (np.concatenate(list(blocks_of(labels.labels))) if labels.labels is not None
+             else np.zeros(len(keys), np.int32))
     files.extend([keys[k] for k in order.tolist()], label[order])
     targets = labels.targets[order] if labels.targets is not None else None
     values = labels.values.take(order) if labels.values is not None else None
@@ -307,9 +315,13 @@ def samples(table: Table, labels: LabelsFile, order: np.ndarray | None = None
 
 def kept_keys(table: Table, labels: LabelsFile) -> list[str]:
     """The keys of the rows ``labels`` kept, in their order."""
-    keep = set(labels.rows.tolist())
     return [k.decode("utf-8", "surrogateescape")
-            for row, k in enumerate(table.keys.iter_from(0)) if row in keep]
+            for _, k in merged(table.keys.iter_from(0), labels.rows)]
+
+
+def kept(table: Table, labels: LabelsFile) -> int:
+    """How many of ``table``'s rows ``labels`` kept."""
+    return len(labels.rows) if labels.rows is not None else len(table)
 
 
 def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> Scan:

@@ -12,9 +12,7 @@ types are used: no ``stat`` per file (but for links), which a network file syste
 """
 from __future__ import annotations
 
-import array
 import dataclasses
-import itertools
 import os
 import tempfile
 from collections.abc import Sequence
@@ -24,60 +22,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from fastdata.converters.spill import Packed, Spilled, blocks_of
 from fastdata.format import IMAGE_EXTENSIONS
-
-
-class Packed:
-    """Byte strings appended in order and packed in two unlinked temporary files (their bytes,
-    where each ends), read back a block at a time: a list whose memory does not grow with its
-    length. Appends gather in memory and go to the files ``PENDING`` at a time; ``block(a,
-    b)`` costs three reads."""
-
-    PENDING = 1 << 12
-
-    def __init__(self):
-        self._bytes, self._ends = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        self._n = self._nbytes = 0
-        self._pending: list[bytes] = []
-
-    def append(self, blobs: list[bytes]) -> None:
-        self._pending += blobs
-        self._n += len(blobs)
-        if len(self._pending) >= self.PENDING:
-            self.flush()
-
-    def flush(self) -> Packed:
-        """Write what is pending (before a read)."""
-        if self._pending:
-            self._bytes.write(b"".join(self._pending))
-            self._ends.write(array.array("q", itertools.accumulate(
-                map(len, self._pending), initial=self._nbytes))[1:].tobytes())
-            self._nbytes += sum(map(len, self._pending))
-            self._pending = []
-        for f in (self._bytes, self._ends):
-            f.flush()
-        return self
-
-    def __len__(self) -> int:
-        return self._n
-
-    def block(self, a: int, b: int) -> list[bytes]:
-        """Entries ``a`` to ``b - 1``."""
-        b = min(b, self._n)
-        if a >= b:
-            return []
-        if self._pending:
-            self.flush()
-        ends = np.frombuffer(os.pread(self._ends.fileno(), 8 * (b - a), 8 * a), np.int64)
-        start = 0 if a == 0 else int(np.frombuffer(os.pread(self._ends.fileno(), 8,
-                                                            8 * (a - 1)), np.int64)[0])
-        blob = os.pread(self._bytes.fileno(), int(ends[-1]) - start, start)
-        cuts = [0, *(ends - start).tolist()]
-        return [blob[cuts[k]:cuts[k + 1]] for k in range(b - a)]
-
-    def iter_from(self, first: int, block: int = 1 << 14):
-        for a in range(first, self._n, block):
-            yield from self.block(a, a + block)
 
 
 class Files(Sequence):
@@ -134,53 +80,64 @@ class Files(Sequence):
 
 
 class FieldValues:
-    """The fields' values of a scan's files, in the scan's order: one column per field
-    (``fastdata.fields.Column``: the packed form a shard stores, not a Python object per
-    value), memory-mapped from unlinked temporary files as ``FieldValues.build`` writes
-    them."""
+    """The fields' values of a scan's files, in the scan's order: one column per field, packed
+    as a shard's column holds them (an array a value, or each value's bytes) in unlinked
+    temporary files (``Spilled``, ``Packed``) and read back a block at a time, so that they
+    take no memory of their own whatever their number."""
 
-    def __init__(self, fields: dict, columns: list):
-        self.fields, self.columns = dict(fields), columns
-
-    @classmethod
-    def build(cls, fields: dict) -> _ValuesBuilder:
-        """A builder: ``add(values)`` a file's parsed values (in ``fields``' order) at a
-        time, ``done()`` the ``FieldValues``."""
-        return _ValuesBuilder(fields)
+    def __init__(self, fields: dict):
+        self.fields = dict(fields)
+        self.columns = [Spilled(kind.dtype, kind.shape) if kind.fixed else Packed()
+                        for kind in self.fields.values()]
 
     @classmethod
     def of(cls, fields: dict, rows) -> FieldValues:
         """``rows``: each file's parsed values, in ``fields``' order."""
-        builder = cls.build(fields)
+        out = cls(fields)
         for r in rows:
-            builder.add(r)
-        return builder.done()
+            out.add(r)
+        return out
+
+    def add(self, values: tuple) -> None:
+        """The next file's parsed values, in ``fields``' order."""
+        for kind, value, column in zip(self.fields.values(), values, self.columns):
+            column.append([kind.to_bytes(value)] if not kind.fixed else
+                          np.asarray(value, kind.dtype).reshape(1, *kind.shape))
 
     def __len__(self) -> int:
         return len(self.columns[0]) if self.columns else 0
 
     def rows(self, a: int, b: int) -> list[tuple]:
         """The values of files ``a`` to ``b - 1``, a tuple per file."""
-        return self.at(np.arange(a, b))
+        from fastdata.fields import Column
 
-    def at(self, positions: np.ndarray) -> list[tuple]:
-        """The values of the files at ``positions``, a tuple per file."""
-        columns = [kind.read(c, positions) for kind, c in zip(self.fields.values(),
-                                                              self.columns)]
-        return list(zip(*columns)) if columns else [() for _ in positions]
+        b = min(b, len(self))
+        columns = []
+        for kind, column in zip(self.fields.values(), self.columns):
+            if kind.fixed:
+                values = kind.read(Column(column.block(a, b)), np.arange(b - a))
+            else:
+                blobs = column.block(a, b)
+                offsets = np.zeros(len(blobs) + 1, np.int64)
+                np.cumsum([len(x) for x in blobs], out=offsets[1:])
+                values = kind.read(Column(np.frombuffer(b"".join(blobs), np.uint8), offsets),
+                                   np.arange(len(blobs)))
+            columns.append(values)
+        return list(zip(*columns)) if columns else [() for _ in range(a, max(a, b))]
 
     def iter_from(self, first: int, block: int = 1 << 12):
         """The values of the files from position ``first`` on, a tuple per file."""
         for a in range(first, len(self), block):
-            yield from self.rows(a, min(len(self), a + block))
+            yield from self.rows(a, a + block)
 
-    def take(self, order: np.ndarray, block: int = 1 << 12) -> FieldValues:
-        """These values in the order ``order`` (positions) gives."""
-        builder = FieldValues.build(self.fields)
-        for a in range(0, len(order), block):
-            for row in self.at(np.asarray(order[a:a + block])):
-                builder.add(row)
-        return builder.done()
+    def take(self, order) -> FieldValues:
+        """These values in the order ``order`` (positions; an array, or a ``Spilled`` of
+        them) gives."""
+        out = FieldValues(self.fields)
+        for positions in blocks_of(order):
+            for p in positions.tolist():
+                out.add(self.rows(p, p + 1)[0])
+        return out
 
     def digest(self) -> bytes:
         """What a conversion's fingerprint takes of them: the kinds and every value."""
@@ -190,54 +147,8 @@ class FieldValues:
 
         h = hashlib.sha256(repr(entries(self.fields)).encode())
         for c in self.columns:
-            h.update(np.ascontiguousarray(c.values).view(np.uint8).data)
-            if c.offsets is not None:
-                h.update(c.offsets.tobytes())
+            c.hash_into(h)
         return h.digest()
-
-
-class _ValuesBuilder:
-    """``FieldValues`` written a file at a time: each field's values packed as its shard
-    column holds them (an array a value, or bytes and where each ends) into unlinked
-    temporary files, memory-mapped when done."""
-
-    def __init__(self, fields: dict):
-        self.fields = dict(fields)
-        self.files = [(tempfile.TemporaryFile(), None if kind.fixed else Packed())
-                      for kind in self.fields.values()]
-        self.n = 0
-
-    def add(self, values: tuple) -> None:
-        for kind, value, (f, packed) in zip(self.fields.values(), values, self.files):
-            if packed is None:
-                f.write(np.asarray(value, kind.dtype).reshape(kind.shape).tobytes())
-            else:
-                packed.append([kind.to_bytes(value)])
-        self.n += 1
-
-    def done(self) -> FieldValues:
-        from fastdata.fields import Column
-
-        columns = []
-        for kind, (f, packed) in zip(self.fields.values(), self.files):
-            if packed is None:
-                columns.append(Column(_mapped(f, kind.dtype, (self.n, *kind.shape))))
-                continue
-            packed.flush()
-            ends = _mapped(packed._ends, np.dtype(np.int64), (self.n,))
-            columns.append(Column(_mapped(packed._bytes, np.dtype(np.uint8),
-                                          (int(ends[-1]) if self.n else 0,)),
-                                  np.concatenate([np.zeros(1, np.int64), ends])))
-        return FieldValues(self.fields, columns)
-
-
-def _mapped(f, dtype: np.dtype, shape: tuple) -> np.ndarray:
-    """The temporary file ``f``'s values as a read-only array of ``shape`` (mapped, so that
-    they take no memory of their own)."""
-    f.flush()
-    if not int(np.prod(shape)) or not dtype.itemsize:
-        return np.zeros(shape, dtype)
-    return np.memmap(f, dtype=dtype, mode="r", shape=shape)
 
 
 @dataclass

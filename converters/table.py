@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from fastdata._optional import require
-from fastdata.converters.scan import Packed
+from fastdata.converters.spill import Packed
 from fastdata.converters.units import read_limited
 
 #: a labels file larger than this is refused before it is parsed

@@ -15,9 +15,10 @@ from fastdata.checks import choice
 from fastdata.converters.decode import Span, Unreadable
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources.pieces import Piece
+from fastdata.converters.spill import BLOCK, Spilled, blocks_of, select
 
-__all__ = ["SOURCES", "Images", "Indexed", "Source", "Span", "Unreadable", "register",
-           "source_for"]
+__all__ = ["SOURCES", "Images", "Indexed", "Places", "Source", "Span", "Unreadable",
+           "register", "source_for"]
 
 #: source kind -> its class (``register``)
 SOURCES: dict[str, type[Source]] = {}
@@ -53,51 +54,73 @@ class Images:
         raise NotImplementedError
 
 
+class Places(Spilled):
+    """Where each sample's image is in a source's pieces: a record ``(piece, a, b)`` a sample
+    (a byte offset and size, a row group and row: the source's own), in a temporary file."""
+
+    def __init__(self):
+        super().__init__(np.int64, (3,))
+
+    def kept(self, rows) -> Spilled:
+        """The places of the samples ``rows`` (ascending; None: all)."""
+        return self if rows is None else select(self, rows)
+
+
 class Indexed(Images):
-    """Images at places in a source's pieces: sample ``k`` is in ``pieces[piece[k]]`` at
-    ``(a[k], b[k])`` (a byte offset and size, a row group and row: the subclass's own).
-    Subclasses give ``read``: what runs of samples in one piece are handed as."""
+    """Images at places in a source's pieces: sample ``k`` is in ``pieces[piece]`` at ``(a,
+    b)``, its record in ``places`` (a ``Spilled`` of ``(piece, a, b)``, read a block at a
+    time; an array for a task's part). Subclasses give ``read``: what runs of samples in one
+    piece are handed as."""
+
+    def __init__(self, pieces: list[Piece], places):
+        self.pieces, self.places = pieces, places
+
+    def __len__(self) -> int:
+        return len(self.places)
 
     @property
     def random_access(self) -> bool:
         """Whether the images can be read in any order (``take``: a shuffled conversion)."""
         return True
 
-    def __init__(self, pieces: list[Piece], piece: np.ndarray, a: np.ndarray, b: np.ndarray):
-        self.pieces = pieces
-        self.piece, self.a, self.b = (np.asarray(piece, np.int32), np.asarray(a, np.int64),
-                                      np.asarray(b, np.int64))
+    def _records(self, a: int, b: int) -> np.ndarray:
+        if isinstance(self.places, np.ndarray):
+            return self.places[a:b]
+        return self.places.block(a, b)
 
-    def __len__(self) -> int:
-        return len(self.piece)
-
-    def _like(self, piece, a, b) -> Indexed:
+    def _like(self, places) -> Indexed:
         out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
-        out.piece, out.a, out.b = piece, a, b
+        out.places = places
         return out
 
     def part(self, first: int, end: int) -> Indexed:
-        return self._like(self.piece[first:end], self.a[first:end], self.b[first:end])
+        return self._like(np.array(self._records(first, end)))
 
     def take(self, order: np.ndarray) -> Indexed:
-        return self._like(self.piece[order], self.a[order], self.b[order])
+        out = Spilled(np.int64, (3,))
+        for positions in blocks_of(order):
+            out.append(np.concatenate([self._records(p, p + 1) for p in positions.tolist()])
+                       if len(positions) else np.zeros((0, 3), np.int64))
+        return self._like(out)
 
     def digest(self) -> bytes:
         h = hashlib.sha256(repr([(p.name, p.size, p.version) for p in self.pieces]).encode())
-        for arr in (self.piece, self.a, self.b):
-            h.update(arr.tobytes())
+        for a in range(0, len(self), BLOCK):
+            h.update(np.ascontiguousarray(self._records(a, a + BLOCK), np.int64).tobytes())
         return h.digest()
 
     def items(self, first: int, end: int) -> Iterator:
-        k = first
-        while k < end:      # runs of samples in one piece
-            stop = k + 1
-            while stop < end and self.piece[stop] == self.piece[k]:
-                stop += 1
-            yield from self.read(self.pieces[int(self.piece[k])], self.a[k:stop],
-                                 self.b[k:stop])
-            k = stop
+        for a in range(first, end, BLOCK):
+            records = self._records(a, min(end, a + BLOCK))
+            k = 0
+            while k < len(records):      # runs of samples in one piece
+                stop = k + 1
+                while stop < len(records) and records[stop, 0] == records[k, 0]:
+                    stop += 1
+                yield from self.read(self.pieces[int(records[k, 0])], records[k:stop, 1],
+                                     records[k:stop, 2])
+                k = stop
 
     def read(self, piece: Piece, a: np.ndarray, b: np.ndarray) -> Iterator:
         """What the samples at ``(a, b)`` of ``piece`` are handed as, in order."""

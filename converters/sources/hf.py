@@ -16,7 +16,6 @@ and uncompressed), which it reads itself.
 """
 from __future__ import annotations
 
-import array
 import json
 import os
 from collections.abc import Iterator
@@ -26,10 +25,17 @@ import numpy as np
 from tqdm import tqdm
 
 from fastdata._optional import require
-from fastdata.converters.labels import labels_of, samples
+from fastdata.converters.labels import kept, labels_of, samples
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources import arrow
-from fastdata.converters.sources.base import Indexed, Source, Span, Unreadable, register
+from fastdata.converters.sources.base import (
+    Indexed,
+    Places,
+    Source,
+    Span,
+    Unreadable,
+    register,
+)
 from fastdata.converters.sources.parquet import ParquetSource
 from fastdata.converters.sources.pieces import Piece
 from fastdata.converters.table import relative
@@ -124,7 +130,7 @@ class HFSource(Source):
         return None
 
     def _scan(self, pieces: list[Piece], features: dict, progress: bool) -> Scan:
-        locations = array.array("q")       # each row's file, and its image's bytes
+        locations = Places()                # each row's file, and its image's bytes
         table: Any = None
         class_names: Any = None
         image: Any = None
@@ -148,21 +154,20 @@ class HFSource(Source):
                     raise ValueError(f"{piece.shown}: its columns differ from the first file's")
                 for place in _add_batch(batch, base, piece, number, row, table, class_names,
                                         image):
-                    locations.extend(place)
+                    locations.append([place])
                 row += batch.num_rows
             bar.update(piece.size)
         bar.close()
         if table is None:
             raise ConversionError(f"{self.src}: the dataset has no rows")
         labels = labels_of(table, self.options["fields"])
-        if not len(labels.rows):
+        if not kept(table, labels):
             raise ConversionError(f"no usable row in {self.src} ({len(labels.bad)} left out, "
                                   f"e.g. {labels.bad[:1]})")
         files, targets, values = samples(table, labels)
-        at = np.frombuffer(locations, np.int64).reshape(-1, 3)[labels.rows]
         return Scan(os.path.abspath(self.src), labels.names, files, skipped=labels.bad,
                     label_kind=labels.kind, targets=targets, values=values,
-                    images=ArrowImages(pieces, at[:, 0], at[:, 1], at[:, 2]))
+                    images=ArrowImages(pieces, locations.kept(labels.rows)))
 
 
 def _piece(folder: str, name: str) -> Piece:

@@ -19,7 +19,6 @@ is refused naming both.
 """
 from __future__ import annotations
 
-import array
 import os
 import re
 from collections.abc import Iterator
@@ -29,10 +28,10 @@ from tqdm import tqdm
 
 from fastdata._optional import require
 from fastdata.converters import decode
-from fastdata.converters.labels import labels_of, samples
+from fastdata.converters.labels import kept, labels_of, samples
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources import arrow
-from fastdata.converters.sources.base import Indexed, Source, Unreadable, register
+from fastdata.converters.sources.base import Indexed, Places, Source, Unreadable, register
 from fastdata.converters.sources.pieces import Piece, find, holds
 from fastdata.converters.table import relative
 from fastdata.converters.units import ConversionError
@@ -114,8 +113,8 @@ class ParquetImages(Indexed):
         """No: a row group is read a few rows at a time, in order."""
         return False
 
-    def __init__(self, pieces, piece, a, b, column: str, form: str):
-        super().__init__(pieces, piece, a, b)
+    def __init__(self, pieces, places, column: str, form: str):
+        super().__init__(pieces, places)
         self.column, self.form = column, form
 
     def read(self, piece: Piece, a: np.ndarray, b: np.ndarray) -> Iterator:
@@ -192,7 +191,7 @@ class ParquetSource(Source):
         image = arrow.image_column(schema, features, self.options["image_column"],
                                    pieces[0].shown)
         table, class_names = arrow.label_table(schema, image, features, "parquet", self.src)
-        locations = array.array("q")       # each row's file, row group and row
+        locations = Places()                # each row's file, row group and row
         seen: set[str] = set()              # the paths of a path column, so far
         bar = tqdm(total=sum(p.size for p in pieces), unit="B", unit_scale=True,
                    desc="index parquet", disable=not progress, dynamic_ncols=True)
@@ -203,7 +202,7 @@ class ParquetSource(Source):
             for group in range(file.num_row_groups):
                 for place in _index_group(file, piece, (number, group, start), table,
                                           class_names, image, seen):
-                    locations.extend(place)
+                    locations.append([place])
                 start += file.metadata.row_group(group).num_rows
             bar.update(piece.size)
         bar.close()
@@ -211,17 +210,17 @@ class ParquetSource(Source):
 
     def _scan(self, pieces: list[Piece], table, image, locations) -> Scan:
         labels = labels_of(table, self.options["fields"])
-        if not len(labels.rows):
+        if not kept(table, labels):
             raise ConversionError(f"no usable row in {self.src} ({len(labels.bad)} left out, "
                                   f"e.g. {labels.bad[:1]})")
         files, targets, values = samples(table, labels)
         if image.form == "path":
             return Scan(_folder(self.src), labels.names, files, skipped=labels.bad,
                         label_kind=labels.kind, targets=targets, values=values)
-        at = np.frombuffer(locations, np.int64).reshape(-1, 3)[labels.rows]
+
         return Scan(self.src, labels.names, files, skipped=labels.bad, label_kind=labels.kind,
                     targets=targets, values=values,
-                    images=ParquetImages(pieces, at[:, 0], at[:, 1], at[:, 2], image.name,
+                    images=ParquetImages(pieces, locations.kept(labels.rows), image.name,
                                          image.form))
 
 

@@ -22,7 +22,6 @@ manifest.
 """
 from __future__ import annotations
 
-import array
 import io
 import posixpath
 from collections.abc import Iterator
@@ -32,9 +31,9 @@ import numpy as np
 from tqdm import tqdm
 
 from fastdata.converters.decode import MAX_FILE_BYTES
-from fastdata.converters.labels import labels_of, samples
+from fastdata.converters.labels import kept, labels_of, samples
 from fastdata.converters.scan import Scan
-from fastdata.converters.sources.base import Indexed, Source, Span, register
+from fastdata.converters.sources.base import Indexed, Places, Source, Span, register
 from fastdata.converters.sources.pieces import READ_BYTES, Piece, find, holds
 from fastdata.converters.sources.tarfiles import Member, TarDamaged, members
 from fastdata.converters.table import Table
@@ -160,18 +159,17 @@ class TarSource(Source):
         bar.close()
         table = index.done()
         labels = labels_of(table, {c: kinds[c] for c in table.columns if c in kinds})
-        if not len(labels.rows):
+        if not kept(table, labels):
             left = index.skipped + labels.bad
             raise ConversionError(f"no sample with an image in {self.src} (" + (
                 f"{len(left)} left out, e.g. {left[0]['path']}: {left[0]['reason']}" if left
                 else "; ".join(f"{n} {why}" for why, n in index.ignored.items())
                 or "it holds no member") + ")")
-        at = index.places()[labels.rows]
         files, targets, values = samples(table, labels)
         return Scan(self.src, labels.names, files, index.ignored,
                     skipped=index.skipped + labels.bad, label_kind=labels.kind,
                     targets=targets, values=values,
-                    images=TarImages(pieces, at[:, 0], at[:, 1], at[:, 2]))
+                    images=TarImages(pieces, index.where.kept(labels.rows)))
 
 
 class _Index:
@@ -183,7 +181,7 @@ class _Index:
         self.exts = ["cls", *kinds]
         self.kinds = kinds
         self.table = Table(src, ["label", *kinds], unit="sample", what="webdataset")
-        self.where = array.array("q")           # each sample's tar, offset, size
+        self.where = Places()                   # each sample's tar, offset, size
         self.seen_columns: set[str] = set()     # the extensions some sample has
         self.skipped: list[dict] = []
         self.ignored: dict[str, int] = {}
@@ -274,7 +272,7 @@ class _Index:
             return
         assert sample.image is not None
         self.table.add(key, [sample.cells.get(ext) for ext in self.exts], key)
-        self.where.extend((number, sample.image.offset, sample.image.size))
+        self.where.append([(number, sample.image.offset, sample.image.size)])
         self.seen_columns.update(sample.cells)
 
     def done(self) -> Table:
@@ -284,7 +282,3 @@ class _Index:
                 k = self.exts.index(ext)
                 del self.exts[k], self.table.columns[k], self.table.cells[k]
         return self.table
-
-    def places(self) -> np.ndarray:
-        """Where each sample's image is: ``(tar, offset, size)`` rows."""
-        return np.frombuffer(self.where, np.int64).reshape(-1, 3)
