@@ -1,8 +1,9 @@
-"""A labels file read as a table: CSV (a header row), JSON Lines (an object per line) or parquet
-(pyarrow, ``pip install 'fastdata-shards[parquet]'``), chosen by the file's extension. One
-column names each row's image (``path``, or ``file_name`` as Hugging Face's image folders
-have it: relative to the source folder); every other column is a label or a field
-(``fastdata.converters.labels``).
+"""A table of rows by key, packed in temporary files as it is read (``Table``): a source's
+rows (``fastdata.converters.sources``), or a labels file's: CSV (a header row), JSON Lines
+(an object per line) or parquet (pyarrow, ``pip install 'fastdata-shards[parquet]'``), chosen
+by the file's extension. One column names each row's image (``path``, or ``file_name`` as
+Hugging Face's image folders have it: relative to the source folder); every other column is
+a label or a field (``fastdata.converters.labels``).
 """
 from __future__ import annotations
 
