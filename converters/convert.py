@@ -40,6 +40,7 @@ from fastdata.converters.sources import source_for
 from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
+from fastdata.fields import FIELDS
 from fastdata.fields.infer import field_option
 from fastdata.fields.schema import entries
 from fastdata.format import (
@@ -109,11 +110,14 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
                          f"--num-workers")
 
 
-def _field_kinds(fields) -> dict[str, str] | None:
-    """``fields`` checked: a column's kind by name, each kind a registered one.
+def _field_kinds(fields, fit: str) -> dict[str, str] | None:
+    """``fields`` checked: a column's kind by name, each kind a registered one; a kind that
+    moves with the pixels (boxes, keypoints: fractions of the image) only where ``fit`` keeps
+    fractions of the image those of the square.
 
     Raises:
-        ValueError: not a mapping of names to kinds, or an unknown kind (naming the kinds).
+        ValueError: not a mapping of names to kinds, an unknown kind (naming the kinds), or a
+            moving kind with a fit that crops or pads.
     """
     if fields is None:
         return None
@@ -123,6 +127,10 @@ def _field_kinds(fields) -> dict[str, str] | None:
                          f"{{'caption': 'text'}}")
     for name, kind in fields.items():
         field_option(f"{name}={kind}")      # names the kinds
+        if FIELDS[kind].moves and fit != "stretch":
+            raise ValueError(f"field {name!r} ({kind}): its positions are fractions of each "
+                             f"image, which --fit {fit} moves by the image's shape; convert "
+                             f"with fit='stretch' (--fit stretch)")
     return dict(fields) or None
 
 
@@ -232,7 +240,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     out = os.path.abspath(folder)
     warn_if_not_simd()
 
-    fields = _field_kinds(fields)
+    fields = _field_kinds(fields, fit)
     reader = source_for(src if is_url(src) else os.path.abspath(src), source, labels=labels,
                         coco=coco, masks=masks, fields=fields, split=split,
                         image_column=image_column)

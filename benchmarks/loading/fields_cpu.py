@@ -14,8 +14,9 @@ after an untimed one, each run in a fresh interpreter; images alone, or with the
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
 trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
 ``TOKENIZERS_PARALLELISM=false``); or tokenised once, before the conversion, into a ``tokens``
-field (the labels file's ``tokens`` column of JSON lists of ids). img/s and CPU ms an image
-(every thread and process).
+field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5 labelled boxes,
+or 1-2 people's 17 keypoints, moved with each crop and flip (that set is stretched onto its
+squares, as such fields need). img/s and CPU ms an image (every thread and process).
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ import time
 
 from benchmarks.harness import interleaved, medians, tree_cpu_seconds, write_results
 
+#: COCO's person keypoints
+POINTS = ("nose left_eye right_eye left_ear right_ear left_shoulder right_shoulder left_elbow "
+          "right_elbow left_wrist right_wrist left_hip right_hip left_knee right_knee left_ankle "
+          "right_ankle").split()
 WORDS = ("a man woman child dog cat sits stands on the in with near next to large small red "
          "blue green white black wooden table street park field beach kitchen room bus train "
          "plate of food holding looking at two three people playing ball frisbee surfboard "
@@ -73,13 +78,26 @@ def _files(photos: str) -> list[str]:
 
 
 def captioned_rows(photos: str) -> list[dict]:
-    """Each photo's path, class, caption and embedding."""
+    """Each photo's path, class, caption and embedding; and 1-5 labelled boxes and 1-2 people's
+    17 keypoints (as fractions of the picture)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
+
+    def boxes():
+        lo = np.round(rng.uniform(0, 0.6, (rng.integers(1, 6), 2)), 3)
+        hi = np.round(lo + rng.uniform(0.05, 0.4, lo.shape), 3)
+        return [{"box": [*a, *b], "label": str(rng.choice(WORDS[:8]))}
+                for a, b in zip(lo.tolist(), hi.tolist())]
+
+    def people():
+        return [{n: [*np.round(rng.uniform(0, 1, 2), 3).tolist(), 2] for n in POINTS}
+                for _ in range(rng.integers(1, 3))]
+
     return [{"path": path, "label": path.split(os.sep)[0],
              "caption": " ".join(rng.choice(WORDS, rng.integers(8, 21))),
-             "emb": json.dumps(np.round(rng.standard_normal(8), 4).tolist())}
+             "emb": json.dumps(np.round(rng.standard_normal(8), 4).tolist()),
+             "boxes": json.dumps(boxes()), "pose": json.dumps(people())}
             for path in _files(photos)]
 
 
@@ -94,8 +112,9 @@ def write_labels(path: str, rows: list[dict], columns: list[str]) -> str:
 def labels_files(photos: str, tmp: str) -> dict[str, str]:
     """``{variant: labels file}``: the photos' classes alone, with a caption, with an
     embedding, with the caption tokenised once (``tokens``: JSON lists of ids), and with all
-    three (``all``, the set every loading variant reads); ``captions``: the captions as a text
-    file, which the tokenizer is trained on (``tokenizer``: its file)."""
+    of them, boxes and keypoints too (``all``, the set every loading variant reads);
+    ``captions``: the captions as a text file, which the tokenizer is trained on
+    (``tokenizer``: its file)."""
     rows = captioned_rows(photos)
     out = {"captions": os.path.join(tmp, "captions.txt"),
            "tokenizer": os.path.join(tmp, "tokenizer.json")}
@@ -105,7 +124,8 @@ def labels_files(photos: str, tmp: str) -> dict[str, str]:
     for r, e in zip(rows, tok.encode_batch([r["caption"] for r in rows])):
         r["tokens"] = json.dumps(e.ids)
     for name, extra in (("image", []), ("caption", ["caption"]), ("emb", ["emb"]),
-                        ("tokens", ["tokens"]), ("all", ["caption", "emb", "tokens"])):
+                        ("tokens", ["tokens"]),
+                        ("all", ["caption", "emb", "tokens", "boxes", "pose"])):
         out[name] = write_labels(os.path.join(tmp, f"{name}.csv"), rows,
                                  ["path", "label", *extra])
     return out
@@ -162,14 +182,18 @@ def main() -> None:
                 return json.loads(out.strip().splitlines()[-1])
             return run
 
-        # every variant reads one set (its images the same bytes in the same files)
+        # every variant reads one set (its images the same bytes in the same files); boxes and
+        # keypoints as fractions of the picture need it stretched onto the square
         both = os.path.join(tmp, "set-all")
-        convert(a.photos, both, sizes=[256], labels=files["all"], progress=False)
+        convert(a.photos, both, sizes=[256], labels=files["all"], progress=False,
+                fields={"boxes": "boxes", "pose": "keypoints"}, fit="stretch")
         load = interleaved({"image": loading(both, "image"),
                             "caption": loading(both, "caption"),
                             "caption+tokens": loading(both, "caption+tokens"),
                             "emb": loading(both, "emb"),
-                            "stored tokens": loading(both, "tokens")}, a.rounds)
+                            "stored tokens": loading(both, "tokens"),
+                            "boxes": loading(both, "boxes"),
+                            "keypoints": loading(both, "pose")}, a.rounds)
         for name, runs in load.items():
             rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
             print("load", name, medians(runs), flush=True)

@@ -8,6 +8,7 @@ import numpy as np
 
 from fastdata.checks import choice
 from fastdata.fields.base import FieldError, FieldKind, register
+from fastdata.fields.cells import json_cell, shape_of
 
 DTYPES = ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 #: the most values one sample's array may hold
@@ -38,6 +39,18 @@ class ArrayField(FieldKind):
             raise ValueError(f"shape={shape!r} holds more than {MAX_ELEMENTS:,} values a sample")
         self.shape = tuple(dims)
         self.dtype = np.dtype(choice("dtype", dtype, DTYPES))
+
+    @classmethod
+    def from_column(cls, cells) -> ArrayField:
+        """float32, of the first JSON array's shape.
+
+        Raises:
+            ValueError: no cell is an array.
+        """
+        first = next((v for v in map(json_cell, cells) if isinstance(v, list)), None)
+        if first is None:
+            raise ValueError("an array field needs JSON arrays of numbers in its column")
+        return cls(shape=list(shape_of(first)), dtype="float32")
 
     def params(self) -> dict:
         return {"shape": list(self.shape), "dtype": self.dtype.name}

@@ -10,7 +10,7 @@ parameters a kind takes (a dtype, a shape, class names) are what a manifest reco
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -65,8 +65,21 @@ class FieldKind:
     kind: ClassVar[str] = ""
     #: one array of ``shape`` per sample (True), or variable-length bytes (False)
     fixed: ClassVar[bool] = True
+    #: whether a value moves with its image's pixels (``move``): a geometric kind's
+    moves: ClassVar[bool] = False
     dtype: np.dtype = np.dtype(np.float32)
     shape: tuple[int, ...] = ()
+
+    @classmethod
+    def from_column(cls, cells: Iterable) -> FieldKind:
+        """This kind with the parameters a source's column implies (a class field's names, an
+        array's shape), for a column named of this kind (``--field NAME=KIND``); ``cells``: its
+        values, an iterable that may be read more than once (none held).
+
+        Raises:
+            ValueError: cells that imply no parameters (naming what the kind needs).
+        """
+        return cls()
 
     def params(self) -> dict:
         """The parameters a manifest records (JSON values), as ``field_of`` takes them."""
@@ -164,7 +177,8 @@ class FieldKind:
     def move(self, value, crop, flip: bool, stored: int, out: int):
         """One sample's value as its image is cropped (top, left, h, w in stored pixels of a
         square of side ``stored``) to ``out`` pixels and flipped: a geometric kind's moves
-        with the pixels (``keypoints``); every other kind's passes through as it is."""
+        with the pixels (those whose ``moves`` is True); every other kind's passes through as
+        it is."""
         return value
 
     def describe(self, column: Column) -> str:
@@ -172,10 +186,7 @@ class FieldKind:
         extra = ", ".join(f"{k}={v}" for k, v in self.params().items() if k != "classes")
         if self.fixed:
             return f"{self.kind}{f' ({extra})' if extra else ''}"
-        lengths = np.diff(column.offsets) if column.offsets is not None else np.zeros(0)
-        spread = (f"{int(lengths.min())}-{int(lengths.max())} bytes, mean "
-                  f"{lengths.mean():.0f}" if len(lengths) else "no values")
-        return f"{self.kind}{f' ({extra})' if extra else ''}: {spread}"
+        return f"{self.kind}{f' ({extra})' if extra else ''}: {spread(column, 1, 'bytes')}"
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
@@ -186,6 +197,16 @@ class FieldKind:
 
     def __hash__(self) -> int:
         return hash((self.kind, repr(self.params())))
+
+
+def spread(column: Column, per: int, unit: str) -> str:
+    """What a variable-length column's values hold, for ``describe``: the least, most and mean
+    number of ``unit`` (``per`` bytes each) a value."""
+    n = np.diff(column.offsets) // per if column.offsets is not None else np.zeros(0)
+    if not len(n):
+        return "no values"
+    mean = f"{n.mean():.0f}" if per == 1 else f"{n.mean():.1f}"
+    return f"{int(n.min())}-{int(n.max())} {unit}, mean {mean}"
 
 
 def class_names(classes) -> list[str]:

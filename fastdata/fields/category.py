@@ -1,9 +1,15 @@
 """``class``: one class per sample, stored as its index (int64) into the field's ``classes``."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from fastdata.fields.base import FieldError, FieldKind, class_names, register
+
+#: integer labels are class indices below this: one row's label must not make millions
+MAX_CLASSES = 1 << 20
+_INTEGER = re.compile(r"[0-9]+")
 
 
 @register
@@ -23,6 +29,23 @@ class ClassField(FieldKind):
     def __init__(self, *, classes):
         self.classes = names = class_names(classes)
         self._index = {c: k for k, c in enumerate(names)}
+
+    @classmethod
+    def from_column(cls, cells) -> ClassField:
+        """Non-negative integers are class indices (``0..max``, so that a label is its index);
+        any other values are names, sorted.
+
+        Raises:
+            ValueError: an integer label of ``MAX_CLASSES`` or more.
+        """
+        names = {str(c).strip() for c in cells}
+        if names and all(_INTEGER.fullmatch(n) for n in names):
+            top = max(int(n) if len(n.lstrip("0")) < 8 else MAX_CLASSES for n in names)
+            if top >= MAX_CLASSES:
+                raise ValueError(f"a class index of {MAX_CLASSES:,} or more: integer labels are "
+                                 f"class indices 0..{MAX_CLASSES - 1}; give class names instead")
+            return cls(classes=[str(k) for k in range(top + 1)])
+        return cls(classes=sorted(names))
 
     def params(self) -> dict:
         return {"classes": self.classes}

@@ -8,6 +8,11 @@ point at the centre of stored pixel ``(c, r)`` of an ``S`` square is ``((c + .5)
 (r + .5) / S)``) and ``v``: 0 not labelled (or cut away), 1 labelled but hidden, 2 visible
 (COCO's). In a batch, each image's are ``(n, K, 3)`` in output pixels (torchvision's
 ``KeypointRCNN`` targets' ``keypoints``); a point the crop cuts away gets ``v = 0``.
+
+In a labels file or a source's column, a sample's cell is a JSON list of instances, each an
+object of named points (``{"nose": [x, y, v], "left_eye": [x, y]}``: ``v`` 2 where not given,
+a point not named is not labelled) or a list of the field's ``K`` points; the names, in the
+order the column first names them, are the field's.
 """
 from __future__ import annotations
 
@@ -15,12 +20,22 @@ import json
 
 import numpy as np
 
-from fastdata.fields.base import FieldError, FieldKind, check_bytes, class_names, register
+from fastdata.fields.base import (
+    FieldError,
+    FieldKind,
+    check_bytes,
+    class_names,
+    register,
+    spread,
+)
+from fastdata.fields.cells import json_cell
 
 #: name prefixes of mirrored points (``left_eye`` <-> ``right_eye``), as COCO names them
 MIRRORED = (("left_", "right_"), ("l_", "r_"))
 #: the most points one sample may hold (instances times names)
 MAX_POINTS = 1 << 20
+#: the most names a field's points may have
+MAX_NAMES = 1024
 
 
 @register
@@ -39,10 +54,11 @@ class KeypointsField(FieldKind):
 
     kind = "keypoints"
     fixed = False
+    moves = True
 
     def __init__(self, *, names, flip_pairs=None, skeleton=None):
         self.names = class_names(names)
-        index = {n: k for k, n in enumerate(self.names)}
+        self._index = index = {n: k for k, n in enumerate(self.names)}
         pairs = _mirrored(self.names) if flip_pairs is None else flip_pairs
         self.flip_pairs = _pairs("flip_pairs", pairs, index)
         self.skeleton = _pairs("skeleton", skeleton or [], index)
@@ -50,25 +66,66 @@ class KeypointsField(FieldKind):
         for a, b in self.flip_pairs:
             self.flip_order[index[a]], self.flip_order[index[b]] = index[b], index[a]
 
+    @classmethod
+    def from_column(cls, cells) -> KeypointsField:
+        """The points the column's instances name, in the order it first names them.
+
+        Raises:
+            ValueError: no instance names its points (a list of lists cannot say which is
+                which).
+        """
+        names: dict[str, None] = {}
+        for cell in map(json_cell, cells):
+            for instance in [cell] if isinstance(cell, dict) else \
+                    cell if isinstance(cell, list) else ():
+                if isinstance(instance, dict):
+                    names.update(dict.fromkeys(map(str, instance)))
+                    if len(names) > MAX_NAMES:
+                        raise ValueError(f"a keypoints column naming more than {MAX_NAMES} "
+                                         f"points")
+        if not names:
+            raise ValueError('a keypoints column names its points: give each instance as an '
+                             'object, e.g. [{"nose": [0.5, 0.4, 2], "left_eye": [0.45, 0.35]}]')
+        return cls(names=list(names))
+
     def params(self) -> dict:
         out: dict = {"names": self.names, "flip_pairs": [list(p) for p in self.flip_pairs]}
         return {**out, "skeleton": [list(p) for p in self.skeleton]} if self.skeleton else out
 
     def parse(self, cell, where: str) -> np.ndarray:
-        """A JSON list of instances, each ``K`` points ``[x, y, v]`` (or COCO's flat
-        ``[x1, y1, v1, x2, ...]``), ``x, y`` as fractions of the stored square."""
+        """A JSON list of instances, each an object of named points or ``K`` points
+        ``[x, y, v]`` (or COCO's flat ``[x1, y1, v1, x2, ...]``), ``x, y`` as fractions of the
+        stored square."""
         if isinstance(cell, str):
             try:
                 cell = json.loads(cell) if cell.strip() else []
             except ValueError:
                 raise FieldError(f"{where}: {cell[:40]!r} is not a JSON list of "
                                  f"instances") from None
+        if isinstance(cell, dict):
+            cell = [cell]
+        if isinstance(cell, list):
+            cell = [self._named(i, where) if isinstance(i, dict) else i for i in cell]
         try:
             a = np.asarray(cell, np.float64).reshape(-1, len(self.names), 3)
         except (TypeError, ValueError):
             raise FieldError(f"{where}: not instances of {len(self.names)} points [x, y, v] "
                              f"each") from None
         return self._checked(a.astype(np.float32), where)
+
+    def _named(self, instance: dict, where: str) -> list:
+        """An instance of named points as the field's ``K`` points (those not named: 0, 0,
+        0)."""
+        points = [[0.0, 0.0, 0.0] for _ in self.names]
+        for name, p in instance.items():
+            k = self._index.get(name)
+            if k is None:
+                raise FieldError(f"{where}: {str(name)[:40]!r} is not one of the field's "
+                                 f"points ({', '.join(self.names)})")
+            if not isinstance(p, list) or len(p) not in (2, 3):
+                raise FieldError(f"{where}: point {name!r} is not [x, y] or [x, y, v]")
+            points[k] = [*p, 2] if len(p) == 2 else p
+        return points
 
     def _checked(self, a: np.ndarray, where: str) -> np.ndarray:
         check_bytes(a.nbytes, where, MAX_POINTS * 12)
@@ -87,6 +144,10 @@ class KeypointsField(FieldKind):
                              f"{len(self.names)} points")
         return self._checked(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
                              where)
+
+    def describe(self, column) -> str:
+        per = 12 * len(self.names)
+        return f"keypoints (points={len(self.names)}): {spread(column, per, 'instances')}"
 
     def collate(self, values):
         import torch

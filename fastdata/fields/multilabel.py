@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastdata.fields.base import FieldError, FieldKind, class_names, register
+from fastdata.fields.cells import json_cell
 
 
 @register
@@ -25,6 +26,18 @@ class MultiLabelField(FieldKind):
         self.classes = names = class_names(classes)
         self.shape = (len(names),)
         self._index = {c: k for k, c in enumerate(names)}
+
+    @classmethod
+    def from_column(cls, cells) -> MultiLabelField:
+        """The names the cells hold (``|``- or ``;``-separated, or JSON lists), sorted."""
+        names: set[str] = set()
+        for v in map(json_cell, cells):
+            if isinstance(v, str):
+                sep = "|" if "|" in v else ";"
+                names.update(n.strip() for n in v.split(sep) if n.strip())
+            elif isinstance(v, list):
+                names.update(str(n) for n in v)
+        return cls(classes=sorted(names))
 
     def params(self) -> dict:
         return {"classes": self.classes}

@@ -9,6 +9,7 @@ import numpy as np
 
 from fastdata.checks import integer
 from fastdata.fields.base import FieldError, FieldKind, register
+from fastdata.fields.cells import json_cell
 
 
 @register
@@ -29,6 +30,19 @@ class FloatField(FieldKind):
     def __init__(self, *, length: int | None = None):
         self.length = integer("length", length, 1, optional=True)
         self.shape = () if self.length is None else (self.length,)
+
+    @classmethod
+    def from_column(cls, cells) -> FloatField:
+        """Of the first list's length where the cells are lists (or strings of several
+        numbers, all of them), else a scalar."""
+        first, words = None, None
+        for v in map(json_cell, cells):
+            if isinstance(v, list):
+                return cls(length=len(v))
+            if words is not False:
+                words = isinstance(v, str) and len(v.split()) > 1
+                first = v.split() if words and first is None else first
+        return cls(length=len(first)) if words and first else cls()
 
     def params(self) -> dict:
         return {} if self.length is None else {"length": self.length}

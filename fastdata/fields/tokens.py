@@ -15,6 +15,7 @@ from fastdata.fields.base import (
     limited,
     register,
 )
+from fastdata.fields.cells import Stats, token_dtype
 
 DTYPES = ("uint16", "int32", "int64")
 
@@ -37,6 +38,12 @@ class TokensField(FieldKind):
 
     def __init__(self, *, dtype: str = "int32"):
         self.token_dtype = np.dtype(choice("dtype", dtype, DTYPES))
+
+    @classmethod
+    def from_column(cls, cells) -> TokensField:
+        """The smallest dtype that holds every integer of the column."""
+        stats = Stats(cells)
+        return cls(dtype=token_dtype(stats.lo, stats.hi))
 
     def params(self) -> dict:
         return {"dtype": self.token_dtype.name}

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from fastdata._optional import require
-from fastdata.format import SPATIAL_KINDS
 from fastdata.loader.buffers import BufferPool
 from fastdata.ops.boxes import center_boxes
 
@@ -64,8 +63,8 @@ class DaliOps:
             images, labels, *crops = fn.external_source(
                 source=source, num_outputs=5 if spatial else 2, batch=True,
                 layout=[None if encoded else "HWC"] + [None] * (4 if spatial else 1),
-                dtype=[types.UINT8, types.INT64 if spec.dataset.label_kind in (
-                    "class", *SPATIAL_KINDS) else types.FLOAT] + (
+                dtype=[types.UINT8, types.FLOAT if spec.dataset.label_kind in (
+                    "multi_label", "regression") else types.INT64] + (
                     [types.FLOAT, types.FLOAT, types.INT32] if spatial else []))
             if encoded:
                 images = fn.decoders.image(images, device="mixed" if self.gpu else "cpu",

@@ -18,21 +18,43 @@ class BatchFields:
     names: tuple[str, ...]
     transforms: dict[str, Callable] = dataclasses.field(default_factory=dict)
 
-    def read(self, ds, indices, labels: Callable[[], torch.Tensor]) -> dict:
+    def moves(self, ds) -> bool:
+        """Whether a field asked for moves with the pixels (``FieldKind.moves``: boxes,
+        keypoints), so that a batch's crops are drawn before its fields are read."""
+        return any(n in ds.fields and ds.fields[n].moves for n in self.names)
+
+    def read(self, ds, indices, labels: Callable[[], torch.Tensor], drawn=None,
+             stored: int = 0, out: int = 0) -> dict:
         """A batch's fields but the image: each collated (``FieldKind.collate``: a tensor for a
         fixed-size kind, else a list) and through its batch function; ``labels()``: the
-        batch's labels, where asked."""
-        out = {}
+        batch's labels, where asked. ``drawn``: the batch's crops (top, left, h, w in stored
+        pixels of side ``stored``) and flips, to ``out`` pixels: a moving field's values go
+        through them (None: the stored squares as they are)."""
+        batch = {}
         for name in self.names:
             if name == "image":
                 continue
             if name == "label":
                 value = labels()
             else:
-                value = ds.fields[name].collate(ds.field_values(name, indices))
+                kind = ds.fields[name]
+                values = ds.field_values(name, indices)
+                if kind.moves:
+                    values = _moved(kind, values, drawn, stored, out)
+                value = kind.collate(values)
             fn = self.transforms.get(name)
-            out[name] = value if fn is None else fn(value)
-        return out
+            batch[name] = value if fn is None else fn(value)
+        return batch
+
+
+def _moved(kind, values, drawn, stored: int, out: int) -> list:
+    """Each sample's value through its image's crop and flip (``kind.move``)."""
+    if drawn is None:
+        return [kind.move(v, (0, 0, stored, stored), False, stored, stored) for v in values]
+    crops, flips = drawn
+    crops = crops.tolist() if torch.is_tensor(crops) else crops
+    flips = flips.tolist() if torch.is_tensor(flips) else flips
+    return [kind.move(v, c, bool(f), stored, out) for v, c, f in zip(values, crops, flips)]
 
 
 def batch_fields(dataset, fields: Sequence[str] | None,

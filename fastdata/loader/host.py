@@ -82,10 +82,11 @@ class HostReader:
         self.on_host = spec.device.type == "cpu"
         self.sample_hook, self.batch_hook = spec.sample_hook, spec.batch_hook
         self.targets_form = spec.targets
-        #: a detection or segmentation set's: its boxes, masks or class maps go through each
-        #: image's crop and flip
-        self.spatial = spec.dataset.label_kind in SPATIAL_KINDS
         self.fields = spec.fields
+        #: a detection or segmentation set's boxes, masks or class maps, or a dict batch's
+        #: moving fields (boxes, keypoints), go through each image's crop and flip: ``targets``
+        self.spatial = spec.dataset.label_kind in SPATIAL_KINDS or (
+            self.fields is not None and self.fields.moves(spec.dataset))
         self.progress: dict[int, list[int]] = {}
 
     def __getstate__(self):
@@ -107,12 +108,16 @@ class HostReader:
         raise NotImplementedError
 
     def labels(self, indices) -> torch.Tensor | dict | None:
-        """The batch's labels (None for a detection or segmentation set: ``targets``); for
-        dict batches (``Spec.fields``), its fields but the image instead."""
+        """The batch's labels; for dict batches (``Spec.fields``), its fields but the image
+        instead; None where they go through the crops (``spatial``: ``targets``)."""
+        if self.spatial:
+            return None
         if self.fields is not None:
-            return self.fields.read(self.ds, indices,
-                                    lambda: torch.from_numpy(self.ds.labels_of(indices)))
-        return None if self.spatial else torch.from_numpy(self.ds.labels_of(indices))
+            return self.fields.read(self.ds, indices, self._labels(indices))
+        return self._labels(indices)()
+
+    def _labels(self, indices) -> Callable[[], torch.Tensor]:
+        return lambda: torch.from_numpy(self.ds.labels_of(indices))
 
     def draw(self, n: int, seed: int) -> tuple:
         """The crop boxes and flips of a batch of ``n`` stored squares, from its seed."""
@@ -120,8 +125,11 @@ class HostReader:
                                       torch.Generator().manual_seed(seed))
 
     def targets(self, indices, drawn) -> list[dict] | dict:
-        """A detection or segmentation batch's targets through its crops and flips
-        (``drawn``; None: the stored squares as they are)."""
+        """A detection or segmentation batch's targets, or a dict batch's fields, through its
+        crops and flips (``drawn``; None: the stored squares as they are)."""
+        if self.fields is not None:
+            return self.fields.read(self.ds, indices, self._labels(indices), drawn, self.size,
+                                    self.crop_stage.crop or self.size)
         return batch_targets(self.ds.annotations, indices, drawn, self.size,
                              self.crop_stage.crop, self.targets_form)
 

@@ -17,6 +17,8 @@ import math
 import numpy as np
 import torch
 
+from fastdata.fields.boxes import moved_boxes
+
 TARGET_FORMATS = ("list", "padded")
 
 
@@ -64,24 +66,6 @@ class Targets:
                          f"{', '.join(map(repr, TARGET_FORMATS))} or a fastdata.Targets")
 
 
-def _moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int,
-                 rule: Targets):
-    """Boxes (M, 4) in stored pixels, each with its image's crop (top, left, h, w) and flip →
-    ``(boxes in output pixels, clipped, (M, 4) float32; kept (M,) bool)`` (``rule``: which are
-    kept)."""
-    top, left, h, w = crop.T.astype(np.float64)
-    sx, sy = out / w, out / h
-    x0, x1 = (xyxy[:, 0] - left) * sx, (xyxy[:, 2] - left) * sx
-    y0, y1 = (xyxy[:, 1] - top) * sy, (xyxy[:, 3] - top) * sy
-    area = (x1 - x0) * (y1 - y0)
-    x0, x1, y0, y1 = (np.clip(v, 0, out) for v in (x0, x1, y0, y1))
-    cw, ch = x1 - x0, y1 - y0
-    keep = (cw >= rule.min_size) & (ch >= rule.min_size) & (cw > 0) & (ch > 0) & (
-        cw * ch >= rule.min_visible * area)
-    x0, x1 = np.where(flip, out - x1, x0), np.where(flip, out - x0, x1)
-    return np.stack([x0, y0, x1, y1], 1).astype(np.float32), keep
-
-
 def sample_grid(crop, out: int) -> tuple[np.ndarray, np.ndarray]:
     """The stored rows and columns that nearest resampling of a crop (top, left, h, w) to
     ``out`` pixels reads: the image's resize's pixel centres."""
@@ -115,8 +99,8 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
     counts = ann.counts(indices)
     rows = ann.rows(indices)
     owner = np.repeat(np.arange(b), counts)
-    boxes, keep = _moved_boxes(ann.boxes[rows].astype(np.float64) * stored, crop[owner],
-                               flip[owner], out, rule)
+    boxes, keep = moved_boxes(ann.boxes[rows].astype(np.float64) * stored, crop[owner],
+                              flip[owner], out, rule.min_size, rule.min_visible)
     ends = np.cumsum(counts)
     result = []
     for k in range(b):

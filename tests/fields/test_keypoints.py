@@ -137,3 +137,148 @@ def test_bad_keypoints_in_a_coco_file_skip_their_annotation(tmp_path):
     reasons = [s["reason"] for s in m["skipped"]]
     assert "a keypoint's visibility is not 0, 1 or 2" in reasons
     assert "keypoints is not 9 finite numbers [x1, y1, v1, ...]" in reasons
+
+
+@pytest.fixture(scope="module")
+def pose_set(tmp_path_factory):
+    """The person pictures with their keypoints as a labels file's field (named points, as
+    fractions of each picture), stretched onto the square."""
+    tmp = tmp_path_factory.mktemp("pose")
+    src, ann = _person_folder(tmp / "src")
+    coco = json.loads(open(ann).read())
+    size = {im["id"]: (im["width"], im["height"]) for im in coco["images"]}
+    path = tmp / "labels.jsonl"
+    with open(path, "w") as f:
+        for im, a in zip(coco["images"], coco["annotations"]):
+            w, h = size[a["image_id"]]
+            p = a["keypoints"]
+            person = {name: [(p[3 * k] + 0.5) / w, (p[3 * k + 1] + 0.5) / h, 2]
+                      for k, name in enumerate(NAMES)}
+            f.write(json.dumps({"path": im["file_name"], "pose": [person],
+                                "caption": f"person {im['id']}"}) + "\n")
+    out = str(tmp / "set")
+    convert(src, out, sizes=[64], labels=str(path), fields={"pose": "keypoints"},
+            fit="stretch", progress=False)
+    return out
+
+
+def _check_on_markers(image: np.ndarray, points: torch.Tensor, out: int) -> tuple[int, bool]:
+    """How many of one image's points lie within a pixel of their markers, and whether the
+    image is mirrored (each eye where the other's marker is)."""
+    checked, mirrored = 0, False
+    for k, name in enumerate(NAMES):
+        x, y, v = points[0, k].tolist()
+        if v == 0:      # cut away by the crop
+            assert not (0 <= x < out and 0 <= y < out)
+            continue
+        here = _centroid(image, MARKERS[name])
+        other = {"left_eye": "right_eye", "right_eye": "left_eye"}.get(name)
+        there = _centroid(image, MARKERS[other]) if other else None
+        if here is not None and abs(here[0] - x) <= 1 and abs(here[1] - y) <= 1:
+            checked += 1
+        else:
+            assert there is not None and abs(there[0] - x) <= 1 and abs(there[1] - y) <= 1, \
+                (name, (x, y), here, there)
+            mirrored = True
+    return checked, mirrored
+
+
+@pytest.mark.parametrize("backend,workers", [("torch", "thread"), ("torch", "process"),
+                                             ("dali", "thread")])
+def test_a_labels_file_keypoints_field_moves_with_its_images(pose_set, backend, workers):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="needs DALI")
+    ds = fastdata.open(pose_set)
+    assert ds.fields["pose"].names == NAMES and ds[0]["pose"].shape == (1, 3, 3)
+    if backend == "torch":
+        backend = fastdata.TorchBackend(workers=workers, num_workers=2)
+    loader = fastdata.Loader(pose_set, batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
+                             std=(1, 1, 1), scale=(0.5, 1.0), seed=2, backend=backend,
+                             fields=["image", "pose", "caption"])
+    checked = flipped = 0
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        batch = next(iter(loader))
+        assert len(batch["caption"]) == 6 and len(batch["pose"]) == 6
+        for image, points in zip(batch["image"].permute(0, 2, 3, 1).numpy(), batch["pose"]):
+            assert points.shape == (1, 3, 3) and points.dtype == torch.float32
+            c, m = _check_on_markers(image, points, 48)
+            checked, flipped = checked + c, flipped + m
+    assert checked >= 20 and flipped >= 2
+
+
+def test_a_keypoints_field_without_crops_is_in_stored_pixels(pose_set):
+    loader = fastdata.Loader(pose_set, batch_size=6, train=False, device="cpu",
+                             fields=["image", "pose"])
+    batch = next(iter(loader))
+    stored = fastdata.open(pose_set).field_values("pose", np.arange(6))
+    for points, want in zip(batch["pose"], stored):
+        want = want.copy()
+        want[..., :2] *= 64
+        assert torch.allclose(points, torch.from_numpy(want))
+
+
+def test_a_keypoints_field_names_its_points_and_needs_the_stretch_fit(tmp_path):
+    from fastdata.fields.infer import kind_named
+
+    with pytest.raises(ValueError, match="names its points"):
+        kind_named("keypoints", ["[[[0.5, 0.5, 2]]]"])
+    kind = kind_named("keypoints", ['[{"nose": [0.5, 0.5]}]', '[{"left_eye": [0.1, 0.2, 1]}]'])
+    assert kind.names == ["nose", "left_eye"]
+    with pytest.raises(FieldError, match="'ear' is not one of the field's points"):
+        kind.parse([{"ear": [0.1, 0.1]}], "row 3")
+    src, _ = _person_folder(tmp_path / "src", n=2)
+    labels = tmp_path / "l.jsonl"
+    labels.write_text("".join(json.dumps({"path": f"img/{i}.png", "pose": [{"nose": [.5, .5]}]})
+                              + "\n" for i in range(2)))
+    with pytest.raises(ValueError, match="--fit stretch"):
+        convert(src, str(tmp_path / "o"), sizes=[32], labels=str(labels),
+                fields={"pose": "keypoints"}, progress=False)
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_a_new_kind_that_moves_with_the_pixels_is_one_registered_class(tmp_path):
+    """A point per sample, defined here: converted from a labels file and loaded through crops
+    and flips with nothing else told of it."""
+    from fastdata.fields import FIELDS, FieldKind, register
+
+    @register
+    class Spot(FieldKind):
+        kind, shape, moves = "spot", (2,), True
+
+        def parse(self, cell, where):
+            return np.asarray(json.loads(cell) if isinstance(cell, str) else cell, np.float32)
+
+        def move(self, value, crop, flip, stored, out):
+            top, left, h, w = (float(v) for v in crop)
+            x, y = (value[0] * stored - left) * out / w, (value[1] * stored - top) * out / h
+            return np.array([out - x if flip else x, y], np.float32)
+
+    try:
+        src, ann = _person_folder(tmp_path / "src")
+        coco = json.loads(open(ann).read())
+        with open(tmp_path / "l.jsonl", "w") as f:
+            for im, a in zip(coco["images"], coco["annotations"]):
+                x, y = a["keypoints"][:2]       # the nose
+                f.write(json.dumps({"path": im["file_name"],
+                                    "spot": [(x + .5) / im["width"], (y + .5) / im["height"]]})
+                        + "\n")
+        out = str(tmp_path / "set")
+        convert(src, out, sizes=[64], labels=str(tmp_path / "l.jsonl"),
+                fields={"spot": "spot"}, fit="stretch", progress=False)
+        loader = fastdata.Loader(out, batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
+                                 std=(1, 1, 1), scale=(0.6, 1.0), seed=3, fields=["image", "spot"])
+        near = 0
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            batch = next(iter(loader))
+            assert batch["spot"].shape == (6, 2)
+            for image, (x, y) in zip(batch["image"].permute(0, 2, 3, 1).numpy(),
+                                     batch["spot"].tolist()):
+                at = _centroid(image, MARKERS["nose"])
+                if at is not None and 2 <= x < 46 and 2 <= y < 46:
+                    assert abs(at[0] - x) <= 1 and abs(at[1] - y) <= 1, ((x, y), at)
+                    near += 1
+        assert near >= 6
+    finally:
+        del FIELDS["spot"]
