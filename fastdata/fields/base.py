@@ -181,6 +181,12 @@ class FieldKind:
         it is."""
         return value
 
+    def move_batch(self, values: Sequence, crops: np.ndarray, flips: np.ndarray, stored: int,
+                   out: int) -> list:
+        """A batch's values through their images' crops (``(B, 4)``: top, left, h, w) and
+        flips (``(B,)``): ``move`` of each (a geometric kind may move them all at once)."""
+        return [self.move(v, c, bool(f), stored, out) for v, c, f in zip(values, crops, flips)]
+
     def describe(self, column: Column) -> str:
         """A line for ``fastdata info``: the kind, its parameters, and what its values hold."""
         extra = ", ".join(f"{k}={v}" for k, v in self.params().items() if k != "classes")

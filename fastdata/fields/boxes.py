@@ -123,16 +123,29 @@ class BoxesField(FieldKind):
     def move(self, value: np.ndarray, crop, flip: bool, stored: int, out: int) -> dict:
         """One image's boxes through its crop (top, left, h, w in stored pixels) to ``out``
         pixels and flip: the batch's dict (the module's docstring)."""
-        n = len(value)
-        xyxy = value[:, :4].astype(np.float64) * stored
-        boxes, keep = moved_boxes(xyxy, np.tile(np.asarray(crop, np.float64), (n, 1)),
-                                  np.full(n, bool(flip)), out)
+        return self.move_batch([value], [crop], [flip], stored, out)[0]
+
+    def move_batch(self, values, crops, flips, stored: int, out: int) -> list[dict]:
+        """``move`` of a batch's boxes, all at once."""
         import torch
 
-        target = {"boxes": torch.from_numpy(boxes[keep])}
-        if self.classes is not None:
-            target["labels"] = torch.from_numpy(value[keep, 4].astype(np.int64) + 1)
-        return target
+        parts = [np.asarray(v, np.float32).reshape(-1, 5) for v in values]
+        counts = [len(v) for v in parts]
+        rows = np.concatenate(parts) if parts else np.zeros((0, 5), np.float32)
+        owner = np.repeat(np.arange(len(parts)), counts)
+        boxes, keep = moved_boxes(rows[:, :4].astype(np.float64) * stored,
+                                  np.asarray(crops, np.float64).reshape(-1, 4)[owner],
+                                  np.asarray(flips, bool).reshape(-1)[owner], out)
+        labels = rows[:, 4].astype(np.int64) + 1
+        result, end = [], 0
+        for n in counts:
+            sel, end = slice(end, end + n), end + n
+            kept = keep[sel]
+            target = {"boxes": torch.from_numpy(boxes[sel][kept])}
+            if self.classes is not None:
+                target["labels"] = torch.from_numpy(labels[sel][kept])
+            result.append(target)
+        return result
 
     def collate(self, values):
         return list(values)

@@ -159,17 +159,26 @@ class KeypointsField(FieldKind):
         ``stored``) through its crop (top, left, h, w in stored pixels) to ``out`` pixels and
         flip, as its pixels and boxes are moved; points the crop cuts away get ``v = 0``, and a
         flip swaps the mirrored names."""
-        top, left, h, w = (float(v) for v in crop)
-        p = points.astype(np.float64, copy=True)
+        return self.move_batch([points], [crop], [flip], stored, out)[0]
+
+    def move_batch(self, values, crops, flips, stored: int, out: int) -> list[np.ndarray]:
+        """``move`` of a batch's points, all at once."""
+        k = len(self.names)
+        parts = [np.asarray(v, np.float64).reshape(-1, k, 3) for v in values]
+        if not parts:
+            return []
+        counts = [len(v) for v in parts]
+        p = np.concatenate(parts)
+        owner = np.repeat(np.arange(len(parts)), counts)
+        top, left, h, w = np.asarray(crops, np.float64).reshape(-1, 4)[owner].T[..., None]
+        flip = np.asarray(flips, bool).reshape(-1)[owner]
         p[..., 0] = (p[..., 0] * stored - left) * out / w
         p[..., 1] = (p[..., 1] * stored - top) * out / h
-        if flip:
-            p[..., 0] = out - p[..., 0]
-            p = p[:, self.flip_order]
+        p[flip, :, 0] = out - p[flip, :, 0]
+        p[flip] = p[flip][:, self.flip_order]
         inside = (p[..., 0] >= 0) & (p[..., 0] < out) & (p[..., 1] >= 0) & (p[..., 1] < out)
         p[..., 2] = np.where(inside, p[..., 2], 0)
-        return p.astype(np.float32)
-
+        return np.split(p.astype(np.float32), np.cumsum(counts)[:-1])
 
 def _mirrored(names: list[str]) -> list[tuple[str, str]]:
     """The pairs ``left_x`` / ``right_x`` (``l_x`` / ``r_x``) among ``names``."""

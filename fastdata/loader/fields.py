@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from fastdata.format import SPATIAL_KINDS
@@ -48,13 +49,14 @@ class BatchFields:
 
 
 def _moved(kind, values, drawn, stored: int, out: int) -> list:
-    """Each sample's value through its image's crop and flip (``kind.move``)."""
+    """The batch's values through its images' crops and flips (``kind.move_batch``)."""
+    n = len(values)
     if drawn is None:
-        return [kind.move(v, (0, 0, stored, stored), False, stored, stored) for v in values]
+        return kind.move_batch(values, np.tile([0, 0, stored, stored], (n, 1)),
+                               np.zeros(n, bool), stored, stored)
     crops, flips = drawn
-    crops = crops.tolist() if torch.is_tensor(crops) else crops
-    flips = flips.tolist() if torch.is_tensor(flips) else flips
-    return [kind.move(v, c, bool(f), stored, out) for v, c, f in zip(values, crops, flips)]
+    return kind.move_batch(values, np.asarray(crops).reshape(n, 4),
+                           np.asarray(flips, bool).reshape(n), stored, out)
 
 
 def batch_fields(dataset, fields: Sequence[str] | None,

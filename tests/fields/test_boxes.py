@@ -100,3 +100,19 @@ def test_info_describes_the_boxes_and_verify_checks_them(boxes_set, capsys):
     assert cli(["info", boxes_set]) == 0
     assert "boxes (classes=3): 3-3 boxes, mean 3.0" in capsys.readouterr().out
     assert verify(boxes_set) == []
+
+
+def test_a_batch_of_boxes_moves_as_each_image_would():
+    kind = field_of("boxes", classes=["a", "b"])
+    values = [kind.parse([{"box": [0.1, 0.1, 0.4, 0.5], "label": "b"},
+                          {"box": [0.8, 0.8, 0.9, 0.95], "label": "a"}], ""),
+              kind.parse([], ""), kind.parse([{"box": [0, 0, 1, 1], "label": "a"}], "")]
+    crops = np.array([[0, 0, 16, 16], [2, 2, 8, 8], [4, 0, 8, 12]])
+    flips = np.array([True, False, False])
+    batch = kind.move_batch(values, crops, flips, 20, 10)
+    for got, v, c, f in zip(batch, values, crops, flips):
+        one = kind.move(v, c, f, 20, 10)
+        assert torch.equal(got["boxes"], one["boxes"]) and torch.equal(got["labels"],
+                                                                         one["labels"])
+    assert len(batch[0]["boxes"]) == 1 and batch[0]["labels"].tolist() == [2]   # one cut away
+    assert batch[2]["boxes"].tolist() == [[0.0, 0.0, 10.0, 10.0]]

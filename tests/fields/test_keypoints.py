@@ -282,3 +282,19 @@ def test_a_new_kind_that_moves_with_the_pixels_is_one_registered_class(tmp_path)
         assert near >= 6
     finally:
         del FIELDS["spot"]
+
+
+def test_a_batch_moves_as_each_of_its_samples_would():
+    kind = field_of("keypoints", names=NAMES)
+    rng = np.random.default_rng(5)
+    values = [np.dstack([rng.uniform(0, 1, (n, 3, 2)), np.full((n, 3, 1), 2.0)]).astype(
+        np.float32) for n in (1, 0, 2, 3)]
+    crops = np.array([[0, 0, 32, 32], [4, 8, 20, 16], [10, 2, 12, 30], [1, 1, 30, 31]])
+    flips = np.array([False, True, True, False])
+    batch = kind.move_batch(values, crops, flips, 32, 24)
+    assert [len(b) for b in batch] == [1, 0, 2, 3]
+    for got, v, c, f in zip(batch, values, crops, flips):
+        assert np.array_equal(got, kind.move(v, c, f, 32, 24))
+        if len(v) and f:        # the left eye lands where the right one would unflipped
+            plain = kind.move(v, c, False, 32, 24)
+            assert np.allclose(got[:, 1, 0], 24 - plain[:, 2, 0])
