@@ -205,6 +205,27 @@ class FieldKind:
         return hash((self.kind, repr(self.params())))
 
 
+def records(column: Column, local, per: int, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of samples ``local`` of a column whose values are runs of ``per``-byte
+    records (boxes, people's points), joined, and how many records each holds: a batch's
+    values read and checked in one piece.
+
+    Raises:
+        FieldError: a value that is not whole records, or longer than ``limit`` bytes.
+    """
+    o, v = column.offsets, column.values
+    if o is None:
+        raise FieldError("a column of records without offsets")
+    local = np.asarray(local, np.int64)
+    starts, ends = o[local], o[local + 1]
+    lengths = ends - starts
+    if len(lengths) and (lengths.max() > limit or (lengths % per).any()):
+        raise FieldError(f"a value that is not whole {per}-byte records, or more than "
+                         f"{limit:,} bytes")
+    parts = [v[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+    return (np.concatenate(parts) if parts else np.zeros(0, np.uint8)), lengths // per
+
+
 def spread(column: Column, per: int, unit: str) -> str:
     """What a variable-length column's values hold, for ``describe``: the least, most and mean
     number of ``unit`` (``per`` bytes each) a value."""

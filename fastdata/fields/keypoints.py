@@ -25,6 +25,7 @@ from fastdata.fields.base import (
     FieldKind,
     check_bytes,
     class_names,
+    records,
     register,
     spread,
 )
@@ -111,6 +112,7 @@ class KeypointsField(FieldKind):
         except (TypeError, ValueError):
             raise FieldError(f"{where}: not instances of {len(self.names)} points [x, y, v] "
                              f"each") from None
+        check_bytes(a.size * 4, where, MAX_POINTS * 12)
         return self._checked(a.astype(np.float32), where)
 
     def _named(self, instance: dict, where: str) -> list:
@@ -128,7 +130,6 @@ class KeypointsField(FieldKind):
         return points
 
     def _checked(self, a: np.ndarray, where: str) -> np.ndarray:
-        check_bytes(a.nbytes, where, MAX_POINTS * 12)
         if not np.isfinite(a).all() or not np.isin(a[..., 2], (0, 1, 2)).all():
             raise FieldError(f"{where}: keypoints whose x, y are not finite or whose v is not "
                              f"0, 1 or 2")
@@ -138,12 +139,19 @@ class KeypointsField(FieldKind):
         return np.ascontiguousarray(value, np.float32).tobytes()
 
     def from_bytes(self, data: bytes, where: str) -> np.ndarray:
+        check_bytes(len(data), where, MAX_POINTS * 12)
         per = len(self.names) * 12
         if len(data) % per:
             raise FieldError(f"{where}: {len(data)} bytes are not whole instances of "
                              f"{len(self.names)} points")
         return self._checked(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
                              where)
+
+    def read(self, column, local) -> list[np.ndarray]:
+        k = len(self.names)
+        data, counts = records(column, local, 12 * k, MAX_POINTS * 12)
+        points = self._checked(np.frombuffer(data, np.float32).reshape(-1, k, 3), "")
+        return np.split(points, np.cumsum(counts)[:-1]) if len(counts) else []
 
     def describe(self, column) -> str:
         per = 12 * len(self.names)

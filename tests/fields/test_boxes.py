@@ -45,8 +45,13 @@ def test_boxes_round_trip_and_bad_ones_are_refused_naming_where():
         plain.parse([{"box": [0, 0, 1, 1], "label": "x"}], "row 4")
     tampered = column.values.copy().view(np.float32)
     tampered[4] = 7                     # a class index the field has not
+    bad = type(column)(tampered.view(np.uint8), column.offsets)
     with pytest.raises(FieldError, match="class index"):
-        kind.check(type(column)(tampered.view(np.uint8), column.offsets), 2, "shard-00000")
+        kind.check(bad, 2, "shard-00000")
+    with pytest.raises(FieldError, match="class index"):     # and as a batch reads it
+        kind.read(bad, np.array([1, 0]))
+    with pytest.raises(FieldError, match="not whole 20-byte records"):
+        kind.read(type(column)(column.values, np.array([0, 7, 20])), np.array([0]))
 
 
 @pytest.fixture(scope="module")
