@@ -27,6 +27,7 @@ from fastdata.fields.base import (
     register,
     spread,
 )
+from fastdata.fields.category import MAX_CLASSES
 from fastdata.fields.cells import json_cell
 
 #: the most boxes one sample may hold
@@ -54,12 +55,18 @@ class BoxesField(FieldKind):
 
     @classmethod
     def from_column(cls, cells) -> BoxesField:
-        """With the labels the column's boxes name, sorted; without classes where none does."""
+        """With the labels the column's boxes name, sorted; without classes where none does.
+
+        Raises:
+            ValueError: more than ``MAX_CLASSES`` labels.
+        """
         names: set[str] = set()
         for cell in map(json_cell, cells):
             for box in cell if isinstance(cell, list) else ():
                 if isinstance(box, dict) and "label" in box:
                     names.add(str(box["label"]))
+            if len(names) > MAX_CLASSES:
+                raise ValueError(f"a boxes column naming more than {MAX_CLASSES:,} classes")
         return cls(classes=sorted(names) if names else None)
 
     def params(self) -> dict:
