@@ -177,7 +177,8 @@ class Loader:
         fields: batches as dicts of these fields, in this order (``"image"`` among them;
             ``"label"`` the set's label, where it has one; any of its own fields, e.g.
             ``["image", "caption"]``): text as lists of ``str``, fixed-size fields as tensors
-            on ``device``, tokens as lists of int64 tensors (``docs/format.md``, "Batches of
+            on ``device``, tokens as lists of int64 tensors, boxes and keypoints moved with
+            each image's crop and flip, in output pixels (``docs/format.md``, "Batches of
             fields"). None: ``(images, labels)`` batches.
         field_transforms: a function per field (``{"caption": tokenize}``), called on the
             batch's values of that field as collated above (a list of ``str`` for text) in

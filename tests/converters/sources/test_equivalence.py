@@ -1,7 +1,8 @@
 """Every source of the same photos (tars, a gzipped tar, WebDataset's own tars, parquet, a
 Hugging Face dataset in each of its layouts) converts into the set that their folder and
 labels file convert into, sample by sample: images, labels, captions and embeddings; from
-disk and from a real S3 server (moto's, through the real client)."""
+disk and from real S3, Google Cloud Storage and Azure servers (moto's, fake-gcs-server,
+Azurite, through the real client)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import pytest
 import fastdata
 from fastdata.cli import main as cli
 from fastdata.converters.convert import convert
-from tests.helpers import s3_server, source_forms
+from tests.helpers import azure_server, gcs_server, gcs_upload, s3_server, source_forms
 
 FORMS = ["tar", "tar.gz", "tars", "parquet", "hf", "hf-dict", "hub"]
 #: where each form keeps the caption (a tar's member is named by its extension)
@@ -173,3 +174,33 @@ def test_a_source_on_a_plain_http_server_is_read_by_range(forms, reference, name
                     source="webdataset")
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_a_source_in_google_cloud_storage_or_azure_converts_as_on_disk(forms, reference, scheme,
+                                                                      tmp_path):
+    """Tars by their folder (listed) and a parquet file, through the same client as S3's."""
+    import shutil
+
+    obstore = pytest.importorskip("obstore", reason="obstore not installed")
+    pq = tmp_path / "pq"
+    pq.mkdir()
+    shutil.copy(forms["parquet"][0], pq)
+    folders = {"wds": os.path.dirname(forms["tars"][0]), "pq": str(pq)}
+    server = gcs_server("sources") if scheme == "gs" else azure_server("sources")
+    with server as endpoint:
+        for prefix, folder in folders.items():
+            if scheme == "gs":
+                gcs_upload(endpoint, "sources", folder, prefix)
+            else:
+                store = obstore.store.from_url(f"az://sources/{prefix}")
+                for name in sorted(os.listdir(folder)):
+                    with open(os.path.join(folder, name), "rb") as f:
+                        obstore.put(store, name, f.read())
+        for url, form in ((f"{scheme}://sources/wds", "tars"),
+                          (f"{scheme}://sources/pq/data.parquet", "parquet")):
+            out = str(tmp_path / form)
+            m = convert(url, out, sizes=[8, 16], progress=False, shard_size=7,
+                        cache_dir=tmp_path / "cache", **forms[form][1])
+            assert m["source"] == url and m["skipped"] == []
+            assert contents(out, CAPTION.get(form, "caption")) == reference
