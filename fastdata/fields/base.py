@@ -147,7 +147,7 @@ class FieldKind:
         o, v = column.offsets, column.values
         if o is None:
             raise FieldError(f"a {self.kind} column without offsets")
-        return [self.from_bytes(v[o[k]:o[k + 1]].tobytes(), "") for k in local]
+        return [self.from_bytes(v[o[k]:o[k + 1]].tobytes(), f"value {k}") for k in local]
 
     def collate(self, values: list | np.ndarray):
         """A batch of values as the loader yields it: a tensor for fixed-size kinds, else a

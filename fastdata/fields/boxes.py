@@ -130,7 +130,7 @@ class BoxesField(FieldKind):
 
     def read(self, column, local) -> list[np.ndarray]:
         data, counts = records(column, local, 20, MAX_BOXES * 20)
-        rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), "")
+        rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), "a value read")
         return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
 
     def move(self, value: np.ndarray, crop, flip: bool, stored: int, out: int) -> dict:

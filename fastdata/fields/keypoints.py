@@ -150,7 +150,7 @@ class KeypointsField(FieldKind):
     def read(self, column, local) -> list[np.ndarray]:
         k = len(self.names)
         data, counts = records(column, local, 12 * k, MAX_POINTS * 12)
-        points = self._checked(np.frombuffer(data, np.float32).reshape(-1, k, 3), "")
+        points = self._checked(np.frombuffer(data, np.float32).reshape(-1, k, 3), "a value read")
         return np.split(points, np.cumsum(counts)[:-1]) if len(counts) else []
 
     def describe(self, column) -> str:

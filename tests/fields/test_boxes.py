@@ -3,6 +3,7 @@ images through the crop and flip on both backends, as torchvision's detection ta
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -121,3 +122,24 @@ def test_a_batch_of_boxes_moves_as_each_image_would():
                                                                          one["labels"])
     assert len(batch[0]["boxes"]) == 1 and batch[0]["labels"].tolist() == [2]   # one cut away
     assert batch[2]["boxes"].tolist() == [[0.0, 0.0, 10.0, 10.0]]
+
+
+def test_a_tampered_box_in_a_shard_is_refused_naming_the_shard_and_field(boxes_set, tmp_path):
+    import shutil
+
+    import h5py
+
+    from fastdata.shards.verify import verify
+
+    copy = str(tmp_path / "set")
+    shutil.copytree(boxes_set, copy)
+    shard = os.path.join(copy, fastdata.open(copy).manifest["shards"][0]["file"])
+    with h5py.File(shard, "r+") as f:
+        values = f["fields/objects/values"]
+        first = np.frombuffer(values[:20].tobytes(), np.float32).copy()
+        first[0] = 2.0                  # x0 past the square's edge
+        values[:20] = np.frombuffer(first.tobytes(), np.uint8)
+    with pytest.raises(OSError, match=r"shard-00000.h5: field objects: a value read: a box "
+                                      r"outside the image"):
+        fastdata.open(copy).field_values("objects", [0])
+    assert any("field objects" in p.message for p in verify(copy))
