@@ -149,16 +149,13 @@ class BoxesField(FieldKind):
         boxes, keep = moved_boxes(rows[:, :4].astype(np.float64) * stored,
                                   np.asarray(crops, np.float64).reshape(-1, 4)[owner],
                                   np.asarray(flips, bool).reshape(-1)[owner], out)
-        labels = rows[:, 4].astype(np.int64) + 1
-        result, end = [], 0
-        for n in counts:
-            sel, end = slice(end, end + n), end + n
-            kept = keep[sel]
-            target = {"boxes": torch.from_numpy(boxes[sel][kept])}
-            if self.classes is not None:
-                target["labels"] = torch.from_numpy(labels[sel][kept])
-            result.append(target)
-        return result
+        kept = np.bincount(owner[keep], minlength=len(parts)).tolist()
+        # one tensor of the batch's kept boxes, each image's a view of it
+        boxes_of = torch.from_numpy(boxes[keep]).split(kept)
+        if self.classes is None:
+            return [{"boxes": b} for b in boxes_of]
+        labels_of = torch.from_numpy(rows[keep, 4].astype(np.int64) + 1).split(kept)
+        return [{"boxes": b, "labels": c} for b, c in zip(boxes_of, labels_of)]
 
     def collate(self, values):
         return list(values)
