@@ -63,6 +63,27 @@ def _centroid(image: np.ndarray, colour) -> tuple[float, float] | None:
     return xs.mean() + 0.5, ys.mean() + 0.5
 
 
+def _check_on_markers(image: np.ndarray, points: torch.Tensor, out: int) -> tuple[int, bool]:
+    """How many of one image's points lie within a pixel of their markers, and whether the
+    image is mirrored (each eye where the other's marker was painted)."""
+    checked, mirrored = 0, False
+    for k, name in enumerate(NAMES):
+        x, y, v = points[0, k].tolist()
+        if v == 0:      # cut away by the crop: its marker is (mostly) not there
+            assert not (0 <= x < out and 0 <= y < out)
+            continue
+        here = _centroid(image, MARKERS[name])
+        other = {"left_eye": "right_eye", "right_eye": "left_eye"}.get(name)
+        there = _centroid(image, MARKERS[other]) if other else None
+        if here is not None and abs(here[0] - x) <= 1 and abs(here[1] - y) <= 1:
+            checked += 1
+        else:       # a flipped image: the left eye is where the right one was painted
+            assert there is not None and abs(there[0] - x) <= 1 and abs(there[1] - y) <= 1, \
+                (name, (x, y), here, there)
+            mirrored = True
+    return checked, mirrored
+
+
 def test_the_field_takes_its_names_and_mirrors_left_and_right():
     kind = field_of("keypoints", names=NAMES)
     assert kind.flip_pairs == [("left_eye", "right_eye")]
@@ -96,22 +117,8 @@ def test_keypoints_land_on_their_markers_after_crop_and_flip(person_set, backend
         for image, t in zip(images.permute(0, 2, 3, 1).numpy(), targets):
             points = t["keypoints"]
             assert points.shape == (1, 3, 3) and points.dtype == torch.float32
-            mirrored = False
-            for k, name in enumerate(NAMES):
-                x, y, v = points[0, k].tolist()
-                if v == 0:      # cut away by the crop: its marker is (mostly) not there
-                    assert not (0 <= x < 48 and 0 <= y < 48)
-                    continue
-                here = _centroid(image, MARKERS[name])
-                other = {"left_eye": "right_eye", "right_eye": "left_eye"}.get(name)
-                there = _centroid(image, MARKERS[other]) if other else None
-                if here is not None and abs(here[0] - x) <= 1 and abs(here[1] - y) <= 1:
-                    checked += 1
-                else:       # a flipped image: the left eye is where the right one was painted
-                    assert there is not None and abs(there[0] - x) <= 1 and \
-                        abs(there[1] - y) <= 1, (name, (x, y), here, there)
-                    mirrored = True
-            flipped += mirrored
+            c, m = _check_on_markers(image, points, 48)
+            checked, flipped = checked + c, flipped + m
     assert checked >= 20 and flipped >= 2
 
 
@@ -160,27 +167,6 @@ def pose_set(tmp_path_factory):
     convert(src, out, sizes=[64], labels=str(path), fields={"pose": "keypoints"},
             fit="stretch", progress=False)
     return out
-
-
-def _check_on_markers(image: np.ndarray, points: torch.Tensor, out: int) -> tuple[int, bool]:
-    """How many of one image's points lie within a pixel of their markers, and whether the
-    image is mirrored (each eye where the other's marker is)."""
-    checked, mirrored = 0, False
-    for k, name in enumerate(NAMES):
-        x, y, v = points[0, k].tolist()
-        if v == 0:      # cut away by the crop
-            assert not (0 <= x < out and 0 <= y < out)
-            continue
-        here = _centroid(image, MARKERS[name])
-        other = {"left_eye": "right_eye", "right_eye": "left_eye"}.get(name)
-        there = _centroid(image, MARKERS[other]) if other else None
-        if here is not None and abs(here[0] - x) <= 1 and abs(here[1] - y) <= 1:
-            checked += 1
-        else:
-            assert there is not None and abs(there[0] - x) <= 1 and abs(there[1] - y) <= 1, \
-                (name, (x, y), here, there)
-            mirrored = True
-    return checked, mirrored
 
 
 @pytest.mark.parametrize("backend,workers", [("torch", "thread"), ("torch", "process"),
