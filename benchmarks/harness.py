@@ -117,8 +117,9 @@ def machine() -> dict:
 
 
 def write_results(path: str, benchmark: str, rows: list[dict]) -> None:
-    """The results of one run as JSON at ``path``: ``{"schema", "benchmark", "command",
-    "machine", "rows"}`` (``benchmarks/README.md``)."""
+    """The results of one run as JSON at ``path`` (its folder made): ``{"schema",
+    "benchmark", "command", "machine", "rows"}`` (``benchmarks/README.md``)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     doc = {"schema": SCHEMA, "benchmark": benchmark,
            "command": " ".join(["python", *sys.orig_argv[1:]]),
            "machine": machine(), "rows": rows}

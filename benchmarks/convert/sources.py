@@ -274,7 +274,6 @@ def main() -> None:
               f"{r['cpu_ms']:.2f} CPU ms/img  peak {r['peak_mib']:.0f} MiB"
               + (f"  {r['of_folder']:.3f} of the folder's" if "of_folder" in r else ""))
     if a.json:
-        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         write_results(a.json, "convert.sources", rows)
 
 

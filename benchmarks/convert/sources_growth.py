@@ -83,7 +83,6 @@ def main() -> None:
         print(f"{r['source']:8} {r['n']:8}  {r['img_s']:7.0f} img/s  peak {r['peak_mib']:.0f} "
               f"MiB, worker {r['child_peak_mib']:.0f} MiB")
     if a.json:
-        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         write_results(a.json, "convert.sources_growth", rows)
 
 

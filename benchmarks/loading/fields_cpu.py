@@ -203,7 +203,6 @@ def main() -> None:
         print(f"{r['stage']:8} {r['variant']:15} {r['img_s']:7.0f} img/s  "
               f"{r['cpu_ms']:.2f} CPU ms/img  {r['of_image_only']:.3f} of images alone")
     if a.json:
-        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         write_results(a.json, "loading.fields_cpu", rows)
 
 

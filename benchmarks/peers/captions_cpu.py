@@ -280,7 +280,6 @@ def main() -> None:
     if a.json:
         from benchmarks.harness import write_results
 
-        os.makedirs(os.path.dirname(a.json) or ".", exist_ok=True)
         write_results(a.json, "peers.captions_cpu", rows)
 
 
