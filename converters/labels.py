@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import itertools
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -30,7 +31,9 @@ import numpy as np
 from fastdata.converters.scan import FieldValues, Files, Scan, source_folder, walk_images
 from fastdata.converters.spill import Spilled, blocks_of, merged
 from fastdata.converters.table import Table, read_table, relative
+from fastdata.converters.units import read_limited
 from fastdata.fields import FieldError, FieldKind
+from fastdata.fields.base import MAX_VALUE_BYTES
 from fastdata.fields.infer import infer, kind_named
 from fastdata.fields.schema import check_name
 
@@ -58,19 +61,22 @@ class LabelsFile:
     values: FieldValues | None = None           # the rows kept's fields' values
 
 
-def read_labels(file: str, kinds: dict[str, str] | None = None) -> tuple[Table, LabelsFile]:
+def read_labels(file: str, kinds: dict[str, str] | None = None,
+                files: str | None = None) -> tuple[Table, LabelsFile]:
     """Parse a labels file (see the module's docstring). ``kinds``: a column's kind by name
-    (``--field NAME=KIND``), where not inferred.
+    (``--field NAME=KIND``), where not inferred; ``files``: the folder that the paths of a
+    column of files (a class map's PNG) are relative to.
 
     Raises:
         ValueError: the file is not a labels file (``read_table``), or its columns are not
             labels and fields (``labels_of``).
     """
     table = read_table(file)
-    return table, labels_of(table, kinds)
+    return table, labels_of(table, kinds, files)
 
 
-def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
+def labels_of(table: Table, kinds: dict[str, str] | None = None,
+              files: str | None = None) -> LabelsFile:
     """A table's columns as labels and fields (see the module's docstring): any table, a
     labels file's or a source's own columns (``fastdata.converters.sources``). Each column
     is read a few times over, never held whole.
@@ -94,7 +100,7 @@ def labels_of(table: Table, kinds: dict[str, str] | None = None) -> LabelsFile:
         return _classes(table, None, list(table.bad))
     if not kinds and "label" not in table.columns and _all_numbers(table):
         return _numbers(table)
-    return _with_fields(table, kinds)
+    return _with_fields(table, kinds, files)
 
 
 def _is_number(c) -> bool:
@@ -137,7 +143,7 @@ class _Present:
         return (c for c in self.table.column(self.k) if c is not None)
 
 
-def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
+def _with_fields(table: Table, kinds: dict[str, str], files: str | None) -> LabelsFile:
     """A ``label`` column (if any) as the class label, every other column a field."""
     fields = _kinds_of(table, kinds)
     at = [table.columns.index(n) for n in fields]
@@ -145,7 +151,8 @@ def _with_fields(table: Table, kinds: dict[str, str]) -> LabelsFile:
     values = FieldValues(fields)
     for row, key, cells, where in table.rows():
         try:
-            parsed = tuple(kind.parse(_cell(cells[k]), f"{where}, column {n}")
+            parsed = tuple(kind.parse(_cell(cells[k], kind, files, f"{where}, column {n}"),
+                                      f"{where}, column {n}")
                            for (n, kind), k in zip(fields.items(), at))
         except FieldError as e:
             bad.append({"path": key, "kind": "bad_label", "reason": str(e)})
@@ -175,9 +182,32 @@ def _positions(rows: Spilled, kept: Spilled) -> Spilled:
     return out
 
 
-def _cell(cell):
-    """A missing value (a parquet null, a JSON null) as an empty cell."""
-    return "" if cell is None else cell
+def _cell(cell, kind: FieldKind | None = None, files: str | None = None, where: str = ""):
+    """A missing value (a parquet null, a JSON null) as an empty cell; a path in a column of
+    files (``FieldKind.binary``) as the file's bytes, read from the folder ``files``."""
+    if cell is None:
+        return ""
+    if kind is not None and kind.binary and files is not None and isinstance(cell, str):
+        return _file_bytes(files, cell, where)
+    return cell
+
+
+def _file_bytes(folder: str, cell: str, where: str) -> bytes:
+    """The bytes of the file at ``cell``, a path inside ``folder``.
+
+    Raises:
+        FieldError: a path outside the folder (``..``, absolute, or a link out of it), or a
+            file that cannot be read (naming why).
+    """
+    rel = relative(cell)
+    path = os.path.join(folder, rel) if rel is not None else None
+    if path is None or not os.path.realpath(path).startswith(
+            os.path.join(os.path.realpath(folder), "")):
+        raise FieldError(f"{where}: {cell[:80]!r} is not a file's path inside {folder}")
+    try:
+        return read_limited(path, MAX_VALUE_BYTES, "file")
+    except (OSError, ValueError) as e:
+        raise FieldError(f"{where}: {e}") from None
 
 
 def _label_texts(table: Table, rows: Spilled | None):
@@ -335,15 +365,17 @@ def scan_labeled(root: str, file: str, kinds: dict[str, str] | None = None) -> S
         ValueError: the labels file is not valid (``read_labels``).
     """
     root = source_folder(root)
-    table, labels = read_labels(file, kinds)
+    table, labels = read_labels(file, kinds, root)
     ignored: dict[str, int] = {}
     present = set(walk_images(root, "", ignored))
     keys = kept_keys(table, labels)
     position = {k: n for n, k in enumerate(keys)}
     listed = set(keys) | {relative(s["path"]) for s in labels.bad}
     skipped = list(labels.bad)
+    named = {relative(c) for n, kind in labels.fields.items() if kind.binary
+             for c in table.column(table.columns.index(n))}     # a class map's PNG, say
     skipped += [{"path": p, "reason": "not in the labels file", "kind": "unlabelled"}
-                for p in sorted(present - listed)]
+                for p in sorted(present - listed - named)]
     skipped += [{"path": p, "reason": "in the labels file, not an image in the source folder",
                  "kind": "missing"}
                 for p in sorted(set(keys) - present)]

@@ -89,12 +89,15 @@ class Table:
 
 
 def encode_cell(cell) -> bytes:
-    """A cell as ``Table`` packs it: a string as its UTF-8 bytes, none as nothing, any other
-    JSON value as JSON, a first byte telling which."""
+    """A cell as ``Table`` packs it: a string as its UTF-8 bytes, none as nothing, bytes (a
+    file's: a tar member's) as they are, any other JSON value as JSON, a first byte telling
+    which."""
     if isinstance(cell, str):
         return b"s" + cell.encode("utf-8", "surrogatepass")
     if cell is None:
         return b"n"
+    if isinstance(cell, bytes):
+        return b"b" + cell
     return b"j" + json.dumps(cell, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
@@ -103,6 +106,8 @@ def decode_cell(data: bytes):
     tag = data[:1]
     if tag == b"n":
         return None
+    if tag == b"b":
+        return data[1:]
     text = data[1:].decode("utf-8", "surrogatepass")
     return text if tag == b"s" else json.loads(text)
 

@@ -8,7 +8,8 @@ the member with an image extension (``jpg``, ``png``, ``webp``, ...) is the imag
 the class (an integer, or a class name); ``txt`` is a ``text`` field and ``json`` a ``json``
 one, each named by its extension; any other extension is a field only where ``--field
 EXT=KIND`` names its kind (its text parsed as a labels file's cell is; a ``.npy`` member's
-array, never unpickled), else it is left out and counted. Samples are in the tars' order
+array, never unpickled; a binary kind's member, a class map's PNG, as its bytes), else it is
+left out and counted. Samples are in the tars' order
 (the pattern's, or their sorted paths) and in member order within a tar; a sample's key is
 ``TAR/KEY``.
 
@@ -38,7 +39,7 @@ from fastdata.converters.sources.pieces import READ_BYTES, Piece, find, holds
 from fastdata.converters.sources.tarfiles import Member, TarDamaged, members
 from fastdata.converters.table import Table
 from fastdata.converters.units import ConversionError
-from fastdata.fields.base import MAX_VALUE_BYTES
+from fastdata.fields.base import FIELDS, MAX_VALUE_BYTES
 from fastdata.format import IMAGE_EXTENSIONS
 
 SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -238,9 +239,10 @@ class _Index:
         else:
             self._count("tar member without an extension")
 
-    def _value(self, reader, m: Member, sample: _Sample) -> str:
-        """A small member's text (a class, a caption, JSON); a sample's problem where it is
-        too large or not UTF-8."""
+    def _value(self, reader, m: Member, sample: _Sample):
+        """A small member's text (a class, a caption, JSON), array (``.npy``) or bytes (a
+        binary kind's: ``FieldKind.binary``); a sample's problem where it is too large or not
+        UTF-8."""
         if m.size > MAX_VALUE_BYTES:
             sample.problem = (f"its member {posixpath.basename(m.name)!r} holds {m.size:,} "
                               f"bytes, more than the {MAX_VALUE_BYTES:,} a field's value may")
@@ -251,6 +253,8 @@ class _Index:
             e = TarDamaged(f"cut off inside the data of {m.name!r}")
             e.in_data = True
             raise e
+        if FIELDS[self.kinds.get(split_name(m.name)[1], "text")].binary:
+            return data
         if m.name.lower().endswith(".npy"):
             return _npy(data, m, sample)
         try:

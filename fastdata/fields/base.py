@@ -67,6 +67,9 @@ class FieldKind:
     fixed: ClassVar[bool] = True
     #: whether a value moves with its image's pixels (``move``): a geometric kind's
     moves: ClassVar[bool] = False
+    #: whether its cells are a file's bytes (a tar member's, or the file a labels file's cell
+    #: names, read by the source), not text or JSON
+    binary: ClassVar[bool] = False
     dtype: np.dtype = np.dtype(np.float32)
     shape: tuple[int, ...] = ()
 

@@ -11,6 +11,16 @@ crop, those the crop leaves less than a pixel of dropped, and with classes ``lab
 In a labels file or a source's column, a sample's cell is a JSON list of boxes, each
 ``[x0, y0, x1, y1]`` or ``{"box": [x0, y0, x1, y1], "label": "cat"}`` (fractions of the image);
 the field's classes are the labels the column names, sorted.
+
+**Instance masks**: where the column's boxes give ``"polygons"`` (COCO's polygon form: a list of
+flat ``[x1, y1, x2, y2, ...]`` outlines, fractions of the image), the field has ``masks`` and
+every box gives its own (an empty list: an empty mask). A value is then a dict ``{"boxes": (n,
+5), "polygons": [[(k, 2) float32 outline, ...] per box]}``; the outlines move with the crop and
+flip like the boxes, and each kept box's mask is drawn at the output size (a pixel is inside
+where its centre is, even-odd across an outline, any outline of the box): ``masks`` uint8 ``(k,
+out, out)`` beside ``boxes``, as torchvision's ``MaskRCNN`` takes them. Stored: the box count,
+outline count and point count (uint32), the boxes' records, each box's outline count, each
+outline's point count, then the points.
 """
 from __future__ import annotations
 
@@ -40,18 +50,22 @@ class BoxesField(FieldKind):
 
     Args:
         classes: the boxes' class names, in index order; None: boxes without classes.
+        masks: whether each box has an instance mask (its outlines; the module's docstring).
 
     Raises:
-        ValueError: a name that is not a string, or the same name twice.
+        ValueError: a name that is not a string, the same name twice, or ``masks`` not a bool.
     """
 
     kind = "boxes"
     fixed = False
     moves = True
 
-    def __init__(self, *, classes=None):
+    def __init__(self, *, classes=None, masks: bool = False):
         self.classes = None if classes is None else class_names(classes)
         self._index = {c: k for k, c in enumerate(self.classes or ())}
+        if not isinstance(masks, bool):
+            raise ValueError(f"masks={masks!r} is not valid; give True or False")
+        self.masks = masks
 
     @classmethod
     def from_column(cls, cells) -> BoxesField:
@@ -61,20 +75,24 @@ class BoxesField(FieldKind):
             ValueError: more than ``MAX_CLASSES`` labels.
         """
         names: set[str] = set()
+        masks = False
         for cell in map(json_cell, cells):
             for box in cell if isinstance(cell, list) else ():
-                if isinstance(box, dict) and "label" in box:
-                    names.add(str(box["label"]))
+                if isinstance(box, dict):
+                    if "label" in box:
+                        names.add(str(box["label"]))
+                    masks = masks or "polygons" in box
             if len(names) > MAX_CLASSES:
                 raise ValueError(f"a boxes column naming more than {MAX_CLASSES:,} classes")
-        return cls(classes=sorted(names) if names else None)
+        return cls(classes=sorted(names) if names else None, masks=masks)
 
     def params(self) -> dict:
-        return {} if self.classes is None else {"classes": self.classes}
+        out: dict = {} if self.classes is None else {"classes": self.classes}
+        return {**out, "masks": True} if self.masks else out
 
-    def parse(self, cell, where: str) -> np.ndarray:
+    def parse(self, cell, where: str) -> np.ndarray | dict:
         """A JSON list of boxes, each ``[x0, y0, x1, y1]`` or ``{"box": [...], "label":
-        name}``, as fractions of the stored square."""
+        name, "polygons": [[x1, y1, ...], ...]}``, as fractions of the stored square."""
         if isinstance(cell, str):
             try:
                 cell = json.loads(cell) if cell.strip() else []
@@ -83,12 +101,19 @@ class BoxesField(FieldKind):
         if not isinstance(cell, list):
             raise FieldError(f"{where}: {str(cell)[:40]!r} is not a list of boxes")
         check_bytes(len(cell) * 20, where, MAX_BOXES * 20)
-        rows = [self._box(b, where) for b in cell]
-        return self._checked(np.asarray(rows, np.float32).reshape(-1, 5), where)
+        rows = self._checked(np.asarray([self._box(b, where) for b in cell],
+                                        np.float32).reshape(-1, 5), where)
+        if not self.masks:
+            return rows
+        polygons = [[_outline(p, where) for p in _polygons_of(b, where)] for b in cell]
+        check_bytes(sum(p.nbytes for b in polygons for p in b), where)
+        return {"boxes": rows, "polygons": polygons}
 
     def _box(self, box, where: str) -> list:
         label = None
         if isinstance(box, dict):
+            if "polygons" in box and not self.masks:
+                raise FieldError(f"{where}: a box with polygons in a field without masks")
             box, label = box.get("box"), box.get("label")
         if not isinstance(box, list) or len(box) != 4 or \
                 not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box):
@@ -119,16 +144,48 @@ class BoxesField(FieldKind):
             raise FieldError(f"{where}: a box's class index is not one of the field's")
         return a
 
-    def to_bytes(self, value: np.ndarray) -> bytes:
-        return np.ascontiguousarray(value, np.float32).tobytes()
+    def to_bytes(self, value) -> bytes:
+        if not self.masks:
+            return np.ascontiguousarray(value, np.float32).tobytes()
+        outlines = [p for b in value["polygons"] for p in b]
+        head = [len(value["boxes"]), len(outlines), sum(len(p) for p in outlines)]
+        parts = [np.array(head, np.uint32), np.ascontiguousarray(value["boxes"], np.float32),
+                 np.array([len(b) for b in value["polygons"]], np.uint32),
+                 np.array([len(p) for p in outlines], np.uint32), *outlines]
+        return b"".join(np.ascontiguousarray(p).tobytes() for p in parts)
 
-    def from_bytes(self, data: bytes, where: str) -> np.ndarray:
+    def from_bytes(self, data: bytes, where: str) -> np.ndarray | dict:
+        if self.masks:
+            return self._with_masks(data, where)
         check_bytes(len(data), where, MAX_BOXES * 20)
         if len(data) % 20:
             raise FieldError(f"{where}: {len(data)} bytes are not whole boxes")
         return self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), where)
 
-    def read(self, column, local) -> list[np.ndarray]:
+    def _with_masks(self, data: bytes, where: str) -> dict:
+        """A stored value of a field with masks (the module's docstring), checked."""
+        check_bytes(len(data), where)
+        n, p, q = (int(v) for v in np.frombuffer(data[:12].ljust(12, b"\0"), np.uint32))
+        if len(data) != 12 + 24 * n + 4 * p + 8 * q or n > MAX_BOXES:
+            raise FieldError(f"{where}: {len(data)} bytes are not {n} boxes with {p} outlines "
+                             f"of {q} points")
+        rows = self._checked(np.frombuffer(data, np.float32, 5 * n, 12).reshape(n, 5), where)
+        per_box = np.frombuffer(data, np.uint32, n, 12 + 20 * n).astype(np.int64)
+        points = np.frombuffer(data, np.uint32, p, 12 + 24 * n).astype(np.int64)
+        if per_box.sum() != p or points.sum() != q or (points < 3).any():
+            raise FieldError(f"{where}: its outlines' counts do not add up (or one has fewer "
+                             f"than 3 points)")
+        xy = np.frombuffer(data, np.float32, 2 * q, 12 + 24 * n + 4 * p).reshape(q, 2)
+        if not np.isfinite(xy).all() or (xy < 0).any() or (xy > 1).any():
+            raise FieldError(f"{where}: an outline's point outside the image (fractions 0 to 1)")
+        outlines = np.split(xy, np.cumsum(points)[:-1]) if p else []
+        ends = np.cumsum(per_box).tolist()
+        polygons = [outlines[e - c:e] for c, e in zip(per_box.tolist(), ends)]
+        return {"boxes": rows, "polygons": polygons}
+
+    def read(self, column, local) -> list:
+        if self.masks:
+            return list(super().read(column, local))
         data, counts = records(column, local, 20, MAX_BOXES * 20)
         rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), "a value read")
         return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
@@ -139,10 +196,12 @@ class BoxesField(FieldKind):
         return self.move_batch([value], [crop], [flip], stored, out)[0]
 
     def move_batch(self, values, crops, flips, stored: int, out: int) -> list[dict]:
-        """``move`` of a batch's boxes, all at once."""
+        """``move`` of a batch's boxes, all at once (and with masks, each kept box's mask
+        drawn)."""
         import torch
 
-        parts = [np.asarray(v, np.float32).reshape(-1, 5) for v in values]
+        parts = [np.asarray(v["boxes"] if self.masks else v, np.float32).reshape(-1, 5)
+                 for v in values]
         counts = [len(v) for v in parts]
         rows = np.concatenate(parts) if parts else np.zeros((0, 5), np.float32)
         owner = np.repeat(np.arange(len(parts)), counts)
@@ -151,18 +210,27 @@ class BoxesField(FieldKind):
                                   np.asarray(flips, bool).reshape(-1)[owner], out)
         kept = np.bincount(owner[keep], minlength=len(parts)).tolist()
         # one tensor of the batch's kept boxes, each image's a view of it
-        boxes_of = torch.from_numpy(boxes[keep]).split(kept)
-        if self.classes is None:
-            return [{"boxes": b} for b in boxes_of]
-        labels_of = torch.from_numpy(rows[keep, 4].astype(np.int64) + 1).split(kept)
-        return [{"boxes": b, "labels": c} for b, c in zip(boxes_of, labels_of)]
+        result: list[dict] = [{"boxes": b} for b in torch.from_numpy(boxes[keep]).split(kept)]
+        if self.classes is not None:
+            labels = torch.from_numpy(rows[keep, 4].astype(np.int64) + 1).split(kept)
+            for r, c in zip(result, labels):
+                r["labels"] = c
+        if self.masks:
+            keep_of = np.split(keep, np.cumsum(counts)[:-1]) if counts else []
+            for r, v, c, f, k in zip(result, values, np.asarray(crops, np.float64).reshape(-1, 4),
+                                     np.asarray(flips, bool).reshape(-1), keep_of):
+                r["masks"] = torch.from_numpy(_masks([b for b, kept in zip(
+                    v["polygons"], k) if kept], c, bool(f), stored, out))
+        return result
 
     def collate(self, values):
         return list(values)
 
     def describe(self, column) -> str:
-        classes = f"classes={len(self.classes)}" if self.classes else "no classes"
-        return f"boxes ({classes}): {spread(column, 20, 'boxes')}"
+        what = f"classes={len(self.classes)}" if self.classes else "no classes"
+        if not self.masks:
+            return f"boxes ({what}): {spread(column, 20, 'boxes')}"
+        return f"boxes ({what}, masks): {spread(column, 1, 'bytes')}"
 
 
 def moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int,
@@ -187,3 +255,59 @@ def moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int,
         cw * ch >= min_visible * area)
     x0, x1 = np.where(flip, out - x1, x0), np.where(flip, out - x0, x1)
     return np.stack([x0, y0, x1, y1], 1).astype(np.float32), keep
+
+
+def _polygons_of(box, where: str) -> list:
+    """A box's outlines as its cell gives them (a field with masks needs them)."""
+    polygons = box.get("polygons") if isinstance(box, dict) else None
+    if not isinstance(polygons, list):
+        raise FieldError(f"{where}: a box without its polygons (a list of [x1, y1, x2, y2, "
+                         f"...] outlines), in a field whose boxes have masks")
+    return polygons
+
+
+def _outline(flat, where: str) -> np.ndarray:
+    """An outline ``[x1, y1, x2, y2, ...]`` (fractions of the image) as ``(k, 2)``."""
+    if not isinstance(flat, list) or len(flat) < 6 or len(flat) % 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        raise FieldError(f"{where}: {str(flat)[:40]!r} is not an outline [x1, y1, x2, y2, "
+                         f"...] of at least 3 points")
+    xy = np.asarray(flat, np.float32).reshape(-1, 2)
+    if not np.isfinite(xy).all() or (xy < 0).any() or (xy > 1).any():
+        raise FieldError(f"{where}: an outline's point outside the image (fractions 0 to 1)")
+    return xy
+
+
+def _masks(polygons: list, crop, flip: bool, stored: int, out: int) -> np.ndarray:
+    """Each box's outlines (fractions of the stored square) through a crop (top, left, h, w
+    in stored pixels) and flip, drawn at ``out`` pixels: ``(k, out, out)`` uint8."""
+    top, left, h, w = (float(v) for v in crop)
+    masks = np.zeros((len(polygons), out, out), np.uint8)
+    for k, outlines in enumerate(polygons):
+        for xy in outlines:
+            x = (xy[:, 0] * stored - left) * out / w
+            masks[k] |= fill(out - x if flip else x, (xy[:, 1] * stored - top) * out / h, out)
+    return masks
+
+
+def fill(x: np.ndarray, y: np.ndarray, out: int) -> np.ndarray:
+    """An outline (its points' ``x``, ``y`` in output pixels) drawn on an ``out`` square:
+    uint8 ``(out, out)``, 1 where a pixel's centre is inside (even-odd; an edge counts on the
+    side it bounds from above and from the left, so abutting outlines share no pixel)."""
+    mask = np.zeros((out, out + 1), np.uint8)
+    x0, y0 = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
+    lo, hi = max(int(np.floor(min(y0.min(), out) - 0.5)), 0), \
+        min(int(np.ceil(max(y0.max(), 0) + 0.5)), out)
+    centres = np.arange(lo, hi) + 0.5
+    if not len(centres):
+        return mask[:, :out]
+    yc = centres[:, None]
+    crosses = ((y0 <= yc) & (yc < y1)) | ((y1 <= yc) & (yc < y0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at = x0 + (yc - y0) * (x1 - x0) / (y1 - y0)
+    rows, edges = np.nonzero(crosses)
+    # a crossing at x toggles every pixel whose centre is right of it
+    cols = np.clip(np.floor(at[rows, edges] + 0.5), 0, out).astype(np.int64)
+    np.add.at(mask, (rows + lo, cols), 1)
+    return (np.cumsum(mask, axis=1, dtype=np.uint8) & 1)[:, :out]

@@ -8,8 +8,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from fastdata.format import SPATIAL_KINDS
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchFields:
@@ -24,11 +22,12 @@ class BatchFields:
         keypoints), so that a batch's crops are drawn before its fields are read."""
         return any(n in ds.fields and ds.fields[n].moves for n in self.names)
 
-    def read(self, ds, indices, labels: Callable[[], torch.Tensor], drawn=None,
+    def read(self, ds, indices, labels: Callable[[], torch.Tensor | list | dict], drawn=None,
              stored: int = 0, out: int = 0) -> dict:
         """A batch's fields but the image: each collated (``FieldKind.collate``: a tensor for a
         fixed-size kind, else a list) and through its batch function; ``labels()``: the
-        batch's labels, where asked. ``drawn``: the batch's crops (top, left, h, w in stored
+        batch's labels, where asked (a detection or segmentation set's: its targets, through
+        the crops). ``drawn``: the batch's crops (top, left, h, w in stored
         pixels of side ``stored``) and flips, to ``out`` pixels: a moving field's values go
         through them (None: the stored squares as they are)."""
         batch = {}
@@ -69,8 +68,7 @@ def batch_fields(dataset, fields: Sequence[str] | None,
 
     Raises:
         ValueError: a field the set does not have (naming those it has), the same name twice,
-            no ``"image"``, a detection or segmentation set, or a transform of a field not
-            asked for.
+            no ``"image"``, or a transform of a field not asked for.
         TypeError: ``fields`` that is not a list of names, or a transform that is not
             callable.
     """
@@ -97,9 +95,6 @@ def _check_names(dataset, names: tuple[str, ...], with_source: bool) -> None:
                          f"are {', '.join(has)}")
     if len(set(names)) < len(names) or "image" not in names:
         raise ValueError(f"fields={list(names)} must name each field once, \"image\" among them")
-    if dataset.label_kind in SPATIAL_KINDS:
-        raise ValueError(f"fields=[...] reads sets of images and fields; {dataset.location} is "
-                         f"a {dataset.label_kind} set: iterate its (images, targets)")
     if with_source and "source" in names:
         raise ValueError("with_source adds the key \"source\" to each batch, which is also one "
                          "of the fields asked for: leave with_source out")

@@ -127,11 +127,15 @@ class HostReader:
     def targets(self, indices, drawn) -> list[dict] | dict:
         """A detection or segmentation batch's targets, or a dict batch's fields, through its
         crops and flips (``drawn``; None: the stored squares as they are)."""
-        if self.fields is not None:
-            return self.fields.read(self.ds, indices, self._labels(indices), drawn, self.size,
-                                    self.crop_stage.crop or self.size)
-        return batch_targets(self.ds.annotations, indices, drawn, self.size,
-                             self.crop_stage.crop, self.targets_form)
+        def moved():
+            return batch_targets(self.ds.annotations, indices, drawn, self.size,
+                                 self.crop_stage.crop, self.targets_form)
+
+        if self.fields is None:
+            return moved()
+        labels = moved if self.ds.label_kind in SPATIAL_KINDS else self._labels(indices)
+        return self.fields.read(self.ds, indices, labels, drawn, self.size,
+                                self.crop_stage.crop or self.size)
 
     def pixels(self, indices, seed: int, out: np.ndarray) -> np.ndarray:
         """The batch's stored pixels read into ``out``, then through the sample hook."""

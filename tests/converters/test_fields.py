@@ -102,7 +102,7 @@ def test_a_kind_given_on_the_command_line_wins_over_the_inferred_one(captioned, 
     with pytest.raises(SystemExit):
         cli(["convert", src, str(tmp_path / "x"), "--labels", str(file), "--field",
              "score=words"])
-    assert ("kind 'words' is not valid; choose one of array, boxes, class, float, json, "
+    assert ("kind 'words' is not valid; choose one of array, boxes, class, classmap, float, json, "
             "keypoints, multilabel, text, tokens") in capsys.readouterr().err
     with pytest.raises(ValueError, match="has no column 'scor'.*its columns: score, tags"):
         convert(src, str(tmp_path / "y"), labels=str(file), fields={"scor": "text"},

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fastdata
 from fastdata.converters.convert import convert
@@ -143,3 +144,115 @@ def test_a_tampered_box_in_a_shard_is_refused_naming_the_shard_and_field(boxes_s
                                       r"outside the image"):
         fastdata.open(copy).field_values("objects", [0])
     assert any("field objects" in p.message for p in verify(copy))
+
+
+def _inside(x: np.ndarray, y: np.ndarray, px: float, py: float) -> bool:
+    """Even-odd: whether the point is inside the outline (a ray cast to the right)."""
+    inside = False
+    for k in range(len(x)):
+        x0, y0, x1, y1 = x[k], y[k], x[k - 1], y[k - 1]
+        if (y0 <= py < y1 or y1 <= py < y0) and px > x0 + (py - y0) * (x1 - x0) / (y1 - y0):
+            inside = not inside
+    return inside
+
+
+def test_an_outline_is_drawn_where_pixel_centres_are_inside_it():
+    from fastdata.fields.boxes import fill
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        x, y = rng.uniform(-4, 20, 7), rng.uniform(-4, 20, 7)     # crossing, partly outside
+        want = [[_inside(x, y, c + 0.5, r + 0.5) for c in range(16)] for r in range(16)]
+        assert np.array_equal(fill(x, y, 16), np.array(want, np.uint8))
+
+
+def test_boxes_with_masks_round_trip_and_bad_outlines_are_refused():
+    cells = ['[{"box": [0.1, 0.1, 0.5, 0.5], "label": "a", "polygons": '
+             '[[0.1, 0.1, 0.5, 0.1, 0.5, 0.5], [0.1, 0.3, 0.2, 0.3, 0.2, 0.5]]}, '
+             '{"box": [0.6, 0.6, 0.9, 0.9], "label": "b", "polygons": []}]', "[]"]
+    kind = kind_named("boxes", cells)
+    assert kind.params() == {"classes": ["a", "b"], "masks": True}
+    assert field_of("boxes", **kind.params()) == kind
+    values = [kind.parse(c, "row 1") for c in cells]
+    column = kind.pack(values)
+    kind.check(column, 2, "shard-00000")
+    first, empty = kind.read(column, np.array([0, 1]))
+    assert np.allclose(first["boxes"][:, 4], [0, 1]) and len(empty["boxes"]) == 0
+    assert [len(p) for p in first["polygons"]] == [2, 0]
+    assert np.allclose(first["polygons"][0][1], [[0.1, 0.3], [0.2, 0.3], [0.2, 0.5]])
+    moved = kind.move(values[0], (0, 0, 10, 10), True, 10, 10)
+    assert moved["masks"].shape == (2, 10, 10) and moved["masks"].dtype == torch.uint8
+    assert moved["masks"][0, 1:5, 5:9].any() and not moved["masks"][0, :, :5].any()
+    assert not moved["masks"][1].any()
+    for cell, match in [('[{"box": [0, 0, 1, 1], "label": "a"}]', "a box without its polygons"),
+                        ('[{"box": [0, 0, 1, 1], "label": "a", "polygons": [[0, 0, 1, 1]]}]',
+                         "not an outline"),
+                        ('[{"box": [0, 0, 1, 1], "label": "a", "polygons": [[0, 0, 1, 0, 2, '
+                         '1]]}]', "outline's point outside the image")]:
+        with pytest.raises(FieldError, match=f"row 3: .*{match}"):
+            kind.parse(cell, "row 3")
+    with pytest.raises(FieldError, match="a box with polygons in a field without masks"):
+        field_of("boxes").parse('[{"box": [0, 0, 1, 1], "polygons": []}]', "row 4")
+    data = column.values[column.offsets[0]:column.offsets[1]].tobytes()
+    cut = data[:-8]
+    with pytest.raises(FieldError, match="are not 2 boxes with 2 outlines of 6 points"):
+        kind.from_bytes(cut, "value 0")
+    counts = bytearray(data)
+    counts[12 + 40:12 + 44] = np.uint32(3).tobytes()     # the first box claims 3 outlines
+    with pytest.raises(FieldError, match="outlines' counts do not add up"):
+        kind.from_bytes(bytes(counts), "value 0")
+
+
+@pytest.fixture(scope="module")
+def masked_set(tmp_path_factory):
+    """The painted pictures of the class maps' test, each rectangle a box with its outline."""
+    from tests.fields.test_classmap import COLOURS, _painted
+
+    tmp = tmp_path_factory.mktemp("masked")
+    src = _painted(tmp / "src")
+    names = {1: "red", 2: "blue"}
+    with open(os.path.join(src, "labels.jsonl"), "w") as f:
+        for i in range(6):
+            m = np.asarray(Image.open(os.path.join(src, "maps", f"{i}.png")))
+            objects = []
+            for cls in COLOURS:
+                ys, xs = np.nonzero(m == cls)
+                x0, x1 = xs.min() / m.shape[1], (xs.max() + 1) / m.shape[1]
+                y0, y1 = ys.min() / m.shape[0], (ys.max() + 1) / m.shape[0]
+                objects.append({"box": [x0, y0, x1, y1], "label": names[cls],
+                                "polygons": [[x0, y0, x1, y0, x1, y1, x0, y1]]})
+            f.write(json.dumps({"path": f"img/{i}.png", "objects": objects}) + "\n")
+    out = str(tmp / "set")
+    convert(src, out, sizes=[64], labels=os.path.join(src, "labels.jsonl"),
+            fields={"objects": "boxes"}, fit="stretch", progress=False)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_masks_cover_their_painted_pixels_after_crop_and_flip(masked_set, backend):
+    from tests.fields.test_classmap import COLOURS
+
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="needs DALI")
+    kind = fastdata.open(masked_set).fields["objects"]
+    assert kind.masks and kind.classes == ["blue", "red"]
+    colour = {1: COLOURS[2], 2: COLOURS[1]}         # label (class index + 1) -> its paint
+    loader = fastdata.Loader(masked_set, batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
+                             std=(1, 1, 1), scale=(0.5, 1.0), seed=5, backend=backend,
+                             fields=["image", "objects"])
+    checked = 0
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        batch = next(iter(loader))
+        for image, t in zip(batch["image"].permute(0, 2, 3, 1).numpy(), batch["objects"]):
+            assert t["masks"].shape == (len(t["boxes"]), 48, 48)
+            white = np.abs(image - 1).max(-1) < 0.2
+            for mask, label in zip(t["masks"].numpy().astype(bool), t["labels"].tolist()):
+                painted = np.abs(image - np.asarray(colour[label]) / 255).max(-1) < 0.2
+                if painted.sum() >= 50:
+                    # its paint inside it; none of the white (the other rectangle may be
+                    # painted over a part of it)
+                    assert (mask & painted).sum() >= 0.95 * painted.sum()
+                    assert (mask & white).sum() <= 0.05 * mask.sum()
+                    checked += 1
+    assert checked >= 20

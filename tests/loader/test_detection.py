@@ -261,3 +261,22 @@ def test_targets_reach_a_cuda_device_as_on_the_cpu(sets, key):
             continue
         for x, y in zip(a, b):
             assert all(y[k].is_cuda and torch.equal(x[k], y[k].cpu()) for k in x)
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+@pytest.mark.parametrize("key", ["hdf5-raw-crop", "segmentation"])
+def test_a_dict_batch_holds_the_targets_as_its_label(sets, key, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="DALI not installed")
+    kw = {"batch_size": 4, "crop": 48, "device": "cpu", "seed": 3, "backend": backend}
+    pairs = list(zip(fastdata.Loader(sets[key], **kw),
+                     fastdata.Loader(sets[key], fields=["image", "label"], **kw), strict=True))
+    assert pairs
+    for (images, targets), batch in pairs:
+        assert list(batch) == ["image", "label"] and torch.equal(images, batch["image"])
+        if key == "segmentation":
+            assert torch.equal(targets, batch["label"])
+            continue
+        assert len(targets) == len(batch["label"]) == len(images)
+        for x, y in zip(targets, batch["label"]):
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)

@@ -1,0 +1,113 @@
+"""``classmap``: a class per pixel (semantic segmentation), resampled nearest through the crop
+and mirrored by the flip with its image.
+
+A sample's value is uint8 ``(h, w)``: a class index a pixel (0-254), 255 where a pixel has no
+class (``CrossEntropyLoss(ignore_index=255)`` skips them). The map covers the whole picture,
+upright, at any resolution of the picture's shape (a half-resolution map is read as it lies
+over the image). In a batch, the maps are one int64 tensor ``(B, out, out)``, each output
+pixel the class at its centre as the image's resize samples it.
+
+A map's cell is a PNG of one 8-bit value a pixel (mode ``L``, or ``P`` whose palette indices
+are the classes, as Pascal VOC's): a labels file's path to it (relative to the source folder),
+or a WebDataset member's bytes (``--field seg.png=classmap``). A map is stored run-length
+encoded: its height and width, then each run's length (uint32) and value (uint8).
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from fastdata.fields.base import FieldError, FieldKind, check_bytes, register, spread
+
+#: a class map's value for pixels of no class
+IGNORE = 255
+#: the most pixels a map may hold (a PNG's header can claim any size)
+MAX_MAP_PIXELS = 1 << 26
+
+
+def encode_runs(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A map's runs, row-major: ``(lengths uint32, values uint8)``."""
+    flat = np.ascontiguousarray(m).ravel()
+    starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
+    return np.diff(np.append(starts, flat.size)).astype(np.uint32), flat[starts]
+
+
+@register
+class ClassMapField(FieldKind):
+    """A class per pixel. It takes no parameters: class indices are the map's values."""
+
+    kind = "classmap"
+    fixed = False
+    moves = True
+    binary = True
+
+    def parse(self, cell, where: str) -> np.ndarray:
+        """A PNG's bytes (a path to one is read by the source before it gets here), as the
+        map's values."""
+        if not isinstance(cell, (bytes, bytearray, memoryview)):
+            raise FieldError(f"{where}: {str(cell)[:40]!r} is not a class map PNG")
+        check_bytes(len(cell), where)
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(io.BytesIO(bytes(cell))) as img:
+                if img.format != "PNG" or img.mode not in ("L", "P"):
+                    raise FieldError(f"{where}: a {img.format} of mode {img.mode}, not a PNG of "
+                                     f"one 8-bit value a pixel (mode L or P)")
+                if img.width * img.height > MAX_MAP_PIXELS:
+                    raise FieldError(f"{where}: a class map of {img.width}x{img.height} pixels, "
+                                     f"more than {MAX_MAP_PIXELS:,}")
+                return np.asarray(img, np.uint8)
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            if isinstance(e, FieldError):
+                raise
+            raise FieldError(f"{where}: not a readable PNG ({e})") from None
+
+    def to_bytes(self, value: np.ndarray) -> bytes:
+        lengths, values = encode_runs(np.asarray(value, np.uint8))
+        head = np.array([*value.shape, len(lengths)], np.uint32)
+        return head.tobytes() + lengths.tobytes() + values.tobytes()
+
+    def from_bytes(self, data: bytes, where: str) -> np.ndarray:
+        check_bytes(len(data), where)
+        if len(data) < 12:
+            raise FieldError(f"{where}: {len(data)} bytes are not a class map")
+        h, w, n = (int(v) for v in np.frombuffer(data, np.uint32, 3))
+        if len(data) != 12 + 5 * n or not 0 < h * w <= MAX_MAP_PIXELS or n > h * w:
+            raise FieldError(f"{where}: a class map of {h}x{w} pixels in {n} runs does not "
+                             f"fit its {len(data)} bytes")
+        lengths = np.frombuffer(data, np.uint32, n, 12)
+        if not n or lengths.min() == 0 or int(lengths.sum(dtype=np.int64)) != h * w:
+            raise FieldError(f"{where}: a class map whose runs do not cover its {h}x{w} pixels")
+        return np.repeat(np.frombuffer(data, np.uint8, n, 12 + 4 * n), lengths).reshape(h, w)
+
+    def move_batch(self, values, crops, flips, stored: int, out: int) -> list[np.ndarray]:
+        """Each map through its image's crop (top, left, h, w in stored pixels of a square of
+        side ``stored``) to ``out`` pixels and flip: output pixel ``i`` of a crop of ``h``
+        stored pixels from ``top`` reads the class at stored position ``top + (i + .5) * h /
+        out``, where the map lies over the square."""
+        centre = (np.arange(out) + 0.5) / out
+        result = []
+        for m, (top, left, h, w), flip in zip(values, np.asarray(crops, np.float64), flips):
+            rows = _nearest(top + centre * h, stored, m.shape[0])
+            cols = _nearest(left + centre * w, stored, m.shape[1])
+            result.append(m[np.ix_(rows, cols[::-1] if flip else cols)])
+        return result
+
+    def collate(self, values):
+        import torch
+
+        if not len(values):
+            return torch.zeros((0, 0, 0), dtype=torch.int64)
+        return torch.from_numpy(np.stack(values).astype(np.int64))
+
+    def describe(self, column) -> str:
+        return f"classmap: {spread(column, 1, 'bytes')} run-length encoded"
+
+
+def _nearest(at: np.ndarray, stored: int, n: int) -> np.ndarray:
+    """The index of the map's cell (``n`` across the square's ``stored`` pixels) that holds
+    each stored position ``at`` (multiplied first: a map of the stored size reads exactly the
+    pixel the image's resize reads)."""
+    return np.clip((at * n / stored).astype(np.int64), 0, n - 1)

@@ -1,0 +1,183 @@
+"""Class maps as a field: PNGs named by a labels file or carried in a tar, stored per shard,
+resampled through each image's crop and flip on both backends."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import fastdata
+from fastdata.converters.convert import convert
+from fastdata.fields import Column, FieldError, field_of
+from fastdata.ops.targets import sample_grid
+
+#: each class's colour in the pictures (class 0 is the white background)
+COLOURS = {1: (255, 0, 0), 2: (0, 0, 255)}
+
+
+def _png(a: np.ndarray, mode: str = "L") -> bytes:
+    out = io.BytesIO()
+    img = Image.fromarray(a, "L")
+    if mode == "P":
+        img = img.convert("P")
+    img.save(out, "PNG")
+    return out.getvalue()
+
+
+def test_a_map_round_trips_and_bad_ones_are_refused_naming_where():
+    kind = field_of("classmap")
+    m = np.zeros((5, 7), np.uint8)
+    m[1:3, 2:6], m[4] = 3, 255
+    for mode in ("L", "P"):
+        assert np.array_equal(kind.parse(_png(m, mode), "row 1"), m)
+    column = kind.pack([m, m.T.copy()])
+    kind.check(column, 2, "shard-00000")
+    back = kind.read(column, np.array([1, 0]))
+    assert np.array_equal(back[0], m.T) and np.array_equal(back[1], m)
+    assert kind.describe(column) == "classmap: 42-122 bytes, mean 82 run-length encoded"
+    rgb = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(rgb, "PNG")
+    jpeg = io.BytesIO()
+    Image.new("L", (4, 4)).save(jpeg, "JPEG")
+    for cell, match in [(rgb.getvalue(), "mode RGB, not a PNG of one 8-bit value"),
+                        (jpeg.getvalue(), "a JPEG of mode L"),
+                        (b"\x89PNG\r\n\x1a\n broken", "not a readable PNG"),
+                        ("masks/1.png", "not a class map PNG")]:
+        with pytest.raises(FieldError, match=f"row 3: .*{match}"):
+            kind.parse(cell, "row 3")
+    runs = column.values.copy()
+    runs[12:16] = np.frombuffer(np.uint32(99).tobytes(), np.uint8)   # a run past its pixels
+    with pytest.raises(FieldError, match="runs do not cover its 5x7 pixels"):
+        kind.check(Column(runs, column.offsets), 2, "shard-00000")
+    huge = np.array([1 << 20, 1 << 20, 1], np.uint32).tobytes() + b"\1\0\0\0\0"
+    with pytest.raises(FieldError, match="1048576x1048576 pixels in 1 runs does not fit"):
+        kind.from_bytes(huge, "value 0")
+
+
+def test_a_map_of_the_stored_size_reads_the_pixels_the_image_resize_reads():
+    kind = field_of("classmap")
+    rng = np.random.default_rng(0)
+    m = rng.integers(0, 4, (32, 32), dtype=np.uint8)
+    crops = np.array([[0, 0, 32, 32], [3, 5, 20, 11], [10, 0, 7, 30]])
+    for crop, flip in zip(crops, [False, True, False]):
+        got = kind.move_batch([m], crop[None], [flip], 32, 24)[0]
+        r, c = sample_grid(crop, 24)
+        assert np.array_equal(got, m[np.ix_(r, c[::-1] if flip else c)])
+    # a map at half the stored size lies over the same square
+    half = m[::2, ::2]
+    got = kind.move_batch([half], np.array([[0, 0, 32, 32]]), [False], 32, 16)[0]
+    assert np.array_equal(got, half)
+    assert kind.collate([got, got]).shape == (2, 16, 16)
+
+
+def _painted(root, n: int = 6, seed: int = 0):
+    """``root/img/<i>.png``: white pictures, wider than high, with a red and a blue
+    rectangle; ``root/maps/<i>.png``, their class maps (1 red, 2 blue, 0 elsewhere; each
+    other one at half the picture's resolution); the labels file and a tar of both."""
+    rng = np.random.default_rng(seed)
+    for d in ("img", "maps"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    rows, members = [], []
+    for i in range(n):
+        w, h = 120, 90
+        a = np.full((h, w, 3), 255, np.uint8)
+        m = np.zeros((h, w), np.uint8)
+        for cls, colour in COLOURS.items():
+            x, y = int(rng.integers(0, 70)), int(rng.integers(0, 50))
+            a[y:y + 40, x:x + 50], m[y:y + 40, x:x + 50] = colour, cls
+        if i % 2:
+            m = m[::2, ::2]
+        Image.fromarray(a).save(os.path.join(root, "img", f"{i}.png"))
+        png = _png(m)
+        with open(os.path.join(root, "maps", f"{i}.png"), "wb") as f:
+            f.write(png)
+        rows.append({"path": f"img/{i}.png", "seg": f"maps/{i}.png"})
+        members += [(f"{i:04d}.png", open(os.path.join(root, "img", f"{i}.png"), "rb").read()),
+                    (f"{i:04d}.seg.png", png)]
+    with open(os.path.join(root, "labels.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with tarfile.open(os.path.join(root, "data.tar"), "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def map_set(tmp_path_factory):
+    src = _painted(tmp_path_factory.mktemp("maps") / "src")
+    out = os.path.join(src, "..", "set")
+    convert(src, out, sizes=[64], labels=os.path.join(src, "labels.jsonl"),
+            fields={"seg": "classmap"}, fit="stretch", progress=False)
+    return src, out
+
+
+def test_a_tar_of_maps_makes_the_labels_files_set(map_set, tmp_path):
+    src, out = map_set
+    tars = str(tmp_path / "tars")
+    convert(os.path.join(src, "data.tar"), tars, sizes=[64], fields={"seg.png": "classmap"},
+            fit="stretch", progress=False)
+    a, b = fastdata.open(out), fastdata.open(tars)
+    assert len(a) == len(b) == 6
+    for k, (x, y) in enumerate(zip(a.field_values("seg", range(6)),
+                                   b.field_values("seg.png", range(6)))):
+        assert np.array_equal(x, y) and x.shape == ((90, 120) if k % 2 == 0 else (45, 60))
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_maps_stay_on_their_pixels_through_crop_and_flip(map_set, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="needs DALI")
+    loader = fastdata.Loader(map_set[1], batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
+                             std=(1, 1, 1), scale=(0.5, 1.0), seed=2, backend=backend,
+                             fields=["image", "seg"])
+    agree = total = 0
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        batch = next(iter(loader))
+        maps = batch["seg"]
+        assert maps.dtype == torch.int64 and maps.shape == (6, 48, 48)
+        images = batch["image"].permute(0, 2, 3, 1).numpy()
+        for cls, colour in [(0, (255, 255, 255)), *COLOURS.items()]:
+            near = np.abs(images - np.asarray(colour) / 255).max(-1) < 0.2
+            agree += int((near & (maps.numpy() == cls)).sum())
+            total += int(near.sum())
+    assert total > 0.8 * 3 * 6 * 48 * 48 and agree >= 0.97 * total
+
+
+def test_info_describes_the_maps_and_verify_checks_them(map_set, capsys):
+    from fastdata.cli import main as cli
+    from fastdata.shards.verify import verify
+
+    assert fastdata.open(map_set[1]).manifest["skipped"] == []    # the maps are no images
+
+    assert cli(["info", map_set[1]]) == 0
+    assert "seg: classmap: " in capsys.readouterr().out
+    assert verify(map_set[1]) == []
+    assert fastdata.open(map_set[1])[1]["seg"].shape == (45, 60)
+
+
+def test_a_map_outside_the_folder_or_missing_skips_its_image(tmp_path):
+    src = _painted(tmp_path / "src", n=3)
+    with open(tmp_path / "outside.png", "wb") as f:
+        f.write(_png(np.zeros((9, 12), np.uint8)))
+    os.symlink(tmp_path / "outside.png", os.path.join(src, "maps", "link.png"))
+    with open(os.path.join(src, "labels.jsonl"), "w") as f:
+        for path, seg in [("img/0.png", "maps/0.png"), ("img/1.png", "../outside.png"),
+                          ("img/2.png", "maps/link.png")]:
+            f.write(json.dumps({"path": path, "seg": seg}) + "\n")
+    out = str(tmp_path / "set")
+    convert(src, out, sizes=[32], labels=os.path.join(src, "labels.jsonl"),
+            fields={"seg": "classmap"}, fit="stretch", progress=False)
+    ds = fastdata.open(out)
+    assert len(ds) == 1
+    reasons = {s["path"]: s["reason"] for s in ds.manifest["skipped"]}
+    assert "is not a file's path inside" in reasons["img/1.png"]
+    assert "is not a file's path inside" in reasons["img/2.png"]
