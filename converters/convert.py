@@ -22,6 +22,7 @@ from tqdm import tqdm
 from fastdata.checks import choice, flag, integer, printable
 from fastdata.converters.coco import write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
+from fastdata.converters.geometry import placed
 from fastdata.converters.masks import write_class_maps_of
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
@@ -40,7 +41,7 @@ from fastdata.converters.sources import source_for
 from fastdata.converters.units import ConversionError, output_folder, range_end
 from fastdata.converters.writers import WRITERS
 from fastdata.env import usable_cpus, usable_memory, warn_if_not_simd
-from fastdata.fields import FIELDS
+from fastdata.fields import FieldKind
 from fastdata.fields.infer import field_option
 from fastdata.fields.schema import entries
 from fastdata.format import (
@@ -110,14 +111,11 @@ def _check_memory(shard_size: int, files: int, sizes, encoding: str, workers: in
                          f"--num-workers")
 
 
-def _field_kinds(fields, fit: str) -> dict[str, str] | None:
-    """``fields`` checked: a column's kind by name, each kind a registered one; a kind that
-    moves with the pixels (boxes, keypoints: fractions of the image) only where ``fit`` keeps
-    fractions of the image those of the square.
+def _field_kinds(fields) -> dict[str, str] | None:
+    """``fields`` checked: a column's kind by name, each kind a registered one.
 
     Raises:
-        ValueError: not a mapping of names to kinds, an unknown kind (naming the kinds), or a
-            moving kind with a fit that crops or pads.
+        ValueError: not a mapping of names to kinds, or an unknown kind (naming the kinds).
     """
     if fields is None:
         return None
@@ -127,11 +125,21 @@ def _field_kinds(fields, fit: str) -> dict[str, str] | None:
                          f"{{'caption': 'text'}}")
     for name, kind in fields.items():
         field_option(f"{name}={kind}")      # names the kinds
-        if FIELDS[kind].moves and fit != "stretch":
-            raise ValueError(f"field {name!r} ({kind}): its positions are fractions of each "
-                             f"image, which --fit {fit} moves by the image's shape; convert "
-                             f"with fit='stretch' (--fit stretch)")
     return dict(fields) or None
+
+
+def _check_placed(fields: dict | None, fit: str) -> None:
+    """Refuse a kind that moves with the pixels but cannot be placed on the square a crop or
+    pad fit makes (a kind of one's own without ``place``), before anything is written.
+
+    Raises:
+        ValueError: naming the field and the fit that works.
+    """
+    for name, kind in (fields or {}).items():
+        if kind.moves and fit != "stretch" and type(kind).place is FieldKind.place:
+            raise ValueError(f"field {name!r} ({kind.kind}) moves with the pixels but its kind "
+                             f"has no place() for --fit {fit}: give it one, or convert with "
+                             f"fit='stretch' (--fit stretch)")
 
 
 def _validated(*, engine, address, container, sizes, encoding, quality, fit, workers,
@@ -240,11 +248,12 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     out = os.path.abspath(folder)
     warn_if_not_simd()
 
-    fields = _field_kinds(fields, fit)
+    fields = _field_kinds(fields)
     reader = source_for(src if is_url(src) else os.path.abspath(src), source, labels=labels,
                         coco=coco, masks=masks, fields=fields, split=split,
                         image_column=image_column)
     scan = _shuffled(reader.scan(progress=progress), flag("shuffle", shuffle))
+    _check_placed(scan.fields, fit)
     labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,
                                                                              masks))
     _check_memory(shard_size, len(scan.files), sizes, encoding, workers)
@@ -441,7 +450,7 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
         for results in decoder.run(jobs()):
             latch.check()
             bar.update(len(results))
-            for pos, payloads, crcs, error in results:
+            for pos, payloads, crcs, error, shape in results:
                 end = range_end(pos, job.shard_size, len(files))
                 path, label, values = inflight.pop(pos)
                 if error is not None:
@@ -454,7 +463,8 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                             os.path.join(out, shard_file(container, len(shards))),
                             sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos,
                             fields=job.scan.fields)
-                    shard.add(label, payloads, crcs, values)
+                    shard.add(label, payloads, crcs,
+                              placed(job.scan.fields, values, shape, job.opts))
                 # a range of the source ends (the last one after the workers are told to stop)
                 if shard is not None and pos + 1 == end < len(files):
                     flush(end)

@@ -352,11 +352,16 @@ def pack_into(img: Image.Image, out: np.ndarray) -> None:
 
 
 def prepare(path, opts: DecodeOptions, out: list[np.ndarray] | None = None,
-            scratch: Scratch | None = None) -> list:
+            scratch: Scratch | None = None, shape: list | None = None) -> list:
     """Payloads for ``path`` (a file, or any item ``bytes_of`` takes), one per size
     (ascending). With ``out`` (raw encoding: an array per size), the pixels are packed into
-    those, which are returned. ``scratch``: where to decode. Raises on unreadable input."""
-    largest = fit_square(_load(path, opts, scratch), opts.sizes[-1], opts.fit)
+    those, which are returned. ``scratch``: where to decode; ``shape``: a list that the
+    decoded picture's ``(width, height)`` is appended to, as the fit placed it (the frame of
+    fields given over the whole picture). Raises on unreadable input."""
+    img = _load(path, opts, scratch)
+    if shape is not None:
+        shape.append(img.size)
+    largest = fit_square(img, opts.sizes[-1], opts.fit)
     squares = [largest] + [largest.resize((s, s), _RESAMPLE) for s in opts.sizes[-2::-1]]
     if out is None:
         return [encode(sq, opts) for sq in reversed(squares)]
@@ -432,7 +437,8 @@ def prepare_batch(jobs: list[tuple], opts: DecodeOptions, ring: Ring | None = No
                   scratch: Scratch | None = None, on_item=None,
                   inbox: Inbox | None = None) -> list[tuple]:
     """Worker entry: ``[(position, item)]`` (an item: what ``bytes_of`` takes, or a ``Held``
-    in the ``inbox``) → ``[(position, payloads, crc32s, error)]``.
+    in the ``inbox``) → ``[(position, payloads, crc32s, error, (width, height) of the
+    picture)]``.
 
     With a ``ring``, payloads go into it and ``None`` stands in for them; with a ``scratch``,
     the JPEGs are decoded into it; ``on_item()`` is called as each image starts.
@@ -444,10 +450,12 @@ def prepare_batch(jobs: list[tuple], opts: DecodeOptions, ring: Ring | None = No
         try:
             if isinstance(path, Held):
                 path = inbox.get(path)  # type: ignore[union-attr]
-            payloads = prepare(path, opts, None if ring is None else ring.get(pos), scratch)
+            shape: list = []
+            payloads = prepare(path, opts, None if ring is None else ring.get(pos), scratch,
+                               shape)
             crcs = [crc32(p) for p in payloads]
         except Exception as e:      # noqa: BLE001 - any failure is a skipped input, reported
-            out.append((pos, None, None, f"{type(e).__name__}: {e}"))
+            out.append((pos, None, None, f"{type(e).__name__}: {e}", None))
             continue
-        out.append((pos, None if ring is not None else payloads, crcs, None))
+        out.append((pos, None if ring is not None else payloads, crcs, None, shape[0]))
     return out

@@ -127,3 +127,34 @@ def frame(path: str, label_size: tuple[int, int], size: int, fit: str) -> Frame:
         nw, nh = max(1, round(w * k)), max(1, round(h * k))
         kx, ky, ox, oy = nw / w, nh / h, float((size - nw) // 2), float((size - nh) // 2)
     return Frame(orientation, *label_size, kx, ky, ox, oy, size)
+
+
+def square_of(shape: tuple[int, int], size: int, fit: str) -> tuple[float, float, float, float]:
+    """Where a picture of ``shape`` (width, height, upright) lies on the stored square of side
+    ``size`` that ``fit`` makes of it (``fit_square``), in fractions of the square: the point
+    at fractions ``(x, y)`` of the picture lands at ``(x * sx + ox, y * sy + oy)``.
+
+    Returns:
+        ``(sx, sy, ox, oy)``.
+    """
+    w, h = shape
+    if fit == "stretch":
+        return 1.0, 1.0, 0.0, 0.0
+    if fit == "crop":
+        side = min(w, h)
+        return w / side, h / side, -(w - side) / 2 / side, -(h - side) / 2 / side
+    k = size / max(w, h)
+    nw, nh = max(1, round(w * k)), max(1, round(h * k))
+    return nw / size, nh / size, (size - nw) // 2 / size, (size - nh) // 2 / size
+
+
+def placed(fields: dict, values: tuple, shape: tuple[int, int], opts) -> tuple:
+    """A sample's field values as its shard stores them: those that move with the pixels
+    (given over the whole picture) placed on the stored square as the fit placed the picture
+    of ``shape`` (``FieldKind.place``), the others as they are; ``opts``: the conversion's
+    ``DecodeOptions``."""
+    if opts.fit == "stretch" or not any(kind.moves for kind in fields.values()):
+        return values
+    at = square_of(shape, opts.sizes[-1], opts.fit)
+    return tuple(kind.place(v, at) if kind.moves else v for kind, v in zip(fields.values(),
+                                                                          values))

@@ -175,8 +175,8 @@ class Decoder:
     def _with_payloads(self, results: list[tuple]) -> list[tuple]:
         if self.ring is None:
             return results
-        return [(pos, self.ring.get(pos) if error is None else None, crcs, error)
-                for pos, _, crcs, error in results]
+        return [(pos, self.ring.get(pos) if error is None else None, crcs, error, shape)
+                for pos, _, crcs, error, shape in results]
 
     def run(self, jobs):
         """``jobs``: iterable of (position, path) → lists of (position, payloads, crc32s,
@@ -233,7 +233,8 @@ class Decoder:
                 self._send(self._pool[0], 0, self._passed(0, [job]))
                 self._collect(done)
             except _WorkerDied as e:
-                yield [(job[0], None, None, f"worker process {e} while decoding this file")]
+                yield [(job[0], None, None, f"worker process {e} while decoding this file",
+                        None)]
                 continue
             yield self._with_payloads(done[0])
 

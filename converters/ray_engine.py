@@ -28,6 +28,7 @@ import socket
 
 from fastdata._optional import require
 from fastdata.converters.decode import prepare_batch
+from fastdata.converters.geometry import placed
 from fastdata.converters.resume import kept_entries
 from fastdata.converters.units import ConversionError, range_end
 from fastdata.converters.writers import WRITERS
@@ -67,7 +68,7 @@ def convert_range(images, out: str, container: str, opts, options: dict, fp: str
     try:
         for pos, ((path, label), v, item) in enumerate(
                 zip(files, values or [()] * len(files), items), first):
-            (_, payloads, crcs, error), = prepare_batch([(pos, item)], opts)
+            (_, payloads, crcs, error, shape), = prepare_batch([(pos, item)], opts)
             if error is not None:
                 if on_error == "raise":
                     raise ConversionError(f"cannot read {path!r}: {error}")
@@ -77,7 +78,7 @@ def convert_range(images, out: str, container: str, opts, options: dict, fp: str
                 writer = WRITERS[container](os.path.join(out, shard_file(container, 0)),
                                             sizes=opts.sizes, encoding=opts.encoding,
                                             capacity=end - pos, fields=fields)
-            writer.add(label, payloads, crcs, v)
+            writer.add(label, payloads, crcs, placed(fields or {}, v, shape, opts))
             writer.write_pending()
         if writer is None:
             return {"tmp": None, "count": 0, "sha256": None, "skipped": skipped}

@@ -182,8 +182,8 @@ def main() -> None:
                 return json.loads(out.strip().splitlines()[-1])
             return run
 
-        # every variant reads one set (its images the same bytes in the same files); boxes and
-        # keypoints as fractions of the picture need it stretched onto the square
+        # every variant reads one set (its images the same bytes in the same files), stretched
+        # onto the square
         both = os.path.join(tmp, "set-all")
         convert(a.photos, both, sizes=[256], labels=files["all"], progress=False,
                 fields={"boxes": "boxes", "pose": "keypoints"}, fit="stretch")

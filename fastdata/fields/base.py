@@ -177,6 +177,14 @@ class FieldKind:
         """
         raise NotImplementedError
 
+    def place(self, value, at: tuple[float, float, float, float]):
+        """A moving kind's value given over the whole picture (as a source gives it), placed
+        on the stored square that the conversion's fit made of the picture: a point at
+        fractions ``(x, y)`` of the picture lands at ``(x * sx + ox, y * sy + oy)`` of the
+        square (``at``: ``sx, sy, ox, oy``); what lands off the square is cut away. Every
+        other kind's value is as it is."""
+        return value
+
     def move(self, value, crop, flip: bool, stored: int, out: int):
         """One sample's value as its image is cropped (top, left, h, w in stored pixels of a
         square of side ``stored``) to ``out`` pixels and flipped: a geometric kind's moves

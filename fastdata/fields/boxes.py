@@ -15,12 +15,13 @@ the field's classes are the labels the column names, sorted.
 **Instance masks**: where the column's boxes give ``"polygons"`` (COCO's polygon form: a list of
 flat ``[x1, y1, x2, y2, ...]`` outlines, fractions of the image), the field has ``masks`` and
 every box gives its own (an empty list: an empty mask). A value is then a dict ``{"boxes": (n,
-5), "polygons": [[(k, 2) float32 outline, ...] per box]}``; the outlines move with the crop and
-flip like the boxes, and each kept box's mask is drawn at the output size (a pixel is inside
-where its centre is, even-odd across an outline, any outline of the box): ``masks`` uint8 ``(k,
-out, out)`` beside ``boxes``, as torchvision's ``MaskRCNN`` takes them. Stored: the box count,
-outline count and point count (uint32), the boxes' records, each box's outline count, each
-outline's point count, then the points.
+5), "polygons": [[(k, 2) float32 outline, ...] per box]}`` (fractions of the stored square,
+running on past it where the conversion's fit cut the picture); the outlines move with the
+crop and flip like the boxes, and each kept box's mask is drawn at the output size (a pixel is
+inside where its centre is, even-odd across an outline, any outline of the box): ``masks``
+uint8 ``(k, out, out)`` beside ``boxes``, as torchvision's ``MaskRCNN`` takes them. Stored:
+the box count, outline count and point count (uint32), the boxes' records, each box's outline
+count, each outline's point count, then the points.
 """
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ from fastdata.fields.cells import json_cell
 
 #: the most boxes one sample may hold
 MAX_BOXES = 1 << 16
+#: how far beyond the stored square (in its sides) a stored outline's point may lie: where
+#: the fit cut the picture, an outline runs on past the square's edge
+MAX_BEYOND = 1024
 
 
 @register
@@ -176,8 +180,9 @@ class BoxesField(FieldKind):
             raise FieldError(f"{where}: its outlines' counts do not add up (or one has fewer "
                              f"than 3 points)")
         xy = np.frombuffer(data, np.float32, 2 * q, 12 + 24 * n + 4 * p).reshape(q, 2)
-        if not np.isfinite(xy).all() or (xy < 0).any() or (xy > 1).any():
-            raise FieldError(f"{where}: an outline's point outside the image (fractions 0 to 1)")
+        if not np.isfinite(xy).all() or (np.abs(xy) > MAX_BEYOND).any():
+            raise FieldError(f"{where}: an outline's point that is not a finite fraction of "
+                             f"the square, within {MAX_BEYOND} of it")
         outlines = np.split(xy, np.cumsum(points)[:-1]) if p else []
         ends = np.cumsum(per_box).tolist()
         polygons = [outlines[e - c:e] for c, e in zip(per_box.tolist(), ends)]
@@ -189,6 +194,22 @@ class BoxesField(FieldKind):
         data, counts = records(column, local, 20, MAX_BOXES * 20)
         rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), "a value read")
         return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
+
+    def place(self, value, at):
+        """The boxes on the stored square (``FieldKind.place``): clipped to it, those left
+        without area dropped; their outlines moved as they are (a mask is drawn inside the
+        square only)."""
+        sx, sy, ox, oy = at
+        rows = np.array(value["boxes"] if self.masks else value, np.float32).reshape(-1, 5)
+        rows[:, [0, 2]] = np.clip(rows[:, [0, 2]] * sx + ox, 0, 1)
+        rows[:, [1, 3]] = np.clip(rows[:, [1, 3]] * sy + oy, 0, 1)
+        keep = (rows[:, 2] > rows[:, 0]) & (rows[:, 3] > rows[:, 1])
+        if not self.masks:
+            return rows[keep]
+        shift = np.array([ox, oy], np.float32)
+        scale = np.array([sx, sy], np.float32)
+        return {"boxes": rows[keep], "polygons": [[xy * scale + shift for xy in b] for b, k in
+                                                  zip(value["polygons"], keep) if k]}
 
     def move(self, value: np.ndarray, crop, flip: bool, stored: int, out: int) -> dict:
         """One image's boxes through its crop (top, left, h, w in stored pixels) to ``out``

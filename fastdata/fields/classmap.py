@@ -2,10 +2,12 @@
 and mirrored by the flip with its image.
 
 A sample's value is uint8 ``(h, w)``: a class index a pixel (0-254), 255 where a pixel has no
-class (``CrossEntropyLoss(ignore_index=255)`` skips them). The map covers the whole picture,
-upright, at any resolution of the picture's shape (a half-resolution map is read as it lies
-over the image). In a batch, the maps are one int64 tensor ``(B, out, out)``, each output
-pixel the class at its centre as the image's resize samples it.
+class (``CrossEntropyLoss(ignore_index=255)`` skips them). A source's map covers the whole
+picture, upright, at any resolution of the picture's shape (a half-resolution map is read as
+it lies over the image); a stored one covers the stored square (``place``: what the fit kept
+of the picture, at the map's density, a pad's borders 255). In a batch, the maps are one int64
+tensor ``(B, out, out)``, each output pixel the class at its centre as the image's resize
+samples it.
 
 A map's cell is a PNG of one 8-bit value a pixel (mode ``L``, or ``P`` whose palette indices
 are the classes, as Pascal VOC's): a labels file's path to it (relative to the source folder),
@@ -81,6 +83,22 @@ class ClassMapField(FieldKind):
         if not n or lengths.min() == 0 or int(lengths.sum(dtype=np.int64)) != h * w:
             raise FieldError(f"{where}: a class map whose runs do not cover its {h}x{w} pixels")
         return np.repeat(np.frombuffer(data, np.uint8, n, 12 + 4 * n), lengths).reshape(h, w)
+
+    def place(self, value: np.ndarray, at) -> np.ndarray:
+        """The map on the stored square (``FieldKind.place``), at the map's own density:
+        what the fit cut away left out, what it padded ``IGNORE``."""
+        sx, sy, ox, oy = at
+        mh, mw = value.shape
+        oh, ow = max(1, round(mh / sy)), max(1, round(mw / sx))
+        shrink = min(1.0, (MAX_MAP_PIXELS / (oh * ow)) ** 0.5)
+        oh, ow = max(1, int(oh * shrink)), max(1, int(ow * shrink))
+        rows = np.floor(((np.arange(oh) + 0.5) / oh - oy) / sy * mh).astype(np.int64)
+        cols = np.floor(((np.arange(ow) + 0.5) / ow - ox) / sx * mw).astype(np.int64)
+        out = np.full((oh, ow), IGNORE, np.uint8)
+        r, c = np.flatnonzero((rows >= 0) & (rows < mh)), np.flatnonzero((cols >= 0) &
+                                                                          (cols < mw))
+        out[np.ix_(r, c)] = value[np.ix_(rows[r], cols[c])]
+        return out
 
     def move_batch(self, values, crops, flips, stored: int, out: int) -> list[np.ndarray]:
         """Each map through its image's crop (top, left, h, w in stored pixels of a square of

@@ -153,6 +153,16 @@ class KeypointsField(FieldKind):
         points = self._checked(np.frombuffer(data, np.float32).reshape(-1, k, 3), "a value read")
         return np.split(points, np.cumsum(counts)[:-1]) if len(counts) else []
 
+    def place(self, value: np.ndarray, at) -> np.ndarray:
+        """The points on the stored square (``FieldKind.place``); one off it becomes
+        ``[0, 0, 0]``, not labelled."""
+        sx, sy, ox, oy = at
+        p = np.array(value, np.float32)
+        p[..., 0] = p[..., 0] * sx + ox
+        p[..., 1] = p[..., 1] * sy + oy
+        p[(p[..., 0] < 0) | (p[..., 0] >= 1) | (p[..., 1] < 0) | (p[..., 1] >= 1)] = 0
+        return p
+
     def describe(self, column) -> str:
         per = 12 * len(self.names)
         return f"keypoints (points={len(self.names)}): {spread(column, per, 'instances')}"

@@ -76,6 +76,17 @@ def test_a_map_of_the_stored_size_reads_the_pixels_the_image_resize_reads():
     assert kind.collate([got, got]).shape == (2, 16, 16)
 
 
+def test_a_map_is_placed_as_the_fit_placed_its_picture():
+    kind = field_of("classmap")
+    m = np.arange(15, dtype=np.uint8).reshape(3, 5)         # a 5:3 picture's map
+    cropped = kind.place(m, (5 / 3, 1.0, -1 / 3, 0.0))     # the square: its middle 3/5 of x
+    assert np.array_equal(cropped, m[:, 1:4])
+    m = np.arange(48, dtype=np.uint8).reshape(6, 8)         # a 4:3 picture's
+    padded = kind.place(m, (1.0, 0.75, 0.0, 0.125))          # the square's middle 3/4 of y
+    assert padded.shape == (8, 8) and np.array_equal(padded[1:7], m)
+    assert (padded[[0, 7]] == 255).all()
+
+
 def _painted(root, n: int = 6, seed: int = 0):
     """``root/img/<i>.png``: white pictures, wider than high, with a red and a blue
     rectangle; ``root/maps/<i>.png``, their class maps (1 red, 2 blue, 0 elsewhere; each
@@ -110,25 +121,27 @@ def _painted(root, n: int = 6, seed: int = 0):
     return str(root)
 
 
-@pytest.fixture(scope="module")
-def map_set(tmp_path_factory):
+@pytest.fixture(scope="module", params=["crop", "pad", "stretch"])
+def map_set(tmp_path_factory, request):
     src = _painted(tmp_path_factory.mktemp("maps") / "src")
     out = os.path.join(src, "..", "set")
     convert(src, out, sizes=[64], labels=os.path.join(src, "labels.jsonl"),
-            fields={"seg": "classmap"}, fit="stretch", progress=False)
-    return src, out
+            fields={"seg": "classmap"}, fit=request.param, progress=False)
+    return src, out, request.param
 
 
 def test_a_tar_of_maps_makes_the_labels_files_set(map_set, tmp_path):
-    src, out = map_set
+    src, out, fit = map_set
     tars = str(tmp_path / "tars")
     convert(os.path.join(src, "data.tar"), tars, sizes=[64], fields={"seg.png": "classmap"},
-            fit="stretch", progress=False)
+            fit=fit, progress=False)
     a, b = fastdata.open(out), fastdata.open(tars)
     assert len(a) == len(b) == 6
+    # each map at its own density: the picture's 120x90 (or half of it), as the fit placed it
+    shape = {"crop": (90, 90), "pad": (120, 120), "stretch": (90, 120)}[fit]
     for k, (x, y) in enumerate(zip(a.field_values("seg", range(6)),
                                    b.field_values("seg.png", range(6)))):
-        assert np.array_equal(x, y) and x.shape == ((90, 120) if k % 2 == 0 else (45, 60))
+        assert np.array_equal(x, y) and x.shape == tuple(v // (1 + k % 2) for v in shape)
 
 
 @pytest.mark.parametrize("backend", ["torch", "dali"])
@@ -138,18 +151,20 @@ def test_maps_stay_on_their_pixels_through_crop_and_flip(map_set, backend):
     loader = fastdata.Loader(map_set[1], batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
                              std=(1, 1, 1), scale=(0.5, 1.0), seed=2, backend=backend,
                              fields=["image", "seg"])
-    agree = total = 0
+    agree = total = padded = 0
     for epoch in range(3):
         loader.set_epoch(epoch)
         batch = next(iter(loader))
-        maps = batch["seg"]
-        assert maps.dtype == torch.int64 and maps.shape == (6, 48, 48)
+        maps = batch["seg"].numpy()
+        assert batch["seg"].dtype == torch.int64 and maps.shape == (6, 48, 48)
         images = batch["image"].permute(0, 2, 3, 1).numpy()
+        padded += int((maps == 255).sum())      # the pad's borders (white too): no class
         for cls, colour in [(0, (255, 255, 255)), *COLOURS.items()]:
             near = np.abs(images - np.asarray(colour) / 255).max(-1) < 0.2
-            agree += int((near & (maps.numpy() == cls)).sum())
+            agree += int((near & np.isin(maps, (cls, 255) if cls == 0 else cls)).sum())
             total += int(near.sum())
     assert total > 0.8 * 3 * 6 * 48 * 48 and agree >= 0.97 * total
+    assert (padded > 0) == (map_set[2] == "pad")
 
 
 def test_info_describes_the_maps_and_verify_checks_them(map_set, capsys):
@@ -161,7 +176,7 @@ def test_info_describes_the_maps_and_verify_checks_them(map_set, capsys):
     assert cli(["info", map_set[1]]) == 0
     assert "seg: classmap: " in capsys.readouterr().out
     assert verify(map_set[1]) == []
-    assert fastdata.open(map_set[1])[1]["seg"].shape == (45, 60)
+    assert fastdata.open(map_set[1])[1]["seg"].dtype == np.uint8
 
 
 def test_a_map_outside_the_folder_or_missing_skips_its_image(tmp_path):
