@@ -14,9 +14,12 @@ after an untimed one, each run in a fresh interpreter; images alone, or with the
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
 trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
 ``TOKENIZERS_PARALLELISM=false``); or tokenised once, before the conversion, into a ``tokens``
-field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5 labelled boxes,
-or 1-2 people's 17 keypoints, moved with each crop and flip (that set is stretched onto its
-squares, as such fields need). img/s and CPU ms an image (every thread and process).
+field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5 labelled boxes
+(or the same boxes with an 8-point outline each, their instance masks drawn), 1-2 people's 17
+keypoints, or a class map (a PNG at half the photo's resolution, 1-5 rectangles of classes),
+each moved with each crop and flip (given over the picture, placed on the square by the
+conversion's default centre crop). img/s and CPU ms an image (every thread and process). The
+photos are linked into a scratch folder beside their class maps.
 """
 from __future__ import annotations
 
@@ -94,11 +97,51 @@ def captioned_rows(photos: str) -> list[dict]:
         return [{n: [*np.round(rng.uniform(0, 1, 2), 3).tolist(), 2] for n in POINTS}
                 for _ in range(rng.integers(1, 3))]
 
-    return [{"path": path, "label": path.split(os.sep)[0],
-             "caption": " ".join(rng.choice(WORDS, rng.integers(8, 21))),
-             "emb": json.dumps(np.round(rng.standard_normal(8), 4).tolist()),
-             "boxes": json.dumps(boxes()), "pose": json.dumps(people())}
-            for path in _files(photos)]
+    def outlined(boxes):
+        """Each box with an octagon inscribed in it."""
+        t = np.arange(8) * np.pi / 4
+        for b in boxes:
+            (x0, y0, x1, y1), c = b["box"], (0.5 + 0.5 * np.cos(t), 0.5 + 0.5 * np.sin(t))
+            xy = np.stack([x0 + c[0] * (x1 - x0), y0 + c[1] * (y1 - y0)], 1)
+            b["polygons"] = [np.round(np.clip(xy, 0, 1), 4).ravel().tolist()]
+        return boxes
+
+    rows = []
+    for k, path in enumerate(_files(photos)):
+        drawn = boxes()
+        rows.append({"path": path, "label": path.split(os.sep)[0],
+                     "caption": " ".join(rng.choice(WORDS, rng.integers(8, 21))),
+                     "emb": json.dumps(np.round(rng.standard_normal(8), 4).tolist()),
+                     "boxes": json.dumps(drawn), "pose": json.dumps(people()),
+                     "objects": json.dumps(outlined(drawn)), "seg": f"maps/{k:05d}.png"})
+    return rows
+
+
+def linked_with_maps(photos: str, src: str, rows: list[dict]) -> None:
+    """The photos linked into ``src`` (copied where they cannot be), each with its class map
+    (``seg``): 1-5 rectangles of classes 0-9 on 255 (no class), at half its resolution."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    os.makedirs(os.path.join(src, "maps"))
+    for r in rows:
+        there = os.path.join(src, r["path"])
+        os.makedirs(os.path.dirname(there), exist_ok=True)
+        try:
+            os.link(os.path.join(photos, r["path"]), there)
+        except OSError:
+            shutil.copyfile(os.path.join(photos, r["path"]), there)
+        with Image.open(there) as img:
+            w, h = max(1, img.width // 2), max(1, img.height // 2)
+        m = np.full((h, w), 255, np.uint8)
+        for _ in range(rng.integers(1, 6)):
+            x, y = rng.integers(0, w), rng.integers(0, h)
+            m[y:y + rng.integers(1, h // 2 + 2), x:x + rng.integers(1, w // 2 + 2)] = \
+                rng.integers(0, 10)
+        Image.fromarray(m).save(os.path.join(src, r["seg"]))
 
 
 def write_labels(path: str, rows: list[dict], columns: list[str]) -> str:
@@ -114,10 +157,11 @@ def labels_files(photos: str, tmp: str) -> dict[str, str]:
     embedding, with the caption tokenised once (``tokens``: JSON lists of ids), and with all
     of them, boxes and keypoints too (``all``, the set every loading variant reads);
     ``captions``: the captions as a text file, which the tokenizer is trained on
-    (``tokenizer``: its file)."""
+    (``tokenizer``: its file); ``src``: the photos with their class maps."""
     rows = captioned_rows(photos)
     out = {"captions": os.path.join(tmp, "captions.txt"),
-           "tokenizer": os.path.join(tmp, "tokenizer.json")}
+           "tokenizer": os.path.join(tmp, "tokenizer.json"), "src": os.path.join(tmp, "src")}
+    linked_with_maps(photos, out["src"], rows)
     with open(out["captions"], "w") as f:
         f.write("\n".join(r["caption"] for r in rows))
     tok = tokenizer(out["captions"], out["tokenizer"])
@@ -125,7 +169,8 @@ def labels_files(photos: str, tmp: str) -> dict[str, str]:
         r["tokens"] = json.dumps(e.ids)
     for name, extra in (("image", []), ("caption", ["caption"]), ("emb", ["emb"]),
                         ("tokens", ["tokens"]),
-                        ("all", ["caption", "emb", "tokens", "boxes", "pose"])):
+                        ("all", ["caption", "emb", "tokens", "boxes", "pose", "objects",
+                                 "seg"])):
         out[name] = write_labels(os.path.join(tmp, f"{name}.csv"), rows,
                                  ["path", "label", *extra])
     return out
@@ -159,8 +204,8 @@ def main() -> None:
         def converting(name):
             def run():
                 t, c = time.perf_counter(), tree_cpu_seconds()
-                convert(a.photos, sets[name], sizes=[256], labels=files[name], progress=False,
-                        overwrite=True)
+                convert(files["src"], sets[name], sizes=[256], labels=files[name],
+                        progress=False, overwrite=True)
                 dt = time.perf_counter() - t
                 n = len(_files(a.photos))
                 return {"img_s": n / dt, "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3}
@@ -182,18 +227,20 @@ def main() -> None:
                 return json.loads(out.strip().splitlines()[-1])
             return run
 
-        # every variant reads one set (its images the same bytes in the same files), stretched
-        # onto the square
+        # every variant reads one set (its images the same bytes in the same files)
         both = os.path.join(tmp, "set-all")
-        convert(a.photos, both, sizes=[256], labels=files["all"], progress=False,
-                fields={"boxes": "boxes", "pose": "keypoints"}, fit="stretch")
+        convert(files["src"], both, sizes=[256], labels=files["all"], progress=False,
+                fields={"boxes": "boxes", "pose": "keypoints", "objects": "boxes",
+                        "seg": "classmap"})
         load = interleaved({"image": loading(both, "image"),
                             "caption": loading(both, "caption"),
                             "caption+tokens": loading(both, "caption+tokens"),
                             "emb": loading(both, "emb"),
                             "stored tokens": loading(both, "tokens"),
                             "boxes": loading(both, "boxes"),
-                            "keypoints": loading(both, "pose")}, a.rounds)
+                            "boxes+masks": loading(both, "objects"),
+                            "keypoints": loading(both, "pose"),
+                            "classmap": loading(both, "seg")}, a.rounds)
         for name, runs in load.items():
             rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
             print("load", name, medians(runs), flush=True)

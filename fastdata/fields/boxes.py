@@ -306,29 +306,47 @@ def _masks(polygons: list, crop, flip: bool, stored: int, out: int) -> np.ndarra
     masks = np.zeros((len(polygons), out, out), np.uint8)
     for k, outlines in enumerate(polygons):
         for xy in outlines:
-            x = (xy[:, 0] * stored - left) * out / w
-            masks[k] |= fill(out - x if flip else x, (xy[:, 1] * stored - top) * out / h, out)
+            x = (xy[:, 0] * stored - left) * (out / w)
+            draw(masks[k], out - x if flip else x, (xy[:, 1] * stored - top) * (out / h))
     return masks
 
 
 def fill(x: np.ndarray, y: np.ndarray, out: int) -> np.ndarray:
-    """An outline (its points' ``x``, ``y`` in output pixels) drawn on an ``out`` square:
-    uint8 ``(out, out)``, 1 where a pixel's centre is inside (even-odd; an edge counts on the
-    side it bounds from above and from the left, so abutting outlines share no pixel)."""
-    mask = np.zeros((out, out + 1), np.uint8)
+    """An outline (its points' ``x``, ``y`` in output pixels) drawn on an ``out`` square
+    (``draw``): uint8 ``(out, out)``."""
+    mask = np.zeros((out, out), np.uint8)
+    draw(mask, x, y)
+    return mask
+
+
+def draw(mask: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """An outline (its points' ``x``, ``y`` in the mask's pixels) drawn into ``mask`` (uint8,
+    square): 1 where a pixel's centre is inside (even-odd), the rest left as it is; a centre on
+    the outline is inside on one side of it only, so abutting outlines share no pixel. Only
+    the outline's bounding box is touched."""
+    out = mask.shape[1]
     x0, y0 = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
-    lo, hi = max(int(np.floor(min(y0.min(), out) - 0.5)), 0), \
-        min(int(np.ceil(max(y0.max(), 0) + 0.5)), out)
-    centres = np.arange(lo, hi) + 0.5
-    if not len(centres):
-        return mask[:, :out]
-    yc = centres[:, None]
-    crosses = ((y0 <= yc) & (yc < y1)) | ((y1 <= yc) & (yc < y0))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        at = x0 + (yc - y0) * (x1 - x0) / (y1 - y0)
-    rows, edges = np.nonzero(crosses)
-    # a crossing at x toggles every pixel whose centre is right of it
-    cols = np.clip(np.floor(at[rows, edges] + 0.5), 0, out).astype(np.int64)
-    np.add.at(mask, (rows + lo, cols), 1)
-    return (np.cumsum(mask, axis=1, dtype=np.uint8) & 1)[:, :out]
+    x1, y1 = np.concatenate((x0[1:], x0[:1])), np.concatenate((y0[1:], y0[:1]))
+    lo = max(int(np.floor(x0.min() - 0.5)), 0)
+    hi = min(int(np.ceil(x0.max() + 0.5)), out)
+    if hi <= lo:
+        return
+    # each column's centre line: where the edges cross it (scanned down the columns, so that
+    # the running parity below runs along contiguous rows)
+    xc = np.arange(lo, hi)[:, None] + 0.5
+    cols, edges = np.nonzero(((x0 <= xc) & (xc < x1)) | ((x1 <= xc) & (xc < x0)))
+    if not len(cols):
+        return
+    a, b = y0[edges], x0[edges]
+    at = a + (xc[cols, 0] - b) * (y1[edges] - a) / (x1[edges] - b)   # a crossing: x1 != x0
+    # a crossing at y toggles every pixel of its column whose centre is below it
+    rows = np.clip(np.floor(at + 0.5), 0, out).astype(np.int64)
+    top, bottom = int(rows.min()), int(rows.max())
+    if bottom == top:
+        return
+    width = hi - lo
+    toggles = np.bincount((rows - top) * width + cols, minlength=(bottom - top + 1) * width)
+    # past the lowest crossing every column has crossed an even number of times: outside
+    inside = np.bitwise_xor.accumulate((toggles & 1).astype(np.uint8).reshape(-1, width)[:-1],
+                                       axis=0)
+    mask[top:bottom, lo:hi] |= inside

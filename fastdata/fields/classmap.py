@@ -5,9 +5,10 @@ A sample's value is uint8 ``(h, w)``: a class index a pixel (0-254), 255 where a
 class (``CrossEntropyLoss(ignore_index=255)`` skips them). A source's map covers the whole
 picture, upright, at any resolution of the picture's shape (a half-resolution map is read as
 it lies over the image); a stored one covers the stored square (``place``: what the fit kept
-of the picture, at the map's density, a pad's borders 255). In a batch, the maps are one int64
-tensor ``(B, out, out)``, each output pixel the class at its centre as the image's resize
-samples it.
+of the picture, at the map's density, a pad's borders 255). In a batch, the maps are one uint8
+tensor ``(B, out, out)`` (``.long()`` it for ``CrossEntropyLoss``, on the device: an eighth of
+the bytes to move), each output pixel the class at its centre as the image's resize samples
+it.
 
 A map's cell is a PNG of one 8-bit value a pixel (mode ``L``, or ``P`` whose palette indices
 are the classes, as Pascal VOC's): a labels file's path to it (relative to the source folder),
@@ -110,15 +111,16 @@ class ClassMapField(FieldKind):
         for m, (top, left, h, w), flip in zip(values, np.asarray(crops, np.float64), flips):
             rows = _nearest(top + centre * h, stored, m.shape[0])
             cols = _nearest(left + centre * w, stored, m.shape[1])
-            result.append(m[np.ix_(rows, cols[::-1] if flip else cols)])
+            # whole rows first, then columns: a third of the time of one 2-D gather
+            result.append(m[rows][:, cols[::-1] if flip else cols])
         return result
 
     def collate(self, values):
         import torch
 
         if not len(values):
-            return torch.zeros((0, 0, 0), dtype=torch.int64)
-        return torch.from_numpy(np.stack(values).astype(np.int64))
+            return torch.zeros((0, 0, 0), dtype=torch.uint8)
+        return torch.from_numpy(np.stack(values))
 
     def describe(self, column) -> str:
         return f"classmap: {spread(column, 1, 'bytes')} run-length encoded"

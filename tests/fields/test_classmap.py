@@ -156,7 +156,7 @@ def test_maps_stay_on_their_pixels_through_crop_and_flip(map_set, backend):
         loader.set_epoch(epoch)
         batch = next(iter(loader))
         maps = batch["seg"].numpy()
-        assert batch["seg"].dtype == torch.int64 and maps.shape == (6, 48, 48)
+        assert batch["seg"].dtype == torch.uint8 and maps.shape == (6, 48, 48)
         images = batch["image"].permute(0, 2, 3, 1).numpy()
         padded += int((maps == 255).sum())      # the pad's borders (white too): no class
         for cls, colour in [(0, (255, 255, 255)), *COLOURS.items()]:
