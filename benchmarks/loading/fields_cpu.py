@@ -18,8 +18,8 @@ field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5 la
 (or the same boxes with an 8-point outline each, their instance masks drawn), 1-2 people's 17
 keypoints, or a class map (a PNG at half the photo's resolution, 1-5 rectangles of classes),
 each moved with each crop and flip (given over the picture, placed on the square by the
-conversion's default centre crop). img/s and CPU ms an image (every thread and process). The
-photos are linked into a scratch folder beside their class maps.
+conversion's default centre crop). img/s and CPU ms an image (every thread and process). For
+that set the photos are linked into a scratch folder beside their class maps.
 """
 from __future__ import annotations
 
@@ -204,8 +204,8 @@ def main() -> None:
         def converting(name):
             def run():
                 t, c = time.perf_counter(), tree_cpu_seconds()
-                convert(files["src"], sets[name], sizes=[256], labels=files[name],
-                        progress=False, overwrite=True)
+                convert(a.photos, sets[name], sizes=[256], labels=files[name], progress=False,
+                        overwrite=True)
                 dt = time.perf_counter() - t
                 n = len(_files(a.photos))
                 return {"img_s": n / dt, "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3}

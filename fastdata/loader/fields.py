@@ -19,7 +19,7 @@ class BatchFields:
 
     def moves(self, ds) -> bool:
         """Whether a field asked for moves with the pixels (``FieldKind.moves``: boxes,
-        keypoints), so that a batch's crops are drawn before its fields are read."""
+        class maps, keypoints), so that a batch's crops are drawn before its fields are read."""
         return any(n in ds.fields and ds.fields[n].moves for n in self.names)
 
     def read(self, ds, indices, labels: Callable[[], torch.Tensor | list | dict], drawn=None,
@@ -27,9 +27,9 @@ class BatchFields:
         """A batch's fields but the image: each collated (``FieldKind.collate``: a tensor for a
         fixed-size kind, else a list) and through its batch function; ``labels()``: the
         batch's labels, where asked (a detection or segmentation set's: its targets, through
-        the crops). ``drawn``: the batch's crops (top, left, h, w in stored
-        pixels of side ``stored``) and flips, to ``out`` pixels: a moving field's values go
-        through them (None: the stored squares as they are)."""
+        the crops). ``drawn``: the batch's crops (top, left, h, w in stored pixels of side
+        ``stored``) and flips, to ``out`` pixels: a moving field's values go through them
+        (None: the stored squares as they are)."""
         batch = {}
         for name in self.names:
             if name == "image":
