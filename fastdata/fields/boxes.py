@@ -301,13 +301,27 @@ def _outline(flat, where: str) -> np.ndarray:
 
 def _masks(polygons: list, crop, flip: bool, stored: int, out: int) -> np.ndarray:
     """Each box's outlines (fractions of the stored square) through a crop (top, left, h, w
-    in stored pixels) and flip, drawn at ``out`` pixels: ``(k, out, out)`` uint8."""
+    in stored pixels) and flip, drawn at ``out`` pixels: ``(k, out, out)`` uint8 (by the C
+    kernel where it was built, else ``draw``)."""
+    from fastdata.kernels import cpu     # with torch: at load time, never in a conversion
+
     top, left, h, w = (float(v) for v in crop)
     masks = np.zeros((len(polygons), out, out), np.uint8)
-    for k, outlines in enumerate(polygons):
-        for xy in outlines:
-            x = (xy[:, 0] * stored - left) * (out / w)
-            draw(masks[k], out - x if flip else x, (xy[:, 1] * stored - top) * (out / h))
+    outlines = [xy for b in polygons for xy in b]
+    if not outlines:
+        return masks
+    xy = np.concatenate(outlines).astype(np.float64)
+    xy[:, 0] = (xy[:, 0] * stored - left) * (out / w)
+    xy[:, 1] = (xy[:, 1] * stored - top) * (out / h)
+    if flip:
+        xy[:, 0] = out - xy[:, 0]
+    starts = np.cumsum([0] + [len(p) for p in outlines])
+    owner = np.repeat(np.arange(len(polygons)), [len(b) for b in polygons])
+    if cpu.available():
+        cpu.fill_outlines(xy, starts, owner, masks)
+        return masks
+    for k, a, b in zip(owner.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+        draw(masks[k], xy[a:b, 0], xy[a:b, 1])
     return masks
 
 

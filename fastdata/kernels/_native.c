@@ -13,6 +13,8 @@
  *   [0, 1], in place, with an optional per-channel scale and shift in the same pass (the
  *   loader's normalisation).
  * - pack_rgb: the converter's 4-byte Pillow pixels to packed RGB.
+ * - fill_outlines: instance masks drawn from their outlines (polygons), a pixel inside where
+ *   its centre is (even-odd within an outline, the union of a mask's outlines).
  *
  * Called from fastdata/kernels/cpu.py (and converters/decode.py for pack_rgb), which check
  * every pointer, shape and box before they call.
@@ -747,6 +749,68 @@ static PyObject *pack_rgb(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One outline (n points, x y float64 pairs, in the mask's pixels) ORed into an out x out
+ * mask. Row r's centre line y = r + .5 meets the edges (y0 <= y < y1, either way) at xs;
+ * between the 1st and 2nd crossing, the 3rd and 4th, ..., the pixels whose centres lie right
+ * of the first and not right of the second (c + .5 > a, c + .5 <= b: c from floor(a + .5) to
+ * floor(b + .5) - 1) are inside. Coordinates are clamped before they become integers. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void fill_one(const double *xy, int64_t n, uint8_t *mask, int64_t out, double *xs) {
+    double lo = xy[1], hi = xy[1];
+    for (int64_t i = 1; i < n; i++) {
+        lo = xy[2 * i + 1] < lo ? xy[2 * i + 1] : lo;
+        hi = xy[2 * i + 1] > hi ? xy[2 * i + 1] : hi;
+    }
+    double first = floor(lo - 0.5), last = ceil(hi + 0.5);
+    int64_t r0 = first < 0 ? 0 : first > (double)out ? out : (int64_t)first;
+    int64_t r1 = last < 0 ? 0 : last > (double)out ? out : (int64_t)last;
+    for (int64_t r = r0; r < r1; r++) {
+        double yc = (double)r + 0.5;
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t j = i + 1 == n ? 0 : i + 1;
+            double x0 = xy[2 * i], y0 = xy[2 * i + 1], x1 = xy[2 * j], y1 = xy[2 * j + 1];
+            if ((y0 <= yc && yc < y1) || (y1 <= yc && yc < y0))
+                xs[m++] = x0 + (yc - y0) * (x1 - x0) / (y1 - y0);
+        }
+        if (m < 2) continue;
+        if (m == 2) {
+            if (xs[0] > xs[1]) { double t = xs[0]; xs[0] = xs[1]; xs[1] = t; }
+        } else {
+            qsort(xs, (size_t)m, sizeof(double), cmp_double);
+        }
+        uint8_t *row = mask + r * out;
+        for (int64_t k = 0; k + 1 < m; k += 2) {
+            double a = floor(xs[k] + 0.5), b = floor(xs[k + 1] + 0.5);
+            int64_t c0 = a < 0 ? 0 : a > (double)out ? out : (int64_t)a;
+            int64_t c1 = b < 0 ? 0 : b > (double)out ? out : (int64_t)b;
+            if (c1 > c0) memset(row + c0, 1, (size_t)(c1 - c0));
+        }
+    }
+}
+
+static PyObject *fill_outlines(PyObject *self, PyObject *args) {
+    Py_ssize_t count;
+    unsigned long long xy, starts, owner, masks;
+    long long out, most;
+    if (!PyArg_ParseTuple(args, "nKKKKLL", &count, &xy, &starts, &owner, &masks, &out, &most))
+        return NULL;
+    double *xs = malloc(sizeof(double) * (size_t)(most > 0 ? most : 1));
+    if (!xs) return PyErr_NoMemory();
+    const int64_t *st = (const int64_t *)(uintptr_t)starts, *ow = (const int64_t *)(uintptr_t)owner;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < count; k++)
+        fill_one((const double *)(uintptr_t)xy + 2 * st[k], st[k + 1] - st[k],
+                 (uint8_t *)(uintptr_t)masks + ow[k] * out * out, out, xs);
+    Py_END_ALLOW_THREADS
+    free(xs);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pack_rgb", pack_rgb, METH_VARARGS,
      "pack_rgb(schema_capsule, array_capsule, out): an image's Arrow export (4 bytes a pixel) "
@@ -757,6 +821,9 @@ static PyMethodDef methods[] = {
     {"color_jitter", color_jitter, METH_VARARGS,
      "color_jitter(n, dst, on, oc, oy, ox, h, w, factors, order, nops, scale, shift): "
      "addresses of checked buffers (scale, shift 0: none); use fastdata.kernels.cpu.color_jitter."},
+    {"fill_outlines", fill_outlines, METH_VARARGS,
+     "fill_outlines(count, xy, starts, owner, masks, out, most): addresses of checked buffers; "
+     "use fastdata.kernels.cpu.fill_outlines."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",

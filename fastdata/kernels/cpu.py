@@ -5,7 +5,8 @@ found): each function checks every pointer, shape and box it hands to C.
 float32, bfloat16 or uint8, the CPU default of the crop stage for those outputs
 (``CropStage(kernel="auto")``);
 ``color_jitter``: ``transforms.ColorJitter``'s adjustments; ``affine``: a per-channel
-``x * scale + shift``, the loader's normalisation after a batch transform. Where the extension
+``x * scale + shift``, the loader's normalisation after a batch transform; ``fill_outlines``:
+instance masks drawn from their outlines. Where the extension
 was not built, torch ops do the same work, more slowly (``docs/performance.md``).
 """
 from __future__ import annotations
@@ -150,3 +151,35 @@ def affine(images: torch.Tensor, scale: Sequence[float], shift: Sequence[float])
     """``images * scale + shift`` per channel, in place, in one pass: ``color_jitter`` with no
     adjustment (a loader's normalisation on the CPU: faster than torch's broadcast multiply-add)."""
     color_jitter(images, torch.zeros(len(images), 4), [], scale, shift)
+
+
+def fill_outlines(xy: np.ndarray, starts: np.ndarray, owner: np.ndarray,
+                  masks: np.ndarray) -> None:
+    """Outlines drawn into ``masks`` (uint8 ``(K, S, S)``, C-contiguous), ORed in: outline
+    ``k`` is the points ``xy[starts[k]:starts[k + 1]]`` (float64 ``(P, 2)``, x y in the masks'
+    pixels), drawn into mask ``owner[k]``; a pixel is inside where its centre is (even-odd).
+    The GIL is released while it runs. Every buffer and index is checked here first.
+
+    Raises:
+        ValueError: a buffer of the wrong type or shape, offsets that do not cut ``xy``, an
+            owner out of range, or a point that is not finite.
+    """
+    require()
+    xy = np.ascontiguousarray(xy, np.float64)
+    starts = np.ascontiguousarray(starts, np.int64)
+    owner = np.ascontiguousarray(owner, np.int64)
+    if masks.dtype != np.uint8 or masks.ndim != 3 or masks.shape[1] != masks.shape[2] or \
+            not masks.flags.c_contiguous or not masks.flags.writeable:
+        raise ValueError(f"masks must be a writable C-contiguous uint8 (K, S, S) array, not "
+                         f"{masks.dtype} {masks.shape}")
+    n = len(owner)
+    if xy.ndim != 2 or xy.shape[1] != 2 or starts.shape != (n + 1,) or starts[0] != 0 or \
+            starts[-1] != len(xy) or (np.diff(starts) < 0).any() or \
+            (n and (owner.min() < 0 or owner.max() >= len(masks))) or \
+            not np.isfinite(xy).all():
+        raise ValueError("fill_outlines: points, offsets or owners that do not fit together, "
+                         "or a point that is not finite")
+    if n:
+        kernels.native().fill_outlines(n, xy.ctypes.data, starts.ctypes.data,
+                                       owner.ctypes.data, masks.ctypes.data, masks.shape[1],
+                                       int(np.diff(starts).max()))

@@ -278,3 +278,26 @@ def test_boxes_and_outlines_are_placed_as_the_fit_placed_their_picture():
     plain = field_of("boxes")
     assert plain.place(np.array([[0.0, 0.0, 0.1, 0.1, -1]], np.float32),
                        (4 / 3, 1.0, -1 / 6, 0.0)).shape == (0, 5)
+
+
+def test_the_c_kernel_draws_what_numpy_draws(monkeypatch):
+    from fastdata.fields import boxes
+    from fastdata.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("fastdata.kernels._native not built")
+    rng = np.random.default_rng(11)
+    polygons = [[rng.uniform(-0.3, 1.3, (int(rng.integers(3, 30)), 2)).astype(np.float32)
+                 for _ in range(int(rng.integers(0, 3)))] for _ in range(12)]
+    crops = [(0, 0, 40, 40), (5, 9, 20, 13), (30, 2, 7, 38)]
+    with pytest.raises(ValueError, match="not finite"):
+        cpu.fill_outlines(np.array([[0, 0], [np.nan, 1], [1, 1]]), np.array([0, 3]),
+                          np.array([0]), np.zeros((1, 4, 4), np.uint8))
+    with pytest.raises(ValueError, match="do not fit together"):
+        cpu.fill_outlines(np.zeros((3, 2)), np.array([0, 3]), np.array([1]),
+                          np.zeros((1, 4, 4), np.uint8))
+    native = [boxes._masks(polygons, c, f, 40, 32) for c in crops for f in (False, True)]
+    monkeypatch.setattr(cpu, "available", lambda: False)
+    for got, (c, f) in zip(native, [(c, f) for c in crops for f in (False, True)]):
+        assert np.array_equal(got, boxes._masks(polygons, c, f, 40, 32))
+    assert sum(int(m.sum()) for m in native) > 1000
