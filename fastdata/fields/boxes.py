@@ -303,7 +303,7 @@ def _masks(polygons: list, crop, flip: bool, stored: int, out: int) -> np.ndarra
     """Each box's outlines (fractions of the stored square) through a crop (top, left, h, w
     in stored pixels) and flip, drawn at ``out`` pixels: ``(k, out, out)`` uint8 (by the C
     kernel where it was built, else ``draw``)."""
-    from fastdata.kernels import cpu     # with torch: at load time, never in a conversion
+    from fastdata.kernels import cpu  # with torch: at load time, never in a conversion
 
     top, left, h, w = (float(v) for v in crop)
     masks = np.zeros((len(polygons), out, out), np.uint8)
