@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fastdata.converters import decode
 from fastdata.converters.sources.base import Unreadable
 from fastdata.converters.table import Table
-from fastdata.fields import FieldKind, field_of
+from fastdata.fields import FIELDS, FieldKind, field_of
 
 #: column names taken for the image, in this order, where nothing else says which it is
 IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "webp", "image_bytes")
@@ -165,9 +165,17 @@ def add_rows(table: Table, columns: dict[str, list], keys: list[str], places: li
     ``ClassLabel``'s indices turned into their names, an index out of range into no label),
     in the order of ``table.sources``."""
     ordered = [[_named(c, class_names[name]) for c in columns[name]] if name in class_names
-               else columns[name] for name in table.sources]
+               else [_file(c) for c in columns[name]] for name in table.sources]
     for k, key in enumerate(keys):
         table.add(key, [col[k] for col in ordered], places[k])
+
+
+def _file(cell):
+    """A cell of Hugging Face's ``{bytes, path}`` struct (a second image: a class map's) as its
+    bytes; any other cell as it is."""
+    if isinstance(cell, dict) and isinstance(cell.get("bytes"), bytes):
+        return cell["bytes"]
+    return cell
 
 
 def _named(cell, names: list[str]):
@@ -176,15 +184,17 @@ def _named(cell, names: list[str]):
     return names[cell] if isinstance(cell, int) and 0 <= cell < len(names) else None
 
 
-def label_table(schema, image: ImageColumn, features: dict, what: str, src: str
-                ) -> tuple[Table, dict[str, list[str]]]:
+def label_table(schema, image: ImageColumn, features: dict, what: str, src: str,
+                fields: dict[str, str] | None = None) -> tuple[Table, dict[str, list[str]]]:
     """The empty table of a source's other columns: the label's (the ``ClassLabel`` named
     ``label``, else the only ``ClassLabel``, else a column named ``label``) called
-    ``label``, with its class names; columns of bytes (a second image) left out. Returns the
+    ``label``, with its class names; columns of bytes (a second image) left out, but those
+    ``fields`` (``--field NAME=KIND``) gives a kind of files (a class map's PNG). Returns the
     table and each ``ClassLabel`` column's names."""
     kinds, class_names = known_kinds(schema, features, {image.name})
+    files = {n for n, k in (fields or {}).items() if k in FIELDS and FIELDS[k].binary}
     others = [f.name for f in schema if f.name != image.name
-              and _form(f.type) not in ("bytes", "struct")]
+              and (_form(f.type) not in ("bytes", "struct") or f.name in files)]
     labelled = [n for n in others if n in kinds and kinds[n].kind == "class"]
     label = "label" if "label" in others else (labelled[0] if len(labelled) == 1 else None)
     table = Table(src, ["label" if n == label else n for n in others], unit="", what=what,

@@ -149,7 +149,8 @@ class HFSource(Source):
                                          f"holds paths; a dataset's images are its Image "
                                          f"feature's bytes")
                     table, class_names = arrow.label_table(schema, image, features,
-                                                           "dataset", piece.where)
+                                                           "dataset", piece.where,
+                                                           self.options["fields"])
                 elif batch.schema.names != schema.names:
                     raise ValueError(f"{piece.shown}: its columns differ from the first file's")
                 for place in _add_batch(batch, base, piece, number, row, table, class_names,

@@ -190,7 +190,8 @@ class ParquetSource(Source):
         features = arrow.hf_features(schema.metadata)
         image = arrow.image_column(schema, features, self.options["image_column"],
                                    pieces[0].shown)
-        table, class_names = arrow.label_table(schema, image, features, "parquet", self.src)
+        table, class_names = arrow.label_table(schema, image, features, "parquet", self.src,
+                                               self.options["fields"])
         locations = Places()                # each row's file, row group and row
         seen: set[str] = set()              # the paths of a path column, so far
         bar = tqdm(total=sum(p.size for p in pieces), unit="B", unit_scale=True,

@@ -167,6 +167,33 @@ def test_maps_stay_on_their_pixels_through_crop_and_flip(map_set, backend):
     assert (padded > 0) == (map_set[2] == "pad")
 
 
+@pytest.mark.parametrize("form", ["save_to_disk", "parquet"])
+def test_a_datasets_second_image_column_is_a_class_map(map_set, form, tmp_path):
+    """A Hugging Face dataset of an image and its ``annotation`` (an ``Image`` too, as scene
+    parsing sets hold them): with ``--field annotation=classmap``, the labels file's maps."""
+    datasets = pytest.importorskip("datasets")
+    src, out, fit = map_set
+    def cells(folder):      # the files' bytes, as the hub's parquet files hold them
+        return [{"bytes": open(os.path.join(src, folder, f"{i}.png"), "rb").read(),
+                 "path": None} for i in range(6)]
+
+    ds = datasets.Dataset.from_dict(
+        {"image": cells("img"), "annotation": cells("maps")},
+        features=datasets.Features({"image": datasets.Image(), "annotation": datasets.Image()}))
+    where = str(tmp_path / "ds")
+    if form == "parquet":
+        os.makedirs(where)
+        ds.to_parquet(os.path.join(where, "train.parquet"))
+    else:
+        ds.save_to_disk(where)
+    convert(where, str(tmp_path / "o"), sizes=[64], fit=fit, image_column="image",
+            fields={"annotation": "classmap"}, progress=False)
+    a, b = fastdata.open(out), fastdata.open(str(tmp_path / "o"))
+    assert len(b) == 6 and list(b.fields) == ["annotation"]
+    for x, y in zip(a.field_values("seg", range(6)), b.field_values("annotation", range(6))):
+        assert np.array_equal(x, y)
+
+
 def test_info_describes_the_maps_and_verify_checks_them(map_set, capsys):
     from fastdata.cli import main as cli
     from fastdata.shards.verify import verify
