@@ -25,8 +25,9 @@ from fastdata.fields.base import FieldError, FieldKind, check_bytes, register, s
 
 #: a class map's value for pixels of no class
 IGNORE = 255
-#: the most pixels a map may hold (a PNG's header can claim any size)
-MAX_MAP_PIXELS = 1 << 26
+#: the most pixels a map may hold (4096 x 4096): a PNG's header, or a stored map's runs, can
+#: claim any size, and a batch decodes its maps whole
+MAX_MAP_PIXELS = 1 << 24
 
 
 def encode_runs(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
