@@ -25,6 +25,7 @@ count, each outline's point count, then the points.
 """
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -174,19 +175,19 @@ class BoxesField(FieldKind):
             raise FieldError(f"{where}: {len(data)} bytes are not {n} boxes with {p} outlines "
                              f"of {q} points")
         rows = self._checked(np.frombuffer(data, np.float32, 5 * n, 12).reshape(n, 5), where)
-        per_box = np.frombuffer(data, np.uint32, n, 12 + 20 * n).astype(np.int64)
-        points = np.frombuffer(data, np.uint32, p, 12 + 24 * n).astype(np.int64)
-        if per_box.sum() != p or points.sum() != q or (points < 3).any():
+        counts = np.frombuffer(data, np.uint32, n + p, 12 + 20 * n).tolist()
+        per_box, points = counts[:n], counts[n:]
+        if sum(per_box) != p or sum(points) != q or min(points, default=3) < 3:
             raise FieldError(f"{where}: its outlines' counts do not add up (or one has fewer "
                              f"than 3 points)")
         xy = np.frombuffer(data, np.float32, 2 * q, 12 + 24 * n + 4 * p).reshape(q, 2)
-        if not np.isfinite(xy).all() or (np.abs(xy) > MAX_BEYOND).any():
+        if not (np.abs(xy) <= MAX_BEYOND).all():        # NaN compares false
             raise FieldError(f"{where}: an outline's point that is not a finite fraction of "
                              f"the square, within {MAX_BEYOND} of it")
-        outlines = np.split(xy, np.cumsum(points)[:-1]) if p else []
-        ends = np.cumsum(per_box).tolist()
-        polygons = [outlines[e - c:e] for c, e in zip(per_box.tolist(), ends)]
-        return {"boxes": rows, "polygons": polygons}
+        ends = list(itertools.accumulate(points))
+        outlines = [xy[e - c:e] for c, e in zip(points, ends)]
+        ends = list(itertools.accumulate(per_box))
+        return {"boxes": rows, "polygons": [outlines[e - c:e] for c, e in zip(per_box, ends)]}
 
     def read(self, column, local) -> list:
         if self.masks:
@@ -211,7 +212,7 @@ class BoxesField(FieldKind):
         return {"boxes": rows[keep], "polygons": [[xy * scale + shift for xy in b] for b, k in
                                                   zip(value["polygons"], keep) if k]}
 
-    def move(self, value: np.ndarray, crop, flip: bool, stored: int, out: int) -> dict:
+    def move(self, value, crop, flip: bool, stored: int, out: int) -> dict:
         """One image's boxes through its crop (top, left, h, w in stored pixels) to ``out``
         pixels and flip: the batch's dict (the module's docstring)."""
         return self.move_batch([value], [crop], [flip], stored, out)[0]
@@ -226,9 +227,10 @@ class BoxesField(FieldKind):
         counts = [len(v) for v in parts]
         rows = np.concatenate(parts) if parts else np.zeros((0, 5), np.float32)
         owner = np.repeat(np.arange(len(parts)), counts)
-        boxes, keep = moved_boxes(rows[:, :4].astype(np.float64) * stored,
-                                  np.asarray(crops, np.float64).reshape(-1, 4)[owner],
-                                  np.asarray(flips, bool).reshape(-1)[owner], out)
+        crops = np.asarray(crops, np.float64).reshape(-1, 4)
+        flips = np.asarray(flips, bool).reshape(-1)
+        boxes, keep = moved_boxes(rows[:, :4].astype(np.float64) * stored, crops[owner],
+                                  flips[owner], out)
         kept = np.bincount(owner[keep], minlength=len(parts)).tolist()
         # one tensor of the batch's kept boxes, each image's a view of it
         result: list[dict] = [{"boxes": b} for b in torch.from_numpy(boxes[keep]).split(kept)]
@@ -236,12 +238,13 @@ class BoxesField(FieldKind):
             labels = torch.from_numpy(rows[keep, 4].astype(np.int64) + 1).split(kept)
             for r, c in zip(result, labels):
                 r["labels"] = c
-        if self.masks:
-            keep_of = np.split(keep, np.cumsum(counts)[:-1]) if counts else []
-            for r, v, c, f, k in zip(result, values, np.asarray(crops, np.float64).reshape(-1, 4),
-                                     np.asarray(flips, bool).reshape(-1), keep_of):
-                r["masks"] = torch.from_numpy(_masks([b for b, kept in zip(
-                    v["polygons"], k) if kept], c, bool(f), stored, out))
+        if self.masks:      # the batch's kept boxes' masks in one array, each image's a view
+            polygons = [b for v in values for b in v["polygons"]]
+            at = np.flatnonzero(keep)
+            masks = _masks([polygons[k] for k in at.tolist()], crops[owner[at]],
+                           flips[owner[at]], stored, out)
+            for r, m in zip(result, torch.from_numpy(masks).split(kept)):
+                r["masks"] = m
         return result
 
     def collate(self, values):
@@ -299,24 +302,26 @@ def _outline(flat, where: str) -> np.ndarray:
     return xy
 
 
-def _masks(polygons: list, crop, flip: bool, stored: int, out: int) -> np.ndarray:
-    """Each box's outlines (fractions of the stored square) through a crop (top, left, h, w
-    in stored pixels) and flip, drawn at ``out`` pixels: ``(k, out, out)`` uint8 (by the C
-    kernel where it was built, else ``draw``)."""
+def _masks(polygons: list, crops: np.ndarray, flips: np.ndarray, stored: int,
+           out: int) -> np.ndarray:
+    """Each box's outlines (fractions of the stored square) through its image's crop (``(k,
+    4)``: top, left, h, w in stored pixels) and flip (``(k,)``), drawn at ``out`` pixels:
+    ``(k, out, out)`` uint8 (by the C kernel where it was built, else ``draw``)."""
     from fastdata.kernels import cpu  # with torch: at load time, never in a conversion
 
-    top, left, h, w = (float(v) for v in crop)
     masks = np.zeros((len(polygons), out, out), np.uint8)
     outlines = [xy for b in polygons for xy in b]
     if not outlines:
         return masks
+    lengths = [len(p) for p in outlines]
+    owner = np.repeat(np.arange(len(polygons)), [len(b) for b in polygons])
+    box = np.repeat(owner, lengths)                  # each point's box
+    top, left, h, w = np.asarray(crops, np.float64)[box].T
     xy = np.concatenate(outlines).astype(np.float64)
     xy[:, 0] = (xy[:, 0] * stored - left) * (out / w)
     xy[:, 1] = (xy[:, 1] * stored - top) * (out / h)
-    if flip:
-        xy[:, 0] = out - xy[:, 0]
-    starts = np.cumsum([0] + [len(p) for p in outlines])
-    owner = np.repeat(np.arange(len(polygons)), [len(b) for b in polygons])
+    xy[:, 0] = np.where(np.asarray(flips, bool)[box], out - xy[:, 0], xy[:, 0])
+    starts = np.cumsum([0] + lengths)
     if cpu.available():
         cpu.fill_outlines(xy, starts, owner, masks)
         return masks

@@ -296,8 +296,11 @@ def test_the_c_kernel_draws_what_numpy_draws(monkeypatch):
     with pytest.raises(ValueError, match="do not fit together"):
         cpu.fill_outlines(np.zeros((3, 2)), np.array([0, 3]), np.array([1]),
                           np.zeros((1, 4, 4), np.uint8))
-    native = [boxes._masks(polygons, c, f, 40, 32) for c in crops for f in (False, True)]
+    def drawn(c, f):
+        return boxes._masks(polygons, np.tile(c, (12, 1)), np.full(12, f), 40, 32)
+
+    native = [drawn(c, f) for c in crops for f in (False, True)]
     monkeypatch.setattr(cpu, "available", lambda: False)
     for got, (c, f) in zip(native, [(c, f) for c in crops for f in (False, True)]):
-        assert np.array_equal(got, boxes._masks(polygons, c, f, 40, 32))
+        assert np.array_equal(got, drawn(c, f))
     assert sum(int(m.sum()) for m in native) > 1000
