@@ -115,18 +115,23 @@ def frame(path: str, label_size: tuple[int, int], size: int, fit: str) -> Frame:
     elif tuple(label_size) != raw:
         raise ValueError(f"its labels' size ({label_size[0]}x{label_size[1]}) is not the "
                          f"image's ({raw[0]}x{raw[1]})")
-    w, h = upright
+    return Frame(orientation, *label_size, *_placement(upright, size, fit), size)
+
+
+def _placement(shape: tuple[int, int], size: int, fit: str
+               ) -> tuple[float, float, float, float]:
+    """How ``fit_square`` places a picture of ``shape`` (width, height) on a square of side
+    ``size``: ``(kx, ky, ox, oy)``, picture pixel ``(x, y)`` at square pixel ``(x * kx + ox,
+    y * ky + oy)``."""
+    w, h = shape
     if fit == "stretch":
-        kx, ky, ox, oy = size / w, size / h, 0.0, 0.0
-    elif fit == "crop":
-        side = min(w, h)
-        kx = ky = size / side
-        ox, oy = -(w - side) / 2 * kx, -(h - side) / 2 * ky
-    else:
-        k = size / max(w, h)
-        nw, nh = max(1, round(w * k)), max(1, round(h * k))
-        kx, ky, ox, oy = nw / w, nh / h, float((size - nw) // 2), float((size - nh) // 2)
-    return Frame(orientation, *label_size, kx, ky, ox, oy, size)
+        return size / w, size / h, 0.0, 0.0
+    if fit == "crop":
+        k = size / min(w, h)
+        return k, k, -(w - min(w, h)) / 2 * k, -(h - min(w, h)) / 2 * k
+    k = size / max(w, h)
+    nw, nh = max(1, round(w * k)), max(1, round(h * k))
+    return nw / w, nh / h, float((size - nw) // 2), float((size - nh) // 2)
 
 
 def square_of(shape: tuple[int, int], size: int, fit: str) -> tuple[float, float, float, float]:
@@ -137,15 +142,8 @@ def square_of(shape: tuple[int, int], size: int, fit: str) -> tuple[float, float
     Returns:
         ``(sx, sy, ox, oy)``.
     """
-    w, h = shape
-    if fit == "stretch":
-        return 1.0, 1.0, 0.0, 0.0
-    if fit == "crop":
-        side = min(w, h)
-        return w / side, h / side, -(w - side) / 2 / side, -(h - side) / 2 / side
-    k = size / max(w, h)
-    nw, nh = max(1, round(w * k)), max(1, round(h * k))
-    return nw / size, nh / size, (size - nw) // 2 / size, (size - nh) // 2 / size
+    kx, ky, ox, oy = _placement(shape, size, fit)
+    return kx * shape[0] / size, ky * shape[1] / size, ox / size, oy / size
 
 
 def placed(fields: dict, values: tuple, shape: tuple[int, int], opts) -> tuple:

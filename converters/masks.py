@@ -21,7 +21,7 @@ from PIL import Image, UnidentifiedImageError
 from fastdata.converters.geometry import frame
 from fastdata.converters.scan import Files, Scan, walk_images
 from fastdata.converters.units import read_limited
-from fastdata.shards.annotations import IGNORE, encode_class_map
+from fastdata.fields.classmap import IGNORE, encode_runs
 
 #: a class map file larger than this is refused before it is read
 MAX_MAP_BYTES = 64 << 20
@@ -89,7 +89,7 @@ def read_map(path: str) -> np.ndarray:
 
 
 def _chunk_maps(job: tuple) -> list[tuple]:
-    """A pool task: each image's class map at every stored size (``encode_class_map``'d),
+    """A pool task: each image's class map at every stored size (``encode_runs``'d),
     its largest class index, and what it skipped."""
     src, masks, paths, sizes, fit = job
     out = []
@@ -100,12 +100,12 @@ def _chunk_maps(job: tuple) -> list[tuple]:
             squares = f.class_map(m, sizes, IGNORE)
         except (ValueError, OSError) as e:      # its pixels were read: it has no map
             squares = {s: np.full((s, s), IGNORE, np.uint8) for s in sizes}
-            out.append(({s: encode_class_map(v) for s, v in squares.items()}, -1,
+            out.append(({s: encode_runs(v) for s, v in squares.items()}, -1,
                         [{"path": path, "kind": "note", "reason": f"class map: {e}; kept, "
                           f"all of it of no class ({IGNORE})"}]))
             continue
         labelled = m[m != IGNORE]
-        out.append(({s: encode_class_map(v) for s, v in squares.items()},
+        out.append(({s: encode_runs(v) for s, v in squares.items()},
                     int(labelled.max()) if labelled.size else -1, []))
     return out
 

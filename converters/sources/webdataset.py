@@ -232,14 +232,14 @@ class _Index:
             else:
                 sample.image = m
         elif ext == "cls" or ext in self.kinds:
-            sample.cells[ext] = self._value(reader, m, sample)
+            sample.cells[ext] = self._value(reader, m, ext, sample)
         elif ext:
             self._count(f"tar member with no field's extension (.{ext}: name its kind with "
                         f"--field {ext}=KIND)")
         else:
             self._count("tar member without an extension")
 
-    def _value(self, reader, m: Member, sample: _Sample):
+    def _value(self, reader, m: Member, ext: str, sample: _Sample):
         """A small member's text (a class, a caption, JSON), array (``.npy``) or bytes (a
         binary kind's: ``FieldKind.binary``); a sample's problem where it is too large or not
         UTF-8."""
@@ -253,7 +253,7 @@ class _Index:
             e = TarDamaged(f"cut off inside the data of {m.name!r}")
             e.in_data = True
             raise e
-        if FIELDS[self.kinds.get(split_name(m.name)[1], "text")].binary:
+        if ext in self.kinds and FIELDS[self.kinds[ext]].binary:
             return data
         if m.name.lower().endswith(".npy"):
             return _npy(data, m, sample)

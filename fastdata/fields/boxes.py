@@ -330,14 +330,6 @@ def _masks(polygons: list, crops: np.ndarray, flips: np.ndarray, stored: int,
     return masks
 
 
-def fill(x: np.ndarray, y: np.ndarray, out: int) -> np.ndarray:
-    """An outline (its points' ``x``, ``y`` in output pixels) drawn on an ``out`` square
-    (``draw``): uint8 ``(out, out)``."""
-    mask = np.zeros((out, out), np.uint8)
-    draw(mask, x, y)
-    return mask
-
-
 def draw(mask: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     """An outline (its points' ``x``, ``y`` in the mask's pixels) drawn into ``mask`` (uint8,
     square): 1 where a pixel's centre is inside (even-odd), the rest left as it is; a centre on

@@ -23,7 +23,8 @@ import numpy as np
 
 from fastdata.fields.base import FieldError, FieldKind, check_bytes, register, spread
 
-#: a class map's value for pixels of no class
+#: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
+#: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
 IGNORE = 255
 #: the most pixels a map may hold (4096 x 4096): a PNG's header, or a stored map's runs, can
 #: claim any size, and a batch decodes its maps whole
@@ -31,7 +32,7 @@ MAX_MAP_PIXELS = 1 << 24
 
 
 def encode_runs(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A map's runs, row-major: ``(lengths uint32, values uint8)``."""
+    """A map (any shape, uint8) as its runs, row-major: ``(lengths uint32, values uint8)``."""
     flat = np.ascontiguousarray(m).ravel()
     starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
     return np.diff(np.append(starts, flat.size)).astype(np.uint32), flat[starts]

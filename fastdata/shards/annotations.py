@@ -37,11 +37,8 @@ import stat
 import numpy as np
 
 from fastdata.fields import FieldError, field_of
+from fastdata.fields.classmap import IGNORE
 from fastdata.format import ANNOTATIONS, ShardFormatError, write_atomic
-
-#: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
-#: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
-IGNORE = 255
 
 
 def _record(out, array: np.ndarray) -> None:
@@ -63,13 +60,6 @@ def encode_masks(masks: np.ndarray) -> list[np.ndarray]:
             runs = np.concatenate([runs, [0]])
         out.append(runs.astype(np.uint32))
     return out
-
-
-def encode_class_map(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A class map (any shape, uint8) → its ``(runs uint32, values uint8)``, row-major."""
-    flat = m.ravel()
-    starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
-    return np.diff(np.append(starts, flat.size)).astype(np.uint32), flat[starts]
 
 
 def _packed(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -97,7 +87,8 @@ def write_annotations(path: str, offsets, boxes, classes, iscrowd,
 
 def write_class_maps(path: str, maps: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> dict:
     """Write a segmentation set's class maps (per stored size, each sample's
-    ``encode_class_map``) to ``path``; returns the manifest's ``annotations`` entry."""
+    ``fastdata.fields.classmap.encode_runs``) to ``path``; returns the manifest's
+    ``annotations`` entry."""
     records = []
     for size in sorted(maps):
         starts, runs = _packed([r for r, _ in maps[size]], np.uint32)

@@ -7,8 +7,9 @@ import io
 import numpy as np
 import pytest
 
+from fastdata.fields.classmap import encode_runs
 from fastdata.format import ShardFormatError
-from fastdata.shards.annotations import _Records, encode_class_map, encode_masks
+from fastdata.shards.annotations import _Records, encode_masks
 
 
 def test_masks_and_class_maps_round_trip_through_their_runs():
@@ -22,7 +23,7 @@ def test_masks_and_class_maps_round_trip_through_their_runs():
         assert np.array_equal(np.repeat(values, runs).reshape(16, 16), m)
     cmap = rng.integers(0, 4, (16, 16)).astype(np.uint8)
     cmap[3:9] = 255
-    runs, values = encode_class_map(cmap)
+    runs, values = encode_runs(cmap)
     assert np.array_equal(np.repeat(values, runs).reshape(16, 16), cmap)
 
 
