@@ -23,7 +23,6 @@ from fastdata.checks import choice, flag, integer, printable
 from fastdata.converters.coco import write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
 from fastdata.converters.geometry import placed
-from fastdata.converters.masks import write_class_maps_of
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
     changed_shards,
@@ -528,9 +527,11 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     if scan.targets is not None:
         kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
         manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
-    if scan.coco is not None or scan.masks is not None:
-        manifest.update(_spatial_labels(job, [path for path, _ in scan.files
-                                              if path not in dropped], manifest["skipped"]))
+    if scan.coco is not None:
+        manifest.update(_coco_labels(job, [path for path, _ in scan.files
+                                           if path not in dropped], manifest["skipped"]))
+    elif scan.masks is not None:        # the class maps are the field "label"
+        manifest["masks_dir"] = job.masks
     return manifest
 
 
@@ -543,22 +544,16 @@ def _fields_entries(job: _Job) -> dict:
     return {**out, "field_kinds": job.fields} if job.fields else out
 
 
-def _spatial_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
-    """A detection or segmentation set's manifest fields, its annotations written (those
-    ``paths`` could not have appended to ``skipped``)."""
-    scan, opts, out = job.scan, job.opts, os.path.join(job.out, ANNOTATIONS)
+def _coco_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
+    """A detection set's manifest fields, its annotations written (those ``paths`` could not
+    have appended to ``skipped``)."""
     with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
               dynamic_ncols=True) as bar:
-        if scan.coco is not None:
-            return {"version": SPATIAL_VERSION, "coco_file": job.coco,
-                    "annotations": write_coco_annotations(
-                        out, job.src, paths, scan.coco, opts.sizes, opts.fit, skipped,
-                        workers=job.workers, progress=lambda: bar.update(1))}
-        entry, top = write_class_maps_of(out, job.src, scan.masks[0], paths, opts.sizes,
-                                         opts.fit, skipped, workers=job.workers,
-                                         progress=lambda: bar.update(1))
-    return {"version": SPATIAL_VERSION, "masks_dir": job.masks, "annotations": entry,
-            "classes": [str(k) for k in range(max(top, 0) + 1)]}
+        return {"version": SPATIAL_VERSION, "coco_file": job.coco,
+                "annotations": write_coco_annotations(
+                    os.path.join(job.out, ANNOTATIONS), job.src, paths, job.scan.coco,
+                    job.opts.sizes, job.opts.fit, skipped, workers=job.workers,
+                    progress=lambda: bar.update(1))}
 
 
 def _log_summary(job: _Job, manifest: dict, out: str) -> None:

@@ -1,7 +1,8 @@
 """Where a label's coordinates land in the stored square: through the picture's EXIF
 orientation (when the label was made on the picture as stored) and the fit to the square
-(``fit_square``), for boxes (points) and for masks and class maps (nearest, at the pixel
-centres the pixels are resampled at)."""
+(``fit_square``), for boxes (points) and for instance masks (nearest, at the pixel centres
+the pixels are resampled at); and where a picture lies on the square (``square_of``), for the
+fields that are placed on it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,18 +74,10 @@ class Frame:
             out[size] = square
         return out
 
-    def class_map(self, m: np.ndarray, sizes, fill: int) -> dict[int, np.ndarray]:
-        """An ``(height, width)`` uint8 map at each of ``sizes``, resampled nearest as the
-        pixels are fitted; ``fill`` off the picture (``fit="pad"``'s borders)."""
-        swap = self.orientation in (5, 6, 7, 8)
-        return {size: _pick(m.T if swap else m, *self.sources(size), fill) for size in sizes}
 
-
-def _pick(columns: np.ndarray, along: np.ndarray, across: np.ndarray,
-          fill: int = 0) -> np.ndarray:
-    """``columns[along[i], across[j]]`` as an array, ``fill`` where either index is off
-    them."""
-    out = np.full((len(along), len(across)), fill, np.uint8)
+def _pick(columns: np.ndarray, along: np.ndarray, across: np.ndarray) -> np.ndarray:
+    """``columns[along[i], across[j]]`` as an array, 0 where either index is off them."""
+    out = np.zeros((len(along), len(across)), np.uint8)
     i = np.flatnonzero((along >= 0) & (along < len(columns)))
     j = np.flatnonzero(across >= 0)
     if len(i) and len(j):

@@ -4,9 +4,11 @@ OUT --masks MASKS``).
 Image ``SRC/<path>/<name>.<ext>`` has the class map ``MASKS/<path>/<name>.png``: one 8-bit
 value a pixel (mode ``L``, or ``P`` whose palette indices are the classes, as Pascal VOC's),
 each a class index, 255 for pixels of no class. The classes are ``"0"`` to the largest index
-found. An image without a class map, or whose map is not such a PNG of its size (stored, or
-upright: ``fastdata.converters.geometry``), is skipped and reported. Maps go through the same
-orientation and fit as the pixels, resampled nearest; ``fit="pad"``'s borders are 255.
+found. An image without a class map is skipped and reported; one whose map is not such a PNG
+of its size (stored, or upright: ``fastdata.converters.geometry``) is kept, of no class, with a
+note. The maps are read as the source is scanned (in processes), turned upright, and become
+the set's field ``label`` of kind ``classmap`` (``fastdata.fields.classmap``): placed on the
+square as the fit placed the pixels, a pad's borders 255.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import stat
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from tqdm import tqdm
 
 from fastdata.converters.geometry import frame
-from fastdata.converters.scan import Files, Scan, walk_images
+from fastdata.converters.scan import FieldValues, Files, Scan, walk_images
 from fastdata.converters.units import read_limited
-from fastdata.fields.classmap import IGNORE, encode_runs
+from fastdata.fields.classmap import IGNORE, ClassMapField
 
 #: a class map file larger than this is refused before it is read
 MAX_MAP_BYTES = 64 << 20
@@ -34,9 +37,9 @@ def map_path(masks: str, path: str) -> str:
     return os.path.join(masks, os.path.splitext(path)[0] + ".png")
 
 
-def scan_masks(root: str, masks: str) -> Scan:
+def scan_masks(root: str, masks: str, *, workers: int = 1, progress: bool = False) -> Scan:
     """The images under ``root`` (any layout) that have a class map in ``masks``, sorted by
-    path; the others become skipped entries.
+    path, their maps read (``read_maps``); the others become skipped entries.
 
     Raises:
         FileNotFoundError: ``root`` or ``masks`` is not a folder.
@@ -63,8 +66,9 @@ def scan_masks(root: str, masks: str) -> Scan:
                                                                        "surrogateescape"))
     files = Files()
     files.extend(paths, 0)
-    return Scan(root, ["0"], files.freeze(), ignored, skipped=skipped,
-                label_kind="segmentation", masks=(masks, digest.hexdigest()))
+    values, classes, notes = read_maps(root, masks, paths, workers=workers, progress=progress)
+    return Scan(root, classes, files.freeze(), ignored, skipped=skipped + notes,
+                label_kind="segmentation", masks=(masks, digest.hexdigest()), values=values)
 
 
 def read_map(path: str) -> np.ndarray:
@@ -88,46 +92,62 @@ def read_map(path: str) -> np.ndarray:
         raise ValueError(f"class map {path} is not a readable PNG ({e})") from None
 
 
+def _upright(path: str, m: np.ndarray) -> np.ndarray:
+    """The class map ``m`` of the image at ``path``, upright as its pixels are stored.
+
+    Raises:
+        ValueError: the map's size is not the image's, stored or upright.
+    """
+    f = frame(path, (m.shape[1], m.shape[0]), 1, "stretch")
+    return m if f.orientation == 1 else np.asarray(Image.fromarray(m).transpose(
+        _TRANSPOSE[f.orientation]))
+
+
+#: EXIF orientation → the transpose that turns a picture upright (``ImageOps.exif_transpose``)
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
+
+
 def _chunk_maps(job: tuple) -> list[tuple]:
-    """A pool task: each image's class map at every stored size (``encode_runs``'d),
-    its largest class index, and what it skipped."""
-    src, masks, paths, sizes, fit = job
-    out = []
+    """A pool task: each image's class map upright, as the ``classmap`` kind stores it, its
+    largest class index, and its note where it has no usable map (kept, of no class)."""
+    src, masks, paths = job
+    kind, out = ClassMapField(), []
     for path in paths:
         try:
-            m = read_map(map_path(masks, path))
-            f = frame(os.path.join(src, path), (m.shape[1], m.shape[0]), sizes[-1], fit)
-            squares = f.class_map(m, sizes, IGNORE)
-        except (ValueError, OSError) as e:      # its pixels were read: it has no map
-            squares = {s: np.full((s, s), IGNORE, np.uint8) for s in sizes}
-            out.append(({s: encode_runs(v) for s, v in squares.items()}, -1,
+            m = _upright(os.path.join(src, path), read_map(map_path(masks, path)))
+        except (ValueError, OSError) as e:      # its pixels are still read: it has no map
+            out.append((kind.to_bytes(np.full((1, 1), IGNORE, np.uint8)), -1,
                         [{"path": path, "kind": "note", "reason": f"class map: {e}; kept, "
                           f"all of it of no class ({IGNORE})"}]))
             continue
         labelled = m[m != IGNORE]
-        out.append(({s: encode_runs(v) for s, v in squares.items()},
-                    int(labelled.max()) if labelled.size else -1, []))
+        out.append((kind.to_bytes(m), int(labelled.max()) if labelled.size else -1, []))
     return out
 
 
-def write_class_maps_of(out_path: str, src: str, masks: str, paths, sizes, fit: str,
-                        skipped: list, *, workers: int = 1, progress=None) -> tuple[dict, int]:
-    """The class maps of the converted images ``paths`` (in sample order) into ``out_path``,
-    made by ``workers`` processes; what cannot be used is appended to ``skipped``. Returns
-    the manifest's ``annotations`` entry and the largest class index found (-1: none)."""
-    from fastdata.converters.pool import CHUNK, map_in_processes
-    from fastdata.shards.annotations import write_class_maps
+def read_maps(src: str, masks: str, paths: list[str], *, workers: int, progress: bool
+              ) -> tuple[FieldValues, list[str], list[dict]]:
+    """The class maps of the images ``paths`` (in this order), read by ``workers`` processes.
 
-    jobs = ((src, masks, paths[i:i + CHUNK], tuple(sizes), fit)
-            for i in range(0, len(paths), CHUNK))
-    maps: dict[int, list] = {size: [] for size in sizes}
-    top = -1
-    for chunk in map_in_processes(_chunk_maps, jobs, workers, "class maps"):
-        for squares, largest, why in chunk:
-            for size in sizes:
-                maps[size].append(squares[size])
-            top = max(top, largest)
-            skipped += why
-            if progress is not None:
-                progress()
-    return write_class_maps(out_path, maps), top
+    Returns:
+        Their values as the field ``label`` (``classmap``, its classes ``"0"`` to the largest
+        index found), the classes, and the notes on images kept without a usable map.
+    """
+    from fastdata.converters.pool import CHUNK, map_in_processes
+
+    values, top, notes = FieldValues({"label": ClassMapField()}), -1, []
+    jobs = ((src, masks, paths[i:i + CHUNK]) for i in range(0, len(paths), CHUNK))
+    with tqdm(total=len(paths), unit="img", desc="class maps", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for chunk in map_in_processes(_chunk_maps, jobs, workers, "class maps"):
+            for stored, largest, why in chunk:
+                values.columns[0].append([stored])
+                top = max(top, largest)
+                notes += why
+            bar.update(len(chunk))
+    classes = [str(k) for k in range(max(top, 0) + 1)]
+    values.fields["label"] = ClassMapField(classes=classes)     # its values' bytes as stored
+    return values, classes, notes

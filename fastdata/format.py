@@ -31,7 +31,9 @@ them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
 a flat uint8 payload) and, for variable-length kinds, ``fields/<name>/offsets`` (int64,
 ``n + 1``); in LMDB the same bytes under ``FIELD_KEY``. The shard checksum then continues,
 field after field in the manifest's order, with the column's values and offsets as stored
-(little endian).
+(little endian). A segmentation set converted with this version holds its class maps so, as
+the field ``label`` of kind ``classmap`` (``LABEL_FIELDS``; its ``classes`` the manifest's),
+not in ``ANNOTATIONS``.
 """
 from __future__ import annotations
 
@@ -68,6 +70,9 @@ MANIFEST = "manifest.json"
 LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation", "none")
 #: the label kinds whose labels are places in the picture: they move with its pixels
 SPATIAL_KINDS = ("detection", "segmentation")
+#: the label kinds whose labels a set may hold as the field ``label`` (version 4), by the
+#: field kind that holds them
+LABEL_FIELDS = {"segmentation": "classmap"}
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
@@ -298,16 +303,45 @@ def _check_fields(m: dict, f) -> None:
     for k, e in enumerate(fields or ()):
         name = e.get("name") if isinstance(e, dict) else None
         f(f"fields[{k}]", e, isinstance(e, dict) and isinstance(name, str)
-          and FIELD_NAME.fullmatch(name) is not None and name not in RESERVED_FIELDS
+          and FIELD_NAME.fullmatch(name) is not None
+          and (name not in RESERVED_FIELDS or (name == "label" and e.get("kind") == LABEL_FIELDS
+                                                .get(label_kind(m)) and e.get("params") == {
+                                                    "classes": m.get("classes")}))
           and name not in names and isinstance(e.get("kind"), str)
           and isinstance(e.get("params", {}), dict),
-          "{name, kind, params}, each name a distinct identifier (not image or label)")
+          "{name, kind, params}, each name a distinct identifier (not image; label only as a "
+          "segmentation set's classmap of its classes)")
         names.add(name)
+
+
+def label_field(m: dict) -> dict | None:
+    """A checked manifest's entry of the field that holds its labels (``LABEL_FIELDS``), or
+    None where its labels are stored otherwise."""
+    return next((e for e in m.get("fields") or () if e["name"] == "label"), None)
 
 
 def label_kind(m: dict) -> str:
     """A checked manifest's label kind (a version 1 set's: ``"class"``)."""
     return m.get("label_kind", "class")
+
+
+def _check_annotations(m: dict, f, kind: str) -> None:
+    """``check_manifest`` of ``annotations``, or of the field that holds the labels instead."""
+    a = m.get("annotations")
+    in_field = any(isinstance(e, dict) and e.get("name") == "label" for e in m.get("fields") or ())
+    f("label_kind", kind, not in_field or kind in LABEL_FIELDS,
+      f"{' or '.join(LABEL_FIELDS)} for a set whose labels are a field")
+    if kind in SPATIAL_KINDS and not in_field:
+        f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
+          and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
+          and re.fullmatch(r"[0-9a-f]{64}", a["sha256"]) is not None
+          and isinstance(a.get("masks"), bool)
+          and (a.get("keypoints") is None or (isinstance(a["keypoints"], dict)
+                                              and kind == "detection")),
+          f"{{file: {ANNOTATIONS}, bytes, sha256, masks, and a detection set's keypoints}}")
+    else:
+        f("annotations", a, a is None, "absent but for a detection or segmentation set "
+          "whose labels are not a field")
 
 
 def _check_targets(m: dict, f) -> None:
@@ -319,17 +353,7 @@ def _check_targets(m: dict, f) -> None:
     f("version", version, spatial == (version == SPATIAL_VERSION) or version == FIELDS_VERSION,
       f"{SPATIAL_VERSION} exactly for a detection or segmentation set (or {FIELDS_VERSION}, "
       f"with fields)")
-    a = m.get("annotations")
-    if spatial:
-        f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
-          and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
-          and re.fullmatch(r"[0-9a-f]{64}", a["sha256"]) is not None
-          and isinstance(a.get("masks"), bool)
-          and (a.get("keypoints") is None or (isinstance(a["keypoints"], dict)
-                                              and kind == "detection")),
-          f"{{file: {ANNOTATIONS}, bytes, sha256, masks, and a detection set's keypoints}}")
-    else:
-        f("annotations", a, a is None, "absent but for a detection or segmentation set")
+    _check_annotations(m, f, kind)
     f("label_kind", kind, kind != "none" or m.get("version") == FIELDS_VERSION,
       f"not none but in a set with fields (version {FIELDS_VERSION})")
     t = m.get("targets")

@@ -535,6 +535,47 @@ def detection_folder(root, n: int = 8, seed: int = 0, *, fmt: str = "png",
     return str(root), path
 
 
+def stored_maps(ds, size: int) -> np.ndarray:
+    """A segmentation set's class maps as they lie on its stored squares, at ``size`` (one of
+    its sizes): int64 ``(N, size, size)``, as an uncropped loader gives them."""
+    from fastdata.ops.targets import Targets, batch_targets
+
+    return batch_targets(ds, np.arange(len(ds)), None, size, None, Targets()).numpy()
+
+
+def write_class_maps(path: str, maps: dict[int, list]) -> dict:
+    """An earlier (version 3) segmentation set's annotations file: per stored size, each
+    sample's ``fastdata.fields.classmap.encode_runs``. Returns its manifest entry."""
+    from fastdata.shards.annotations import _packed, _write
+
+    records = []
+    for size in sorted(maps):
+        starts, runs = _packed([r for r, _ in maps[size]], np.uint32)
+        records += [starts, runs, _packed([v for _, v in maps[size]], np.uint8)[1]]
+    return _write(path, records, True)
+
+
+def earlier_segmentation_set(src: str, out: str, **options) -> str:
+    """The segmentation set of ``src`` (``detection_folder(maps=True)``) as version 3 stored
+    it, its class maps at each stored size in ``annotations.bin``: made from a conversion of
+    the images alone and the maps of today's (``out + "-now"``), converted with ``options``."""
+    import fastdata
+    from fastdata.converters.convert import convert
+    from fastdata.fields.classmap import encode_runs
+
+    convert(src, out + "-now", masks=f"{src}-maps", progress=False, **options)
+    now = fastdata.open(out + "-now")
+    m = convert(src, out, progress=False, **options)       # one class: each label 0
+    maps = {size: [encode_runs(x.astype(np.uint8)) for x in stored_maps(now, size)]
+            for size in now.sizes}
+    m.update(version=3, label_kind="segmentation", classes=now.classes, empty_classes=[],
+             annotations=write_class_maps(os.path.join(out, "annotations.bin"), maps))
+    m.pop("class_counts", None)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return out
+
+
 def colour_regions(images: np.ndarray) -> np.ndarray:
     """(B, H, W, 3) uint8 → (B, H, W) int: the nearest of ``BOX_COLOURS`` (0, 1, 2) and
     ``BACKGROUND`` (-1) per pixel."""

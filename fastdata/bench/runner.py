@@ -34,6 +34,7 @@ from fastdata._optional import available
 from fastdata.bench.report import SCHEMA
 from fastdata.checks import integer
 from fastdata.env import resolve_device, usable_cpus
+from fastdata.format import SPATIAL_KINDS
 from fastdata.interrupt import SigintLatch
 
 log = logging.getLogger("fastdata.bench")
@@ -203,7 +204,7 @@ class Bench:
         if backend == "baseline":
             from fastdata.bench.baseline import baseline_loader
 
-            if self.ds.annotations is not None:
+            if self.ds.label_kind in SPATIAL_KINDS:
                 raise _Skip(f"the baseline reads class folders, not a {self.ds.label_kind} "
                             f"set's labels (benchmarks/loading/detection_cpu.py compares a "
                             f"per-sample detection pipeline)")
@@ -292,8 +293,8 @@ class Bench:
                           channels_last=bool(self.channels_last))
         params = stage.params(len(idx), self.size, self.size, None)
         x = stage(raw, params=params)
-        if self.ds.annotations is not None:     # a detection or segmentation set's targets
-            return self._to_device(x, batch_targets(self.ds.annotations, idx, params,
+        if self.ds.label_kind in SPATIAL_KINDS:     # a detection or segmentation set's targets
+            return self._to_device(x, batch_targets(self.ds, idx, params,
                                                     self.size, self.crop, Targets()))
         return self._to_device(x, torch.from_numpy(self.ds.labels[idx]).long())
 

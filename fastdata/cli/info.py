@@ -38,6 +38,8 @@ def info_dict(path: str) -> dict:
         pixels = np.bincount(values, weights=runs, minlength=256)
         counts = pixels[:len(ds.classes)]
         extra = {"ignored_pixels": int(pixels[IGNORE]), "map_size": ds.sizes[-1]}
+    elif ds.label_field is not None:            # segmentation, its maps the field "label"
+        counts, extra = _map_pixels(ds)
     elif ds.label_kind == "multi_label":        # the images holding each class
         labels = ds.labels
         counts = labels.sum(0) if len(labels) else np.zeros(len(ds.classes))
@@ -92,6 +94,25 @@ def _print_skipped(d: dict) -> None:
              f"{p(d['path'])} --json`, or the manifest's \"skipped\")")
 
 
+def _map_pixels(ds) -> tuple:
+    """A segmentation set's pixels of each class and of none on its stored squares of the
+    largest size; a remote set's are not counted (that would download the whole set)."""
+    import numpy as np
+
+    from fastdata.fields.classmap import IGNORE
+    from fastdata.ops.targets import Targets, batch_targets
+
+    side = ds.sizes[-1]
+    if ds.url is not None:
+        return None, {"ignored_pixels": None, "map_size": side}
+    pixels = np.zeros(256, np.int64)
+    for a in range(0, len(ds), 256):
+        maps = batch_targets(ds, np.arange(a, min(a + 256, len(ds))), None, side, None,
+                             Targets())
+        pixels += np.bincount(maps.numpy().ravel(), minlength=256)
+    return pixels[:len(ds.classes)], {"ignored_pixels": int(pixels[IGNORE]), "map_size": side}
+
+
 def print_info(d: dict) -> None:
     enc = d["encoding"] + (f" (quality {d['quality']})" if d["quality"] else "")
     p = printable       # names in a set are not trusted: no escape sequence reaches the terminal
@@ -136,7 +157,7 @@ def _print_classes(d: dict, kind: str, many: bool) -> None:
     if kind == "detection":
         echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}; "
              f"{d['images_without_boxes']} images without any")
-    if kind == "segmentation":
+    if kind == "segmentation" and d["ignored_pixels"] is not None:
         echo(f"  class maps; {d['ignored_pixels']} pixels of no class (255) at "
              f"{d['map_size']} px")
     counted = kind != "regression" and None not in d["classes"].values()

@@ -21,7 +21,14 @@ import io
 
 import numpy as np
 
-from fastdata.fields.base import FieldError, FieldKind, check_bytes, register, spread
+from fastdata.fields.base import (
+    FieldError,
+    FieldKind,
+    check_bytes,
+    class_names,
+    register,
+    spread,
+)
 
 #: a class map's value for pixels of no class (borders of ``fit="pad"``, and what the maps
 #: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
@@ -40,12 +47,29 @@ def encode_runs(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @register
 class ClassMapField(FieldKind):
-    """A class per pixel. It takes no parameters: class indices are the map's values."""
+    """A class per pixel.
+
+    Args:
+        classes: the class names, in index order: a stored value must then be one of their
+            indices or ``IGNORE``; None (a field of one's own): any value is a class index.
+
+    Raises:
+        ValueError: classes that are not distinct names, or more than 255 of them.
+    """
 
     kind = "classmap"
     fixed = False
     moves = True
     binary = True
+
+    def __init__(self, *, classes=None):
+        self.classes = None if classes is None else class_names(classes)
+        if self.classes is not None and len(self.classes) > IGNORE:
+            raise ValueError(f"a class map holds at most {IGNORE} classes (0-{IGNORE - 1}), "
+                             f"not {len(self.classes)}")
+
+    def params(self) -> dict:
+        return {} if self.classes is None else {"classes": self.classes}
 
     def parse(self, cell, where: str) -> np.ndarray:
         """A PNG's bytes (a path to one is read by the source before it gets here), as the
@@ -63,11 +87,19 @@ class ClassMapField(FieldKind):
                 if img.width * img.height > MAX_MAP_PIXELS:
                     raise FieldError(f"{where}: a class map of {img.width}x{img.height} pixels, "
                                      f"more than {MAX_MAP_PIXELS:,}")
-                return np.asarray(img, np.uint8)
+                value = np.asarray(img, np.uint8)
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             if isinstance(e, FieldError):
                 raise
             raise FieldError(f"{where}: not a readable PNG ({e})") from None
+        self._check_classes(value, where)
+        return value
+
+    def _check_classes(self, values: np.ndarray, where: str) -> None:
+        """Refuse a value that is neither one of the classes' indices nor ``IGNORE``."""
+        if self.classes is not None and ((values >= len(self.classes)) & (values != IGNORE)).any():
+            raise FieldError(f"{where}: a class map value that is neither a class below "
+                             f"{len(self.classes)} nor {IGNORE}")
 
     def to_bytes(self, value: np.ndarray) -> bytes:
         lengths, values = encode_runs(np.asarray(value, np.uint8))
@@ -85,7 +117,9 @@ class ClassMapField(FieldKind):
         lengths = np.frombuffer(data, np.uint32, n, 12)
         if not n or lengths.min() == 0 or int(lengths.sum(dtype=np.int64)) != h * w:
             raise FieldError(f"{where}: a class map whose runs do not cover its {h}x{w} pixels")
-        return np.repeat(np.frombuffer(data, np.uint8, n, 12 + 4 * n), lengths).reshape(h, w)
+        values = np.frombuffer(data, np.uint8, n, 12 + 4 * n)
+        self._check_classes(values, where)
+        return np.repeat(values, lengths).reshape(h, w)
 
     def place(self, value: np.ndarray, at) -> np.ndarray:
         """The map on the stored square (``FieldKind.place``), at the map's own density:

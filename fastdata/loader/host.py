@@ -128,7 +128,7 @@ class HostReader:
         """A detection or segmentation batch's targets, or a dict batch's fields, through its
         crops and flips (``drawn``; None: the stored squares as they are)."""
         def moved():
-            return batch_targets(self.ds.annotations, indices, drawn, self.size,
+            return batch_targets(self.ds, indices, drawn, self.size,
                                  self.crop_stage.crop, self.targets_form)
 
         if self.fields is None:

@@ -119,13 +119,23 @@ def crop_targets(ann, indices, crops: torch.Tensor | None, flips, stored: int,
     return result
 
 
-def batch_targets(ann, indices, params, stored: int, crop: int | None, targets: Targets):
-    """A batch's targets as the loader's ``targets`` asks (a segmentation set's are its class
-    maps whatever it asks): through ``params``, its crops and flips in stored
-    pixels (``CropStage.params``), to ``crop`` pixels (None: the stored size); without
-    ``params``, the stored squares as they are."""
+def batch_targets(ds, indices, params, stored: int, crop: int | None, targets: Targets):
+    """A batch of a detection or segmentation set ``ds``'s targets as the loader's ``targets``
+    asks (a segmentation set's are its class maps whatever it asks): through ``params``, its
+    crops and flips in stored pixels (``CropStage.params``), to ``crop`` pixels (None: the
+    stored size); without ``params``, the stored squares as they are."""
     out = (crop or stored) if params is not None else stored
     boxes, flips = params if params is not None else (None, None)
+    if ds.label_field is not None:      # class maps in a field: its kind moves them
+        b = len(indices)
+        maps = ds.label_field.move_batch(
+            ds.field_values("label", indices),
+            np.tile([0, 0, stored, stored], (b, 1)) if boxes is None
+            else np.asarray(boxes).reshape(b, 4),
+            np.zeros(b, bool) if flips is None else np.asarray(flips, bool).reshape(b),
+            stored, out)
+        return ds.label_field.collate(maps).long()
+    ann = ds.annotations
     if ann.kind == "segmentation":
         return crop_class_maps(ann, indices, boxes, flips, stored, out)
     t = crop_targets(ann, indices, boxes, flips, stored, out, targets)

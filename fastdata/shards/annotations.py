@@ -1,5 +1,5 @@
-"""A detection set's boxes, their classes and instance masks, or a segmentation set's class
-maps: one file beside the shards.
+"""A detection set's boxes, their classes and instance masks, or an earlier (version 3)
+segmentation set's class maps: one file beside the shards.
 
 ``annotations.bin`` is a sequence of ``.npy`` records (NumPy's format, no pickles). A detection
 set's, in this order, ``N`` samples holding ``M`` boxes in all:
@@ -17,7 +17,8 @@ set's, in this order, ``N`` samples holding ``M`` boxes in all:
   parameters), ``keypoints`` float32 ``(M, K, 3)``: each box's points as that kind stores a
   sample's (``fastdata.fields.keypoints``).
 
-A segmentation set's, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
+A version 3 segmentation set's (a later one holds its maps as the field ``label``:
+``fastdata.format``), for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
 ``runs`` uint32 and ``values`` uint8: sample ``i``'s class map at ``S x S``, row-major, is
 ``values[a:b]`` repeated ``runs[a:b]`` times (``a, b = run_offsets[i], run_offsets[i + 1]``);
 each value is a class index or ``IGNORE``.
@@ -83,17 +84,6 @@ def write_annotations(path: str, offsets, boxes, classes, iscrowd,
         records.append(np.asarray(keypoints[1], np.float32))
     entry = _write(path, records, masks is not None)
     return entry if keypoints is None else {**entry, "keypoints": keypoints[0].params()}
-
-
-def write_class_maps(path: str, maps: dict[int, list[tuple[np.ndarray, np.ndarray]]]) -> dict:
-    """Write a segmentation set's class maps (per stored size, each sample's
-    ``fastdata.fields.classmap.encode_runs``) to ``path``; returns the manifest's
-    ``annotations`` entry."""
-    records = []
-    for size in sorted(maps):
-        starts, runs = _packed([r for r, _ in maps[size]], np.uint32)
-        records += [starts, runs, _packed([v for _, v in maps[size]], np.uint8)[1]]
-    return _write(path, records, True)
 
 
 def _write(path: str, records: list, masks: bool) -> dict:

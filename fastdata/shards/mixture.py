@@ -242,7 +242,7 @@ class Mixture:
         return self._maps[k][y] if self._maps is not None else y + self.offsets[k]
 
     #: a mixture of detection or segmentation sets is refused: it has no targets
-    annotations = None
+    annotations = label_field = None
 
     @property
     def labels(self) -> np.ndarray:

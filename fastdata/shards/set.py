@@ -62,20 +62,25 @@ class ShardSet:
         #: ``classes`` then names the K columns), or "detection" or "segmentation"
         #: (``annotations``)
         self.label_kind = label_kind(m)
+        stored = fields_of(m, os.path.join(self.location, MANIFEST))
         #: the fields each sample holds beside its image and label (name -> kind, in their
         #: stored order; ``fastdata.fields``)
-        self.fields: dict[str, FieldKind] = fields_of(m, os.path.join(self.location, MANIFEST))
+        self.fields: dict[str, FieldKind] = {k: v for k, v in stored.items() if k != "label"}
+        #: the kind of the field that holds the labels (a segmentation set's class maps,
+        #: ``fastdata.format.LABEL_FIELDS``), else None
+        self.label_field: FieldKind | None = stored.get("label")
+        self._stored = stored
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
                                     encoding=self.encoding, count=s["count"], start=s["start"],
-                                    fields=self.fields)
+                                    fields=stored)
                        for s in m["shards"]]
         #: a remote set's readers, closed once the cache's limit needs their shards' room
         self._open: OpenShards | None = None
         if remote is not None:          # read from the node's cache, fetched on first open
             for reader, entry in zip(self.shards, m["shards"]):
                 reader.fetch = Fetch(remote, cache, entry, self.container, self.sizes,
-                                     self.encoding, self.fields)
+                                     self.encoding, stored)
                 reader.path = reader.fetch.path
             if cache.limit is not None:  # type: ignore[union-attr]
                 # half the limit for the shards readers keep open, half for those still to
@@ -207,8 +212,10 @@ class ShardSet:
     @property
     def annotations(self) -> Annotations | ClassMaps | None:
         """A detection set's boxes, classes and masks, or a segmentation set's class maps
-        (opened and checked on first use, in each process), else None."""
-        if self._annotations is None and self.label_kind in SPATIAL_KINDS:
+        (opened and checked on first use, in each process), else None (a set whose labels are
+        the field ``label``: ``field_values``)."""
+        if self._annotations is None and self.label_kind in SPATIAL_KINDS \
+                and self.label_field is None:
             self._annotations = self._fetched(lambda: open_annotations(
                 self.root, self.manifest["annotations"], self.label_kind, num_samples=self._n,
                 num_classes=len(self.classes), sizes=self.sizes))
@@ -294,7 +301,8 @@ class ShardSet:
         """Sample ``i``: ``(image, label)``; for a set with fields, a dict of the image, the
         label (where the set has one) and each field's value."""
         image = self.read_batch([i])[0]         # checks i
-        label = self.labels_of([i])[0] if self.label_kind != "none" else None
+        label = None if self.label_kind == "none" else self.labels_of([i])[0] \
+            if self.label_field is None else self.field_values("label", [i])[0]
         label = int(label) if label is not None and label.ndim == 0 else label
         if not self.fields and label is not None:
             return image, label
@@ -305,13 +313,14 @@ class ShardSet:
 
     def field_values(self, name: str, indices) -> list | np.ndarray:
         """Field ``name``'s values of samples ``indices``, in that order: an array (a
-        fixed-size kind's ``(B, *shape)``), else a list (``str`` for text).
+        fixed-size kind's ``(B, *shape)``), else a list (``str`` for text); ``"label"``: the
+        labels, where a field holds them (``label_field``).
 
         Raises:
             KeyError: the set has no field ``name`` (naming those it has).
             OSError: a stored value that is not of the field's kind (naming its shard).
         """
-        kind = self.fields.get(name)
+        kind = self._stored.get(name)
         if kind is None:
             raise KeyError(f"{self.location} has no field {name!r}; its fields: "
                            f"{', '.join(self.fields) or 'none'}")

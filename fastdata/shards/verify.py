@@ -54,7 +54,7 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
             _ = ds.labels   # the targets file, checked against the manifest as it is read
         except ShardFormatError as e:
             problems.append(Problem(TARGETS, None, str(e).split(": ", 1)[-1]))
-    if ds.label_kind in SPATIAL_KINDS:
+    if ds.label_kind in SPATIAL_KINDS and ds.label_field is None:   # else checked with the shards
         try:
             _ = ds.annotations      # checked whole as it is opened
         except ShardFormatError as e:

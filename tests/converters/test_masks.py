@@ -1,5 +1,6 @@
 """Segmentation sets from folders of PNG class maps: what the converter keeps and skips, the
-maps on their pixels through orientation and fit, and the class maps file's checks."""
+maps (the field ``label``) on their pixels through orientation and fit, a tampered map
+refused, and the earlier version's class maps file still read, and checked."""
 from __future__ import annotations
 
 import json
@@ -9,15 +10,23 @@ import zlib
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import fastdata
 from fastdata.cli import main as cli
+from fastdata.cli.info import info_dict
 from fastdata.converters.convert import convert
+from fastdata.fields.classmap import IGNORE
 from fastdata.format import ShardFormatError
-from fastdata.shards.annotations import IGNORE, write_class_maps
 from fastdata.shards.verify import verify
-from tests.helpers import colour_regions, detection_folder
+from tests.helpers import (
+    colour_regions,
+    detection_folder,
+    earlier_segmentation_set,
+    stored_maps,
+    write_class_maps,
+)
 
 
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
@@ -27,13 +36,16 @@ def test_class_maps_land_on_their_pixels(tmp_path, container, fit):
     out = str(tmp_path / "out")
     m = convert(src, out, container=container, sizes=[32, 64], fit=fit,
                 masks=f"{src}-maps", progress=False)
-    assert m["version"] == 3 and m["label_kind"] == "segmentation"
+    assert m["version"] == 4 and m["label_kind"] == "segmentation" and "annotations" not in m
     assert m["classes"] == ["0", "1", "2", "3"][:len(m["classes"])] and len(m["classes"]) >= 2
+    assert m["fields"] == [{"name": "label", "kind": "classmap",
+                            "params": {"classes": m["classes"]}}]
     ds = fastdata.open(out)
-    maps = ds.annotations
+    assert ds.fields == {} and ds.annotations is None
+    maps = stored_maps(ds, 64)
     regions = colour_regions(ds.read_batch(np.arange(len(ds))))
     for i in range(len(ds)):
-        got = maps.class_map(i, 64).astype(np.int64)
+        got = maps[i]
         on_picture = got != IGNORE
         assert ((got[on_picture] - 1) == regions[i][on_picture]).mean() > 0.97
         if fit == "pad":                # no picture is square: its borders are no class
@@ -46,10 +58,9 @@ def test_rotated_photo_and_its_map(tmp_path):
     out = str(tmp_path / "out")
     convert(src, out, sizes=[64], fit="stretch", masks=f"{src}-maps", progress=False)
     ds = fastdata.open(out)
-    regions = colour_regions(ds.read_batch(np.arange(len(ds))))
+    maps, regions = stored_maps(ds, 64), colour_regions(ds.read_batch(np.arange(len(ds))))
     for i in range(len(ds)):
-        assert ((ds.annotations.class_map(i, 64).astype(np.int64) - 1) == regions[i]).mean() \
-            > 0.95
+        assert ((maps[i] - 1) == regions[i]).mean() > 0.95
 
 
 def test_what_has_no_usable_map_is_skipped(tmp_path, capsys):
@@ -70,7 +81,7 @@ def test_what_has_no_usable_map_is_skipped(tmp_path, capsys):
     assert "size" in reasons["img/2.png"] and "readable PNG" in reasons["img/3.png"]
     assert m["num_samples"] == 4        # the maps that fail are kept as no class at all
     ds = fastdata.open(out)
-    assert (ds.annotations.class_map(0, 16) == IGNORE).all()
+    assert (stored_maps(ds, 16)[0] == IGNORE).all() and (ds[0][1] == IGNORE).all()
     assert cli(["info", out]) == 0
     assert "segmentation" in capsys.readouterr().out
     with pytest.raises(ValueError, match="exclude each other"):
@@ -104,13 +115,47 @@ def test_a_decompression_bomb_class_map_is_a_note_naming_it(tmp_path):
     reasons = {s["path"]: s["reason"] for s in m["skipped"]}
     assert m["num_samples"] == 3 and "decompression bomb" in reasons["img/1.png"]
     assert os.path.join(maps, "img", "1.png") in reasons["img/1.png"]
-    assert (fastdata.open(str(tmp_path / "out")).annotations.class_map(1, 16) == IGNORE).all()
+    assert (stored_maps(fastdata.open(str(tmp_path / "out")), 16)[1] == IGNORE).all()
+
+
+def test_a_map_of_a_class_the_set_does_not_have_is_refused(tmp_path):
+    """A shard whose stored map holds a value past the set's classes (not 255): ``verify``
+    names the shard's field, and a read refuses it, not a loss far from here."""
+    src, _ = detection_folder(tmp_path / "src", n=3, maps=True)
+    out = str(tmp_path / "out")
+    m = convert(src, out, sizes=[16], masks=f"{src}-maps", container="lmdb", progress=False)
+    m["classes"] = m["fields"][0]["params"]["classes"] = ["0"]  # the maps hold 1 and up
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    problems = verify(out)
+    assert problems and "neither a class below 1" in str(problems[0])
+    with pytest.raises(OSError, match="neither a class below 1"):
+        stored_maps(fastdata.open(out), 16)
+
+
+def test_an_earlier_versions_set_loads_as_today(tmp_path):
+    """A version 3 set (its maps in ``annotations.bin``) gives the maps today's set gives,
+    in a loader too, and ``info`` counts its pixels as today's."""
+    src, _ = detection_folder(tmp_path / "src", n=5, maps=True)
+    old = earlier_segmentation_set(src, str(tmp_path / "v3"), sizes=[32, 64], fit="pad")
+    now = fastdata.open(old + "-now")
+    ds = fastdata.open(old)
+    assert ds.manifest["version"] == 3 and ds.label_field is None and verify(old) == []
+    for size in (32, 64):
+        assert np.array_equal(stored_maps(ds, size), stored_maps(now, size))
+    kw = dict(batch_size=5, size=64, crop=None, train=False, shuffle=False, device="cpu")
+    (x_old, y_old), = fastdata.Loader(old, **kw)
+    (x_now, y_now), = fastdata.Loader(old + "-now", **kw)
+    assert torch.equal(x_old, x_now) and torch.equal(y_old, y_now)
+    assert y_now.dtype == torch.int64 and y_now.shape == (5, 64, 64)
+    assert info_dict(old)["classes"] == info_dict(old + "-now")["classes"]
 
 
 def test_an_inconsistent_class_maps_file_is_refused(tmp_path):
     src, _ = detection_folder(tmp_path / "src", n=2, maps=True)
-    out = str(tmp_path / "out")
-    m = convert(src, out, sizes=[8], masks=f"{src}-maps", progress=False)
+    out = earlier_segmentation_set(src, str(tmp_path / "out"), sizes=[8])
+    with open(os.path.join(out, "manifest.json")) as f:
+        m = json.load(f)
     for maps, why in (([(np.array([64], np.uint32), np.array([9], np.uint8))] * 2,
                        "neither a class"),
                       ([(np.array([60], np.uint32), np.array([0], np.uint8))] * 2,

@@ -159,17 +159,20 @@ def test_a_set_of_fields_on_ray_is_the_local_one(cluster, tmp_path):
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
 
 
-def test_a_detection_set_on_ray_is_the_local_one(cluster, tmp_path):
-    """The shards on the cluster, the annotations by the driver: both byte for byte the local
-    conversion's."""
-    src, ann = detection_folder(tmp_path / "src", n=7)
-    local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD, coco=ann,
-                    num_workers=1, progress=False)
-    r = _ray_convert(src, tmp_path / "ray", cluster, "--coco", ann)
+@pytest.mark.parametrize("kind", ["coco", "masks"])
+def test_a_detection_or_segmentation_set_on_ray_is_the_local_one(cluster, tmp_path, kind):
+    """The shards on the cluster (a segmentation set's with its class maps), a detection
+    set's annotations by the driver: byte for byte the local conversion's."""
+    src, ann = detection_folder(tmp_path / "src", n=7, maps=kind == "masks")
+    given = ann if kind == "coco" else f"{src}-maps"
+    local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
+                    num_workers=1, progress=False, **{kind: given})
+    r = _ray_convert(src, tmp_path / "ray", cluster, f"--{kind}", given)
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "ray" / "manifest.json") as f:
         assert json.load(f) == local
-    for name in ["annotations.bin"] + [s["file"] for s in local["shards"]]:
+    files = [s["file"] for s in local["shards"]] + (["annotations.bin"] if kind == "coco" else [])
+    for name in files:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
 
 

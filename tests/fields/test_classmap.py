@@ -223,3 +223,20 @@ def test_a_map_outside_the_folder_or_missing_skips_its_image(tmp_path):
     reasons = {s["path"]: s["reason"] for s in ds.manifest["skipped"]}
     assert "is not a file's path inside" in reasons["img/1.png"]
     assert "is not a file's path inside" in reasons["img/2.png"]
+
+
+def test_a_class_map_with_classes_refuses_a_value_past_them():
+    """With ``classes`` (a segmentation set's label), a value is one of their indices or 255;
+    its parameters round-trip through the manifest's form."""
+    kind = field_of("classmap", classes=["sky", "road"])
+    assert kind.params() == {"classes": ["sky", "road"]} and kind == field_of("classmap",
+                                                                             **kind.params())
+    assert field_of("classmap").params() == {}
+    ok = np.array([[0, 1], [255, 1]], np.uint8)
+    assert np.array_equal(kind.from_bytes(kind.to_bytes(ok), "v"), ok)
+    with pytest.raises(FieldError, match="neither a class below 2 nor 255"):
+        kind.from_bytes(kind.to_bytes(np.array([[0, 2]], np.uint8)), "shard 0, value 3")
+    with pytest.raises(FieldError, match="row 4.*neither a class below 2"):
+        kind.parse(_png(np.array([[7]], np.uint8)), "row 4")
+    with pytest.raises(ValueError, match="at most 255 classes"):
+        field_of("classmap", classes=[str(k) for k in range(256)])
