@@ -2,7 +2,6 @@
 (LMDB and py-lmdb allow no more), read-only and without locks."""
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
@@ -107,10 +106,12 @@ class LMDBShardReader(ShardReader):
             super().close()
 
     def __del__(self):
-        with contextlib.suppress(Exception):     # at interpreter exit, modules may be gone
+        try:        # at interpreter exit, modules (contextlib among them) may be gone
             if self._h is not None and self._pid == os.getpid():
                 _LMDB_COLLECTED.append(self._h["key"])
             ShardReader.close(self)
+        except Exception:  # noqa: BLE001, S110 - nothing left to tell
+            pass
 
     def payload(self, size, i):
         with self.h["env"].begin() as txn:

@@ -159,8 +159,10 @@ class ShardReader:
                 unguard(slot)
 
     def __del__(self):
-        with contextlib.suppress(Exception):     # at interpreter exit, modules may be gone
+        try:        # at interpreter exit, modules (contextlib among them) may be gone
             self.close()
+        except Exception:  # noqa: BLE001, S110 - nothing left to tell
+            pass
 
     def _meta(self, text) -> ShardMeta:
         meta = ShardMeta.from_json(text)

@@ -60,6 +60,21 @@ def test_lmdb_views_become_tensors_without_a_warning(shards):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def test_a_reader_collected_at_exit_closes_without_its_modules(shards, monkeypatch):
+    """A script's module-level set can be collected at the interpreter's exit after the
+    modules' globals are gone (``contextlib`` None): closing its readers then says nothing
+    (no "Exception ignored in ShardReader.__del__")."""
+    import fastdata.shards.reader
+
+    sets = [fastdata.open(shards[c]) for c in ("hdf5", "lmdb")]
+    for ds in sets:
+        ds.read_batch([0, 9])       # its shards opened
+    monkeypatch.setattr(fastdata.shards.reader, "contextlib", None)
+    for ds in sets:
+        for reader in ds.shards:
+            reader.__del__()
+
+
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="drops pages with posix_fadvise")
 def test_shards_are_read_ahead_unless_read_at_random_beyond_memory(tmp_path, monkeypatch):
     """Out of the page cache, the kernel reads ahead where that pays, in file order (eval) and
