@@ -59,6 +59,8 @@ class SharedRing:
                          for _ in range(count)]
         self._idle = [_use_count(s) for s in self.storages]
         self._lent = [False] * count
+        #: lends asked for while every buffer was in use (their batches made elsewhere)
+        self.missed = 0
 
     def lend(self) -> int | None:
         """A free buffer's number (now lent), or None when every one is in use."""
@@ -66,6 +68,7 @@ class SharedRing:
             if not self._lent[k] and _use_count(storage) == self._idle[k]:
                 self._lent[k] = True
                 return k
+        self.missed += 1
         return None
 
     def give_back(self, slot: int, images):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import multiprocessing
 import os
 from collections import deque
@@ -17,6 +18,7 @@ from fastdata.env import parent_garbage_frozen
 from fastdata.loader.buffers import SharedRing
 from fastdata.loader.spec import past_deadline
 
+log = logging.getLogger("fastdata")
 
 @functools.lru_cache(maxsize=1)
 def _openmp():
@@ -91,6 +93,13 @@ def _as_sent(item):
     return item     # not the default's conversion, which makes the tuples lists
 
 
+#: why a batch came in fresh shared memory, said once per set of worker processes
+_HELD = ("worker processes made a batch in fresh shared memory, which costs about as much as "
+         "making it: the %d buffers they make batches in were all in use, by batches in "
+         "flight and batches the program still references; let go of earlier batches (a "
+         "list of them, or the variable of an earlier loop) to keep loading at full speed")
+
+
 class WorkerProcesses:
     """Worker processes through torch's DataLoader (one item = one whole batch), with the ring
     their CPU batches are made in; ``persistent``: kept from one pass to the next (starting
@@ -102,11 +111,12 @@ class WorkerProcesses:
         nbytes = reader.ring_bytes(spec.order.batch_size)
         self.ring = None
         if nbytes is not None and hasattr(torch._C, "_storage_Use_Count"):
-            # the jobs in flight, the batch the consumer holds, one it has just been handed
-            self.ring = SharedRing(stage.num_workers * stage.prefetch + 2, nbytes)
+            # the jobs in flight, the batch the consumer holds, one it has just been handed,
+            # and one a program keeps a little longer (``_`` of a ``for _ in loader`` before)
+            self.ring = SharedRing(stage.num_workers * stage.prefetch + 3, nbytes)
         self.key = self.key_of(reader, spec, stage)
         self.spec = spec
-        self.busy = self.broken = self.closed = False
+        self.busy = self.broken = self.closed = self._told = False
         self._iterator = None
         self._lending = _Lending(self.ring)
         self._dl = torch.utils.data.DataLoader(
@@ -151,6 +161,9 @@ class WorkerProcesses:
                 sent.popleft()
                 if slot is not None:
                     images = self.ring.give_back(slot, images)
+                elif self.ring is not None and self.ring.missed and not self._told:
+                    self._told = True
+                    log.warning(_HELD, len(self.ring.storages))
                 yield images, (torch.as_tensor(labels) if isinstance(labels, np.ndarray)
                                else labels), params
         except BaseException as e:          # a worker's error, one that died, Ctrl-C...

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import glob
+import logging
 import os
 import signal
 import time
@@ -51,17 +52,21 @@ def children() -> set[int]:
 
 @pytest.mark.parametrize("opts", [dict(), dict(dtype=torch.float32, crop=12),
                                   dict(channels_last=True)])
-def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(shards, opts):
+def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(shards, opts,
+                                                                               caplog):
     """Worker processes, kept from pass to pass, make each batch in a shared buffer the parent
     lent: a batch still held is never written again (past the buffers there are, batches come
-    in fresh memory), one let go of is; a pass left unfinished gives its buffers back."""
+    in fresh memory, said once), one let go of is, one stale batch held costs nothing; a pass
+    left unfinished gives its buffers back."""
     ds = fastdata.open(shards["hdf5"])
     kw = dict(batch_size=2, train=False, **opts)
     ref = [x.clone() for x, _ in plain_loader(ds, **kw)]
     before = children()
     loader = plain_loader(ds, backend=FORKED, **kw)
-    lent = 2 * loader.backend.host.prefetch + 2
-    held = list(loader)
+    lent = 2 * loader.backend.host.prefetch + 3
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        held = list(loader)
+    assert caplog.text.count("fresh shared memory") == 1
     workers = children() - before
     assert len(workers) == 2
     assert len(held) == len(ref) > lent
@@ -80,6 +85,9 @@ def test_process_workers_make_batches_in_lent_buffers_and_held_ones_stay_intact(
         return ptrs
 
     assert one_pass() | one_pass() <= ring
+    stale = next(iter(loader))      # kept, as a loop's variable outlives its loop
+    assert one_pass() <= ring
+    del stale
     left = iter(loader)
     first = next(left)[0]
     assert one_pass() - ring        # meanwhile a pass of its own, in fresh memory
