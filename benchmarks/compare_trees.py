@@ -100,6 +100,8 @@ loader = fastdata.Loader(sys.argv[2], batch_size=64, crop=224, device="cpu", bac
                          dtype=getattr(torch, sys.argv[8]), **options)
 
 epochs, t, n = int(sys.argv[4]), None, 0
+# "hold": a batch of a first pass kept all along, as a program's variable keeps one
+held = next(iter(loader)) if sys.argv[9] == "hold" else None
 for e in range(epochs):
     loader.set_epoch(e)
     for k, (x, _) in enumerate(loader):
@@ -168,6 +170,8 @@ def main() -> None:
                     "(benchmarks/README.md, the results' schema)")
     ap.add_argument("--epochs", type=int, default=1,
                     help="loader: epochs per run; with more than one, the first is untimed")
+    ap.add_argument("--hold", action="store_true",
+                    help="loader: keep one batch of a first pass while the runs are timed")
     a = ap.parse_args()
     trees = {"ref": os.path.abspath(a.ref),
              "this": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
@@ -203,7 +207,8 @@ def _job(a, trees: dict, tmp: str) -> list[dict]:
             progress=False)
     return [compare(trees, a.rounds, f"loader {a.backend} {a.container} {a.encoding} RRC224 "
                     f"{dtype} {layout}, {a.workers} workers", LOADER, shards, layout,
-                    str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype)
+                    str(a.epochs), a.backend, a.workers, a.mp_context or "", dtype,
+                    "hold" if a.hold else "-")
             for dtype in a.dtype or ["float32"] for layout in ("NCHW", "channels_last")]
 
 
