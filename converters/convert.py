@@ -59,7 +59,6 @@ from fastdata.format import (
     shard_file,
     skip_summary,
     write_json_atomic,
-    write_targets,
 )
 from fastdata.interrupt import SigintLatch
 from fastdata.outdir import (
@@ -251,7 +250,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     reader = source_for(src if is_url(src) else os.path.abspath(src), source, labels=labels,
                         coco=coco, masks=masks, fields=fields, split=split,
                         image_column=image_column)
-    scan = _shuffled(reader.scan(progress=progress), flag("shuffle", shuffle))
+    scan = _shuffled(reader.scan(progress=progress), flag("shuffle", shuffle)).labels_as_field()
     _check_placed(scan.fields, fit)
     labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,
                                                                              masks))
@@ -496,7 +495,7 @@ def _items(job: _Job, first: int):
 
 
 def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
-    """The finished set's manifest; the targets of a labels file written beside it first."""
+    """The finished set's manifest; a detection set's annotations written beside it first."""
     scan, opts = job.scan, job.opts
     # a class whose images were all unreadable is as empty as an empty folder
     dropped = {s["path"] for s in skipped}
@@ -524,9 +523,6 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         if sum(counts) == manifest["num_samples"]:
             manifest["class_counts"] = counts
     manifest.update(_fields_entries(job))
-    if scan.targets is not None:
-        kept = [i for i, (path, _) in enumerate(scan.files) if path not in dropped]
-        manifest["targets"] = write_targets(os.path.join(job.out, TARGETS), scan.targets[kept])
     if scan.coco is not None:
         manifest.update(_coco_labels(job, [path for path, _ in scan.files
                                            if path not in dropped], manifest["skipped"]))

@@ -193,6 +193,24 @@ class Scan:
         return dataclasses.replace(self, files=files.freeze(), targets=targets, values=values,
                                    images=images)
 
+    def labels_as_field(self) -> Scan:
+        """This scan with its multi-label or regression targets moved into the field
+        ``label``, the first of its fields (``fastdata.format.LABEL_FIELDS``): the shards
+        hold them."""
+        if self.targets is None:
+            return self
+        from fastdata.fields import field_of
+        from fastdata.format import LABEL_FIELDS, label_params
+
+        kind = field_of(LABEL_FIELDS[self.label_kind],
+                        **label_params(self.label_kind, self.classes))
+        values = FieldValues({"label": kind, **self.fields})
+        if self.values is not None:     # the other fields' columns as they are
+            values.columns[1:] = self.values.columns
+        for block in blocks_of(self.targets):
+            values.columns[0].append(block)
+        return dataclasses.replace(self, targets=None, values=values)
+
 
 def walk_images(folder: str, rel: str, ignored: dict[str, int], *,
                 others: frozenset[str] = frozenset()) -> list[str]:

@@ -18,11 +18,11 @@ data changes the checksum (CRC-32 detects every error burst up to 32 bits) and n
 the writer avoids a second full pass over the pixels.
 
 Labels (``label_kind``, version 2): class indices in ``labels``; or, for multi-label and
-regression sets, one float32 ``(N, K)`` array for the whole set in ``TARGETS`` beside the
-shards (its shape and SHA-256 in the manifest; the shards' ``labels`` are then 0), read once
-when the set's labels are first asked for, as the shards' labels are. Detection and
-segmentation sets (version 3) keep their boxes or class maps in ``ANNOTATIONS``
-(``fastdata.shards.annotations``).
+regression sets converted before the field ``label`` held them (below), one float32 ``(N, K)``
+array for the whole set in ``TARGETS`` beside the shards (its shape and SHA-256 in the
+manifest; the shards' ``labels`` are then 0), read once when the set's labels are first asked
+for, as the shards' labels are. Detection sets, and segmentation sets of version 3, keep their
+boxes or class maps in ``ANNOTATIONS`` (``fastdata.shards.annotations``).
 
 Fields (version 4): a set whose samples hold named fields beside the image and the label lists
 them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
@@ -31,9 +31,9 @@ them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
 a flat uint8 payload) and, for variable-length kinds, ``fields/<name>/offsets`` (int64,
 ``n + 1``); in LMDB the same bytes under ``FIELD_KEY``. The shard checksum then continues,
 field after field in the manifest's order, with the column's values and offsets as stored
-(little endian). A segmentation set converted with this version holds its class maps so, as
-the field ``label`` of kind ``classmap`` (``LABEL_FIELDS``; its ``classes`` the manifest's),
-not in ``ANNOTATIONS``.
+(little endian). A multi-label, regression or segmentation set converted with this version
+holds its labels so, as the field ``label`` (``LABEL_FIELDS``: ``multilabel``, ``float`` or
+``classmap``, of the manifest's ``classes``), not in ``TARGETS`` or ``ANNOTATIONS``.
 """
 from __future__ import annotations
 
@@ -70,9 +70,15 @@ MANIFEST = "manifest.json"
 LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation", "none")
 #: the label kinds whose labels are places in the picture: they move with its pixels
 SPATIAL_KINDS = ("detection", "segmentation")
-#: the label kinds whose labels a set may hold as the field ``label`` (version 4), by the
-#: field kind that holds them
-LABEL_FIELDS = {"segmentation": "classmap"}
+#: the label kinds whose labels a set holds as the field ``label`` (version 4), by the field
+#: kind that holds them (``label_params``: its parameters)
+LABEL_FIELDS = {"multi_label": "multilabel", "regression": "float", "segmentation": "classmap"}
+
+
+def label_params(kind: str, classes: list[str]) -> dict:
+    """The parameters of the field that holds a set's labels of ``kind``: its ``classes`` (the
+    targets' names, for regression their number)."""
+    return {"length": len(classes)} if kind == "regression" else {"classes": list(classes)}
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
@@ -304,14 +310,20 @@ def _check_fields(m: dict, f) -> None:
         name = e.get("name") if isinstance(e, dict) else None
         f(f"fields[{k}]", e, isinstance(e, dict) and isinstance(name, str)
           and FIELD_NAME.fullmatch(name) is not None
-          and (name not in RESERVED_FIELDS or (name == "label" and e.get("kind") == LABEL_FIELDS
-                                                .get(label_kind(m)) and e.get("params") == {
-                                                    "classes": m.get("classes")}))
+          and (name not in RESERVED_FIELDS or _is_label_field(m, e))
           and name not in names and isinstance(e.get("kind"), str)
           and isinstance(e.get("params", {}), dict),
-          "{name, kind, params}, each name a distinct identifier (not image; label only as a "
-          "segmentation set's classmap of its classes)")
+          "{name, kind, params}, each name a distinct identifier (not image; label only as "
+          "the field of the set's labels: LABEL_FIELDS)")
         names.add(name)
+
+
+def _is_label_field(m: dict, e: dict) -> bool:
+    """Whether the fields' entry ``e``, named ``label``, is the field of the set's labels."""
+    kind = label_kind(m)
+    return e.get("name") == "label" and kind in LABEL_FIELDS and e.get("kind") == LABEL_FIELDS[
+        kind] and isinstance(m.get("classes"), list) and e.get("params") == label_params(
+        kind, m["classes"])
 
 
 def label_field(m: dict) -> dict | None:
@@ -325,12 +337,9 @@ def label_kind(m: dict) -> str:
     return m.get("label_kind", "class")
 
 
-def _check_annotations(m: dict, f, kind: str) -> None:
-    """``check_manifest`` of ``annotations``, or of the field that holds the labels instead."""
+def _check_annotations(m: dict, f, kind: str, in_field: bool) -> None:
+    """``check_manifest`` of ``annotations`` (``in_field``: the labels are a field instead)."""
     a = m.get("annotations")
-    in_field = any(isinstance(e, dict) and e.get("name") == "label" for e in m.get("fields") or ())
-    f("label_kind", kind, not in_field or kind in LABEL_FIELDS,
-      f"{' or '.join(LABEL_FIELDS)} for a set whose labels are a field")
     if kind in SPATIAL_KINDS and not in_field:
         f("annotations", a, isinstance(a, dict) and a.get("file") == ANNOTATIONS
           and _is_int(a.get("bytes")) and a["bytes"] > 0 and isinstance(a.get("sha256"), str)
@@ -353,12 +362,16 @@ def _check_targets(m: dict, f) -> None:
     f("version", version, spatial == (version == SPATIAL_VERSION) or version == FIELDS_VERSION,
       f"{SPATIAL_VERSION} exactly for a detection or segmentation set (or {FIELDS_VERSION}, "
       f"with fields)")
-    _check_annotations(m, f, kind)
+    in_field = any(isinstance(e, dict) and e.get("name") == "label" for e in m.get("fields") or ())
+    f("label_kind", kind, not in_field or kind in LABEL_FIELDS,
+      f"{' or '.join(LABEL_FIELDS)} for a set whose labels are a field")
+    _check_annotations(m, f, kind, in_field)
     f("label_kind", kind, kind != "none" or m.get("version") == FIELDS_VERSION,
       f"not none but in a set with fields (version {FIELDS_VERSION})")
     t = m.get("targets")
-    if kind in ("class", "none", *SPATIAL_KINDS):
-        f("targets", t, t is None, f"absent for {kind} labels")
+    if kind in ("class", "none", *SPATIAL_KINDS) or in_field:
+        f("targets", t, t is None, f"absent for {kind} labels"
+          f"{' held in the field label' if in_field else ''}")
         return
     shape = [m["num_samples"], len(m["classes"])]
     f("targets", t, isinstance(t, dict) and t.get("file") == TARGETS
@@ -437,17 +450,6 @@ def json_text(obj: Any, *, sort_keys: bool = False) -> str:
     encode those, and the escape reads back as the same name."""
     text = json.dumps(obj, indent=1, sort_keys=sort_keys, ensure_ascii=False)
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def write_targets(path: str, targets: np.ndarray) -> dict:
-    """Write a set's ``(N, K)`` float32 targets to ``path`` (``.npy``, through a temporary
-    file renamed into place); returns the manifest's ``targets`` entry."""
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(targets, np.float32), allow_pickle=False)
-    data = buf.getvalue()
-    write_atomic(path, data)
-    return {"file": TARGETS, "shape": list(targets.shape),
-            "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def read_targets(root: str, entry: dict) -> np.ndarray:

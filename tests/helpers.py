@@ -555,6 +555,33 @@ def write_class_maps(path: str, maps: dict[int, list]) -> dict:
     return _write(path, records, True)
 
 
+def earlier_targets_set(src: str, out: str, classes: list[str], targets: np.ndarray) -> str:
+    """A multi-label or regression set (by ``targets``' values) of the flat folder ``src`` as
+    version 2 stored it: ``targets.npy`` beside shards whose labels are 0."""
+    import hashlib
+
+    from fastdata.converters.convert import convert
+
+    names = sorted(os.listdir(src))
+    labels = os.path.join(os.path.dirname(out), os.path.basename(out) + ".csv")
+    with open(labels, "w") as f:
+        f.write("path,label\n" + "".join(f"{n},one\n" for n in names))
+    m = convert(src, out, sizes=[16], labels=labels, progress=False)    # one class: each 0
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(targets, np.float32), allow_pickle=False)
+    with open(os.path.join(out, "targets.npy"), "wb") as f:
+        f.write(buf.getvalue())
+    multi = bool(np.isin(targets, (0, 1)).all())
+    m.update(version=2, label_kind="multi_label" if multi else "regression", classes=classes,
+             empty_classes=[], labels_file=None,
+             targets={"file": "targets.npy", "shape": list(targets.shape),
+                      "sha256": hashlib.sha256(buf.getvalue()).hexdigest()})
+    m.pop("class_counts", None)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return out
+
+
 def earlier_segmentation_set(src: str, out: str, **options) -> str:
     """The segmentation set of ``src`` (``detection_folder(maps=True)``) as version 3 stored
     it, its class maps at each stored size in ``annotations.bin``: made from a conversion of

@@ -38,7 +38,7 @@ def info_dict(path: str) -> dict:
         pixels = np.bincount(values, weights=runs, minlength=256)
         counts = pixels[:len(ds.classes)]
         extra = {"ignored_pixels": int(pixels[IGNORE]), "map_size": ds.sizes[-1]}
-    elif ds.label_field is not None:            # segmentation, its maps the field "label"
+    elif ds.label_kind == "segmentation":       # its maps the field "label"
         counts, extra = _map_pixels(ds)
     elif ds.label_kind == "multi_label":        # the images holding each class
         labels = ds.labels

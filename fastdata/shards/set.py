@@ -66,10 +66,12 @@ class ShardSet:
         #: the fields each sample holds beside its image and label (name -> kind, in their
         #: stored order; ``fastdata.fields``)
         self.fields: dict[str, FieldKind] = {k: v for k, v in stored.items() if k != "label"}
-        #: the kind of the field that holds the labels (a segmentation set's class maps,
-        #: ``fastdata.format.LABEL_FIELDS``), else None
+        #: the kind of the field that holds the labels (multi-hot rows, regression targets or
+        #: class maps: ``fastdata.format.LABEL_FIELDS``), else None
         self.label_field: FieldKind | None = stored.get("label")
         self._stored = stored
+        #: whether ``labels`` are the field's values (multi-hot rows, regression targets)
+        self._in_field = self.label_field is not None and self.label_field.fixed
         reader_class = READERS[self.container]
         self.shards = [reader_class(os.path.join(self.root, s["file"]), sizes=self.sizes,
                                     encoding=self.encoding, count=s["count"], start=s["start"],
@@ -201,6 +203,8 @@ class ShardSet:
         (its boxes or class maps are in ``annotations``)."""
         if self._labels is None and self.label_kind == "none":
             self._labels = np.zeros(self._n, np.int64)
+        if self._labels is None and self._in_field:
+            self._labels = np.asarray(self.field_values("label", np.arange(self._n)))
         if self._labels is None and self.label_kind in ("multi_label", "regression"):
             self._labels = self._fetched(lambda: read_targets(self.root,
                                                               self.manifest["targets"]))
@@ -228,6 +232,8 @@ class ShardSet:
         """``labels[indices]``, reading only the shards of ``indices`` where the labels are
         not all read yet (a remote set fetches no other shard for them, and each shard's
         labels once)."""
+        if self._labels is None and self._in_field and self.url is not None:
+            return np.asarray(self.field_values("label", indices))
         if self._labels is not None or self.label_kind not in ("class", *SPATIAL_KINDS) \
                 or self.url is None:
             return self.labels[indices]
@@ -301,8 +307,8 @@ class ShardSet:
         """Sample ``i``: ``(image, label)``; for a set with fields, a dict of the image, the
         label (where the set has one) and each field's value."""
         image = self.read_batch([i])[0]         # checks i
-        label = None if self.label_kind == "none" else self.labels_of([i])[0] \
-            if self.label_field is None else self.field_values("label", [i])[0]
+        label = None if self.label_kind == "none" else self.field_values("label", [i])[0] \
+            if self.label_field is not None else self.labels_of([i])[0]
         label = int(label) if label is not None and label.ndim == 0 else label
         if not self.fields and label is not None:
             return image, label

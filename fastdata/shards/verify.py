@@ -49,7 +49,7 @@ def verify(root: str, *, progress: bool = False) -> list[Problem]:
             problems.append(Problem("manifest.json", None, f"class_counts says {counts[:8]}"
                                     f"{'...' if len(counts) > 8 else ''} samples a class, "
                                     f"the shards' labels {found[:8]}"))
-    if ds.label_kind not in ("class", *SPATIAL_KINDS):
+    if ds.label_kind not in ("class", *SPATIAL_KINDS) and ds.label_field is None:
         try:
             _ = ds.labels   # the targets file, checked against the manifest as it is read
         except ShardFormatError as e:

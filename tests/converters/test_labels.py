@@ -17,7 +17,7 @@ from fastdata.format import ShardFormatError
 from fastdata.shards.verify import verify
 from fastdata.train.fit import evaluate
 from fastdata.train.step import TrainStep, loss_for
-from tests.helpers import smooth
+from tests.helpers import earlier_targets_set, smooth
 
 N = 12
 
@@ -136,12 +136,31 @@ def test_what_the_file_and_the_folder_disagree_on_is_reported(flat, tmp_path):
                 labels=write_csv(tmp_path / "h.csv", ["file", "label"], []))
 
 
-def test_targets_are_checked_and_version_1_sets_still_read(flat, tmp_path, folder):
+def test_targets_are_a_field_and_earlier_sets_still_read(flat, tmp_path, folder):
+    """Multi-label rows are the shards' field ``label`` (``multilabel`` of the classes, checked
+    against them); a set of the earlier form (``targets.npy`` beside the shards) reads the
+    same labels, and its file is checked; version 1 sets read as class sets."""
     src, names = flat
     labels = write_csv(tmp_path / "m.csv", ["path", "cat", "dog", "car"],
                        [[p, *targets(k)] for k, p in enumerate(names)])
     out = str(tmp_path / "m")
-    convert(src, out, sizes=[16], labels=labels, progress=False)
+    m = convert(src, out, sizes=[16], labels=labels, progress=False)
+    assert m["version"] == 4 and "targets" not in m and not os.path.exists(
+        os.path.join(out, "targets.npy"))
+    assert m["fields"] == [{"name": "label", "kind": "multilabel",
+                            "params": {"classes": ["cat", "dog", "car"]}}]
+    ds = fastdata.open(out)
+    assert ds.fields == {} and ds.labels.tolist() == [targets(k) for k in range(N)]
+    assert verify(out) == []
+    m["fields"][0]["params"]["classes"] = ["cat", "dog"]
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    with pytest.raises(ShardFormatError, match="fields"):
+        fastdata.open(out)
+    out = earlier_targets_set(src, str(tmp_path / "v2"), ["cat", "dog", "car"],
+                              np.array([targets(k) for k in range(N)], np.float32))
+    ds = fastdata.open(out)
+    assert ds.manifest["version"] == 2 and ds.labels.tolist() == [targets(k) for k in range(N)]
     assert verify(out) == []
     with open(os.path.join(out, "targets.npy"), "r+b") as f:
         f.seek(-4, os.SEEK_END)
