@@ -192,11 +192,17 @@ class FieldKind:
         it is."""
         return value
 
-    def move_batch(self, values: Sequence, crops: np.ndarray, flips: np.ndarray, stored: int,
-                   out: int) -> list:
+    def move_batch(self, values: Sequence | np.ndarray, crops: np.ndarray, flips: np.ndarray,
+                   stored: int, out: int) -> list:
         """A batch's values through their images' crops (``(B, 4)``: top, left, h, w) and
         flips (``(B,)``): ``move`` of each (a geometric kind may move them all at once)."""
         return [self.move(v, c, bool(f), stored, out) for v, c, f in zip(values, crops, flips)]
+
+    def read_moved(self, column: Column, local, crops: np.ndarray, flips: np.ndarray,
+                   stored: int, out: int) -> list:
+        """``move_batch`` of the values of samples ``local`` (a kind may move them straight
+        from their stored bytes)."""
+        return self.move_batch(self.read(column, local), crops, flips, stored, out)
 
     def describe(self, column: Column) -> str:
         """A line for ``fastdata info``: the kind, its parameters, and what its values hold."""

@@ -107,19 +107,29 @@ class ClassMapField(FieldKind):
         return head.tobytes() + lengths.tobytes() + values.tobytes()
 
     def from_bytes(self, data: bytes, where: str) -> np.ndarray:
-        check_bytes(len(data), where)
-        if len(data) < 12:
-            raise FieldError(f"{where}: {len(data)} bytes are not a class map")
-        h, w, n = (int(v) for v in np.frombuffer(data, np.uint32, 3))
-        if len(data) != 12 + 5 * n or not 0 < h * w <= MAX_MAP_PIXELS or n > h * w:
+        h, w, lengths, values = self._runs(data, 0, len(data), where)
+        return np.repeat(values, lengths).reshape(h, w)
+
+    def _runs(self, data, start: int, end: int, where: str) -> tuple:
+        """The stored map at ``data[start:end]``, checked: ``(h, w, lengths, values)``.
+
+        Raises:
+            FieldError: runs that do not cover the map, or a value past the classes.
+        """
+        size = end - start
+        check_bytes(size, where)
+        if size < 12:
+            raise FieldError(f"{where}: {size} bytes are not a class map")
+        h, w, n = (int(v) for v in np.frombuffer(data, np.uint32, 3, start))
+        if size != 12 + 5 * n or not 0 < h * w <= MAX_MAP_PIXELS or n > h * w:
             raise FieldError(f"{where}: a class map of {h}x{w} pixels in {n} runs does not "
-                             f"fit its {len(data)} bytes")
-        lengths = np.frombuffer(data, np.uint32, n, 12)
+                             f"fit its {size} bytes")
+        lengths = np.frombuffer(data, np.uint32, n, start + 12)
         if not n or lengths.min() == 0 or int(lengths.sum(dtype=np.int64)) != h * w:
             raise FieldError(f"{where}: a class map whose runs do not cover its {h}x{w} pixels")
-        values = np.frombuffer(data, np.uint8, n, 12 + 4 * n)
+        values = np.frombuffer(data, np.uint8, n, start + 12 + 4 * n)
         self._check_classes(values, where)
-        return np.repeat(values, lengths).reshape(h, w)
+        return h, w, lengths, values
 
     def place(self, value: np.ndarray, at) -> np.ndarray:
         """The map on the stored square (``FieldKind.place``), at the map's own density:
@@ -142,14 +152,31 @@ class ClassMapField(FieldKind):
         side ``stored``) to ``out`` pixels and flip: output pixel ``i`` of a crop of ``h``
         stored pixels from ``top`` reads the class at stored position ``top + (i + .5) * h /
         out``, where the map lies over the square."""
-        centre = (np.arange(out) + 0.5) / out
-        result = []
-        for m, (top, left, h, w), flip in zip(values, np.asarray(crops, np.float64), flips):
-            rows = _nearest(top + centre * h, stored, m.shape[0])
-            cols = _nearest(left + centre * w, stored, m.shape[1])
-            # whole rows first, then columns: a third of the time of one 2-D gather
-            result.append(m[rows][:, cols[::-1] if flip else cols])
-        return result
+        rows, cols = _grid([m.shape for m in values], crops, stored, out)
+        # whole rows first, then columns: a third of the time of one 2-D gather
+        return [m[r][:, c[::-1] if flip else c] for m, r, c, flip in zip(values, rows, cols,
+                                                                           flips)]
+
+    def read_moved(self, column, local, crops, flips, stored: int, out: int) -> list:
+        """``move_batch`` of the stored maps, each sampled straight from its runs by the C
+        kernel where it is built (no map decoded whole)."""
+        from fastdata.kernels import cpu
+
+        if not cpu.available():
+            return super().read_moved(column, local, crops, flips, stored, out)
+        o, v = column.offsets, np.ascontiguousarray(column.values)
+        if o is None:
+            raise FieldError("a classmap column without offsets")
+        local = np.asarray(local, np.int64)
+        heads, shapes = np.empty((len(local), 3), np.int64), []
+        for k, i in enumerate(local.tolist()):
+            h, w, lengths, _ = self._runs(v, int(o[i]), int(o[i + 1]), f"value {i}")
+            heads[k] = int(o[i]) + 12, len(lengths), w
+            shapes.append((h, w))
+        rows, cols = _grid(shapes, crops, stored, out)
+        result = np.empty((len(local), out, out), np.uint8)
+        cpu.sample_runs(v, heads, rows, cols, np.asarray(flips, bool), result)
+        return list(result)
 
     def collate(self, values):
         import torch
@@ -162,8 +189,14 @@ class ClassMapField(FieldKind):
         return f"classmap: {spread(column, 1, 'bytes')} run-length encoded"
 
 
-def _nearest(at: np.ndarray, stored: int, n: int) -> np.ndarray:
-    """The index of the map's cell (``n`` across the square's ``stored`` pixels) that holds
-    each stored position ``at`` (multiplied first: a map of the stored size reads exactly the
-    pixel the image's resize reads)."""
-    return np.clip((at * n / stored).astype(np.int64), 0, n - 1)
+def _grid(shapes, crops, stored: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and columns (int64 ``(B, out)``, ascending) of each map (``shapes``: their
+    heights and widths across the square's ``stored`` pixels) that its crop's output pixels
+    read: the cell holding stored position ``top + (i + .5) * h / out`` (multiplied first: a
+    map of the stored size reads exactly the pixel the image's resize reads)."""
+    centre = (np.arange(out) + 0.5) / out
+    c = np.asarray(crops, np.float64).reshape(-1, 4)
+    mh, mw = (np.array([s[k] for s in shapes], np.int64).reshape(-1, 1) for k in (0, 1))
+    rows = np.clip(((c[:, :1] + centre * c[:, 2:3]) * mh / stored).astype(np.int64), 0, mh - 1)
+    cols = np.clip(((c[:, 1:2] + centre * c[:, 3:4]) * mw / stored).astype(np.int64), 0, mw - 1)
+    return rows, cols

@@ -15,6 +15,8 @@
  * - pack_rgb: the converter's 4-byte Pillow pixels to packed RGB.
  * - fill_outlines: instance masks drawn from their outlines (polygons), a pixel inside where
  *   its centre is (even-odd within an outline, the union of a mask's outlines).
+ * - sample_runs: class maps read straight from their runs (lengths and values) at the pixels a
+ *   crop samples, flipped where asked, without decoding a map whole.
  *
  * Called from fastdata/kernels/cpu.py (and converters/decode.py for pack_rgb), which check
  * every pointer, shape and box before they call.
@@ -811,6 +813,57 @@ static PyObject *fill_outlines(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* One map of w columns, run-length encoded (n runs: lengths, a little-endian uint32 each, at
+ * len, read unaligned; values at val), sampled at rows[i] x cols[j] (both non-decreasing, inside
+ * the map) into out x out bytes at dst, each row mirrored where flip. The runs are walked once,
+ * forward: every position asked for lies at or after the one before. */
+static void sample_one(const uint8_t *len, const uint8_t *val, int64_t n, int64_t w,
+                       const int64_t *rows, const int64_t *cols, int flip, uint8_t *dst,
+                       int64_t out) {
+    int64_t k = 0, end;
+    uint32_t l;
+    memcpy(&l, len, 4);
+    end = l;
+    for (int64_t i = 0; i < out; i++) {
+        uint8_t *row = dst + i * out;
+        if (i && rows[i] == rows[i - 1]) {      /* the same map row: the same output row */
+            memcpy(row, row - out, (size_t)out);
+            continue;
+        }
+        int64_t base = rows[i] * w;
+        for (int64_t j = 0; j < out; j++) {
+            int64_t p = base + cols[j];
+            while (end <= p && k + 1 < n) {
+                k++;
+                memcpy(&l, len + 4 * k, 4);
+                end += l;
+            }
+            row[flip ? out - 1 - j : j] = val[k];
+        }
+    }
+}
+
+static PyObject *sample_runs(PyObject *self, PyObject *args) {
+    Py_ssize_t count;
+    unsigned long long buf, heads, rows, cols, flips, dst;
+    long long out;
+    if (!PyArg_ParseTuple(args, "nKKKKKKL", &count, &buf, &heads, &rows, &cols, &flips, &dst,
+                          &out))
+        return NULL;
+    const int64_t *hd = (const int64_t *)(uintptr_t)heads;  /* per map: offset, runs, width */
+    const uint8_t *b = (const uint8_t *)(uintptr_t)buf, *fl = (const uint8_t *)(uintptr_t)flips;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const uint8_t *len = b + hd[3 * k];
+        sample_one(len, len + 4 * hd[3 * k + 1], hd[3 * k + 1], hd[3 * k + 2],
+                   (const int64_t *)(uintptr_t)rows + k * out,
+                   (const int64_t *)(uintptr_t)cols + k * out, fl[k],
+                   (uint8_t *)(uintptr_t)dst + k * out * out, out);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"pack_rgb", pack_rgb, METH_VARARGS,
      "pack_rgb(schema_capsule, array_capsule, out): an image's Arrow export (4 bytes a pixel) "
@@ -824,6 +877,9 @@ static PyMethodDef methods[] = {
     {"fill_outlines", fill_outlines, METH_VARARGS,
      "fill_outlines(count, xy, starts, owner, masks, out, most): addresses of checked buffers; "
      "use fastdata.kernels.cpu.fill_outlines."},
+    {"sample_runs", sample_runs, METH_VARARGS,
+     "sample_runs(count, buf, heads, rows, cols, flips, dst, out): addresses of checked "
+     "buffers; use fastdata.kernels.cpu.sample_runs."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",

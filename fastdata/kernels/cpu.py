@@ -6,7 +6,8 @@ float32, bfloat16 or uint8, the CPU default of the crop stage for those outputs
 (``CropStage(kernel="auto")``);
 ``color_jitter``: ``transforms.ColorJitter``'s adjustments; ``affine``: a per-channel
 ``x * scale + shift``, the loader's normalisation after a batch transform; ``fill_outlines``:
-instance masks drawn from their outlines. Where the extension
+instance masks drawn from their outlines; ``sample_runs``: class maps sampled straight from
+their runs. Where the extension
 was not built, torch ops do the same work, more slowly (``docs/performance.md``).
 """
 from __future__ import annotations
@@ -183,3 +184,41 @@ def fill_outlines(xy: np.ndarray, starts: np.ndarray, owner: np.ndarray,
         kernels.native().fill_outlines(n, xy.ctypes.data, starts.ctypes.data,
                                        owner.ctypes.data, masks.ctypes.data, masks.shape[1],
                                        int(np.diff(starts).max()))
+
+
+def sample_runs(buf: np.ndarray, heads: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                flips: np.ndarray, out: np.ndarray) -> None:
+    """Run-length encoded maps sampled into ``out`` (uint8 ``(B, S, S)``, C-contiguous): map
+    ``k``'s runs are ``heads[k] = (offset, n, w)``, ``n`` little-endian uint32 lengths at byte
+    ``offset`` of ``buf`` (uint8) and then ``n`` uint8 values, covering ``h * w`` pixels row
+    by row; its output pixel ``(i, j)`` is its value at row ``rows[k, i]``, column
+    ``cols[k, j]`` (each non-decreasing, inside the map), the row mirrored where
+    ``flips[k]``. The caller checks the runs (positive, summing to ``h * w``) and the rows and
+    columns; the reads stay inside each map's runs whatever they hold (a position past them
+    reads the last run), and every buffer is checked here. The GIL is released.
+
+    Raises:
+        ValueError: a buffer of the wrong type or shape, or runs past the end of ``buf``.
+    """
+    require()
+    heads = np.ascontiguousarray(heads, np.int64).reshape(-1, 3)
+    rows = np.ascontiguousarray(rows, np.int64)
+    cols = np.ascontiguousarray(cols, np.int64)
+    flips = np.ascontiguousarray(flips, np.uint8)
+    b = len(heads)
+    if buf.dtype != np.uint8 or buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise ValueError("sample_runs: buf must be a contiguous uint8 array")
+    if out.dtype != np.uint8 or out.ndim != 3 or out.shape[0] != b or \
+            out.shape[1] != out.shape[2] or not out.flags.c_contiguous or \
+            not out.flags.writeable:
+        raise ValueError(f"sample_runs: out must be a writable C-contiguous uint8 ({b}, S, S) "
+                         f"array, not {out.dtype} {out.shape}")
+    s = out.shape[1]
+    offset, n, w = heads.T
+    if rows.shape != (b, s) or cols.shape != (b, s) or flips.shape != (b,) or (b and (
+            (n < 1).any() or (w < 1).any() or (offset < 0).any()
+            or (offset + 5 * n > len(buf)).any())):
+        raise ValueError("sample_runs: heads, rows, columns or flips that do not fit together")
+    if b and s:
+        kernels.native().sample_runs(b, buf.ctypes.data, heads.ctypes.data, rows.ctypes.data,
+                                     cols.ctypes.data, flips.ctypes.data, out.ctypes.data, s)

@@ -38,24 +38,21 @@ class BatchFields:
                 value = labels()
             else:
                 kind = ds.fields[name]
-                values = ds.field_values(name, indices)
-                if kind.moves:
-                    values = _moved(kind, values, drawn, stored, out)
-                value = kind.collate(values)
+                value = kind.collate(ds.field_values(
+                    name, indices, moved(len(indices), drawn, stored, out) if kind.moves
+                    else None))
             fn = self.transforms.get(name)
             batch[name] = value if fn is None else fn(value)
         return batch
 
 
-def _moved(kind, values, drawn, stored: int, out: int) -> list:
-    """The batch's values through its images' crops and flips (``kind.move_batch``)."""
-    n = len(values)
+def moved(n: int, drawn, stored: int, out: int) -> tuple:
+    """``ShardSet.field_values``' ``moved`` of a batch of ``n``: its crops and flips
+    (``drawn``; None: the stored squares as they are, to ``stored`` pixels)."""
     if drawn is None:
-        return kind.move_batch(values, np.tile([0, 0, stored, stored], (n, 1)),
-                               np.zeros(n, bool), stored, stored)
+        return np.tile([0, 0, stored, stored], (n, 1)), np.zeros(n, bool), stored, stored
     crops, flips = drawn
-    return kind.move_batch(values, np.asarray(crops).reshape(n, 4),
-                           np.asarray(flips, bool).reshape(n), stored, out)
+    return np.asarray(crops).reshape(n, 4), np.asarray(flips, bool).reshape(n), stored, out
 
 
 def batch_fields(dataset, fields: Sequence[str] | None,

@@ -128,12 +128,11 @@ def batch_targets(ds, indices, params, stored: int, crop: int | None, targets: T
     boxes, flips = params if params is not None else (None, None)
     if ds.label_field is not None:      # class maps in a field: its kind moves them
         b = len(indices)
-        maps = ds.label_field.move_batch(
-            ds.field_values("label", indices),
+        maps = ds.field_values("label", indices, (
             np.tile([0, 0, stored, stored], (b, 1)) if boxes is None
             else np.asarray(boxes).reshape(b, 4),
             np.zeros(b, bool) if flips is None else np.asarray(flips, bool).reshape(b),
-            stored, out)
+            stored, out))
         return ds.label_field.collate(maps).long()
     ann = ds.annotations
     if ann.kind == "segmentation":

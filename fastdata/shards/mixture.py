@@ -265,8 +265,10 @@ class Mixture:
             out[where] = self._in_space(k, self.sets[k].labels_of(local))
         return out
 
-    def field_values(self, name: str, indices) -> list | np.ndarray:
-        """Field ``name``'s values of ``indices`` (``ShardSet.field_values``), in that order."""
+    def field_values(self, name: str, indices, moved: tuple | None = None
+                     ) -> list | np.ndarray:
+        """Field ``name``'s values of ``indices`` (``ShardSet.field_values``, ``moved`` too),
+        in that order."""
         kind = self.fields.get(name)
         if kind is None:
             raise KeyError(f"the mixture has no field {name!r}; its fields: "
@@ -275,7 +277,10 @@ class Mixture:
         out: list | np.ndarray = (np.empty((n, *kind.shape), kind.dtype) if kind.fixed
                                   else [None] * n)
         for k, where, local in self._split(indices):
-            values = self.sets[k].field_values(name, local)
+            mine = None if moved is None else (np.asarray(moved[0]).reshape(-1, 4)[where],
+                                               np.asarray(moved[1]).reshape(-1)[where],
+                                               *moved[2:])
+            values = self.sets[k].field_values(name, local, mine)
             if kind.fixed:
                 out[where] = values
             else:

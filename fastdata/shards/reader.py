@@ -211,15 +211,20 @@ class ShardReader:
         """The column of field ``name`` (its layout checked as the shard opened)."""
         return self.h["fields"][name]
 
-    def field_values(self, name: str, local: np.ndarray) -> list | np.ndarray:
+    def field_values(self, name: str, local: np.ndarray, moved: tuple | None = None
+                     ) -> list | np.ndarray:
         """Field ``name``'s values of samples ``local``: an array (a fixed-size kind's), else
-        a list.
+        a list; ``moved``: ``(crops, flips, stored, out)``, each value through its image's
+        crop and flip (``FieldKind.read_moved``).
 
         Raises:
             OSError: a stored value that is not of the field's kind (naming the shard).
         """
+        kind = self.fields[name]
         try:
-            return self.fields[name].read(self.column(name), local)
+            if moved is not None:
+                return kind.read_moved(self.column(name), local, *moved)
+            return kind.read(self.column(name), local)
         except FieldError as e:
             raise OSError(f"{self.path}: field {name}: {e}; check the set with `fastdata "
                           f"verify`") from None

@@ -317,10 +317,14 @@ class ShardSet:
             sample[name] = self.field_values(name, [i])[0]
         return sample
 
-    def field_values(self, name: str, indices) -> list | np.ndarray:
+    def field_values(self, name: str, indices, moved: tuple | None = None
+                     ) -> list | np.ndarray:
         """Field ``name``'s values of samples ``indices``, in that order: an array (a
         fixed-size kind's ``(B, *shape)``), else a list (``str`` for text); ``"label"``: the
-        labels, where a field holds them (``label_field``).
+        labels, where a field holds them (``label_field``). ``moved``: ``(crops, flips,
+        stored, out)``, the batch's crops ``(B, 4)`` (top, left, h, w in stored pixels of side
+        ``stored``) and flips ``(B,)``, to ``out`` pixels: each value through its own
+        (``FieldKind.move_batch``).
 
         Raises:
             KeyError: the set has no field ``name`` (naming those it has).
@@ -333,8 +337,11 @@ class ShardSet:
         shard, local = self.locate(indices)
         parts = {}
         for sh, rows in _by_shard(shard):
+            mine = None if moved is None else (np.asarray(moved[0]).reshape(-1, 4)[rows],
+                                               np.asarray(moved[1]).reshape(-1)[rows],
+                                               *moved[2:])
             with self._using([sh]):
-                parts[sh] = rows, self.shards[sh].field_values(name, local[rows])
+                parts[sh] = rows, self.shards[sh].field_values(name, local[rows], mine)
         if kind.fixed:
             out = np.empty((len(local), *kind.shape), kind.dtype)
             for rows, values in parts.values():

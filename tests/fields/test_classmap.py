@@ -240,3 +240,39 @@ def test_a_class_map_with_classes_refuses_a_value_past_them():
         kind.parse(_png(np.array([[7]], np.uint8)), "row 4")
     with pytest.raises(ValueError, match="at most 255 classes"):
         field_of("classmap", classes=[str(k) for k in range(256)])
+
+
+def test_the_c_kernel_samples_what_numpy_samples(monkeypatch):
+    """Maps sampled straight from their stored runs (the C kernel) equal the NumPy path's
+    (decoded, then gathered) through whole squares, crops and flips, at densities above and
+    below the square's; a value whose runs lie is refused on that path too."""
+    from fastdata.kernels import cpu
+
+    if not cpu.available():
+        pytest.skip("fastdata.kernels._native not built")
+    kind = field_of("classmap")
+    rng = np.random.default_rng(5)
+    maps = []
+    for shape in [(40, 40), (17, 63), (90, 31), (1, 1), (5, 200)]:
+        m = np.full(shape, 255, np.uint8)
+        for _ in range(6):      # rectangles: runs of every length, across rows
+            y, x = rng.integers(0, shape[0]), rng.integers(0, shape[1])
+            m[y:y + int(rng.integers(1, 20)), x:x + int(rng.integers(1, 40))] = rng.integers(9)
+        maps.append(m)
+    column = kind.pack(maps)
+    local = np.array([4, 0, 2, 1, 3, 0])
+    for crops in (np.tile([0, 0, 40, 40], (6, 1)),
+                  np.array([[5, 9, 20, 13], [0, 0, 1, 1], [30, 2, 7, 38], [12, 12, 3, 28],
+                            [39, 39, 1, 1], [0, 17, 40, 23]])):
+        for out in (32, 57):
+            flips = rng.random(6) < 0.5
+            native = kind.read_moved(column, local, crops, flips, 40, out)
+            with monkeypatch.context() as m:
+                m.setattr(cpu, "available", lambda: False)
+                numpy = kind.read_moved(column, local, crops, flips, 40, out)
+            assert all(np.array_equal(a, b) for a, b in zip(native, numpy, strict=True))
+            assert native[0].shape == (out, out)
+    runs = column.values.copy()
+    runs[12:16] = np.frombuffer(np.uint32(99).tobytes(), np.uint8)
+    with pytest.raises(FieldError, match="runs do not cover"):
+        kind.read_moved(Column(runs, column.offsets), local, crops, flips, 40, 32)
