@@ -13,7 +13,9 @@ it.
 A map's cell is a PNG of one 8-bit value a pixel (mode ``L``, or ``P`` whose palette indices
 are the classes, as Pascal VOC's): a labels file's path to it (relative to the source folder),
 or a WebDataset member's bytes (``--field seg.png=classmap``). A map is stored run-length
-encoded: its height and width, then each run's length (uint32) and value (uint8).
+encoded: its height and width, then each run's length (uint32) and value (uint8). A batch
+samples each map straight from its runs (``read_moved``: the C kernel ``sample_runs``, a map's
+runs walked once), or, where the kernel is not built, decodes it and gathers.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from fastdata.fields.base import (
 #: leave unlabelled): ``CrossEntropyLoss(ignore_index=255)`` skips them
 IGNORE = 255
 #: the most pixels a map may hold (4096 x 4096): a PNG's header, or a stored map's runs, can
-#: claim any size, and a batch decodes its maps whole
+#: claim any size, and where the C kernel is not built a batch decodes its maps whole
 MAX_MAP_PIXELS = 1 << 24
 
 
