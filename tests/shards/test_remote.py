@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fastdata
 from fastdata.converters.convert import convert
@@ -800,3 +801,42 @@ def test_a_servers_text_reaches_no_terminal_raw_and_keeps_no_secret(proxied, mon
     assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
     assert "s3://fastdata-test/\\x1b]0;x\\x07set/manifest.json" in r.stderr, r.stderr
     assert redact("s3://BUCKET/Set?X-Amz-Signature=1") == "s3://BUCKET/Set"
+
+
+def test_labels_held_in_a_field_come_with_each_shard_fetched(tmp_path):
+    """A multi-label set's rows and a segmentation set's maps are the shards' field ``label``:
+    a remote set reads a sample's label from its shard alone (no other file, no other shard),
+    as the local set gives it."""
+    src = plain_folder(tmp_path / "src", per_class=4)
+    names = sorted(os.path.relpath(os.path.join(d, f), src)
+                   for d, _, fs in os.walk(src) for f in fs)
+    maps = tmp_path / "maps"
+    rows = ["path,cat,dog"]
+    for k, name in enumerate(names):
+        rows.append(f"{name},{k % 2},{(k // 2) % 2}")
+        with Image.open(os.path.join(src, name)) as img:
+            m = np.full(img.size[::-1], 255, np.uint8)
+        m[: 5 + k] = k % 3
+        os.makedirs(maps / os.path.dirname(name), exist_ok=True)
+        Image.fromarray(m).save(maps / (os.path.splitext(name)[0] + ".png"))
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    sets = {"multi": convert(src, str(tmp_path / "multi"), sizes=[16], shard_size=4,
+                             labels=str(tmp_path / "m.csv"), progress=False),
+            "seg": convert(src, str(tmp_path / "seg"), sizes=[16], shard_size=4,
+                           masks=str(maps), progress=False)}
+    for name, m in sets.items():
+        assert m["fields"][0]["name"] == "label" and len(m["shards"]) == 3
+        server = FileServer(str(tmp_path / name))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/"
+            local, remote = fastdata.open(str(tmp_path / name)), fastdata.open(
+                url, cache_dir=tmp_path / f"cache-{name}")
+            got = remote[9][1]
+            assert np.array_equal(got, local[9][1]) and got.dtype == local[9][1].dtype
+            assert sorted(server.gets) == ["manifest.json", m["shards"][2]["file"]]
+            if name == "multi":
+                assert np.array_equal(remote.labels_of([0, 9]), local.labels[[0, 9]])
+        finally:
+            server.shutdown()
+            server.server_close()
