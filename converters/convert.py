@@ -249,7 +249,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
     fields = _field_kinds(fields)
     reader = source_for(src if is_url(src) else os.path.abspath(src), source, labels=labels,
                         coco=coco, masks=masks, fields=fields, split=split,
-                        image_column=image_column)
+                        image_column=image_column, workers=workers)
     scan = _shuffled(reader.scan(progress=progress), flag("shuffle", shuffle)).labels_as_field()
     _check_placed(scan.fields, fit)
     labels, coco, masks = (None if v is None else os.path.abspath(v) for v in (labels, coco,

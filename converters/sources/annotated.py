@@ -10,7 +10,6 @@ from fastdata.converters.masks import scan_masks
 from fastdata.converters.scan import Scan
 from fastdata.converters.sources.base import Source, register
 from fastdata.converters.units import ConversionError
-from fastdata.env import usable_cpus
 
 
 class _Annotated(Source):
@@ -23,7 +22,7 @@ class _Annotated(Source):
             raise ValueError(f"a {self.kind} source needs --{name}")
         what = os.path.abspath(str(self.options[name]))
         scan = scan_coco(self.src, what) if self.kind == "coco" else \
-            scan_masks(self.src, what, workers=usable_cpus(), progress=progress)
+            scan_masks(self.src, what, workers=self.workers, progress=progress)
         if not scan.files:
             raise ConversionError(f"none of the images under {self.src!r} has its labels in "
                                   f"{what} ({len(scan.skipped)} left out, e.g. "

@@ -135,6 +135,7 @@ class Source:
 
     Args:
         src: the source: a folder, a file, a pattern of files or a URL.
+        workers: the processes a scan may use (the conversion's ``num_workers``).
         options: the options ``takes`` names (``labels``, ``coco``, ``masks``, ``fields``,
             ``split``, ``image_column``); those it does not take must be None.
 
@@ -147,8 +148,8 @@ class Source:
     #: what SRC is, for messages and ``--help``
     described: ClassVar[str] = ""
 
-    def __init__(self, src: str, **options: object):
-        self.src = src
+    def __init__(self, src: str, *, workers: int = 1, **options: object):
+        self.src, self.workers = src, workers
         for name, value in options.items():
             if value is not None and name not in self.takes:
                 takers = [k for k, c in SOURCES.items() if name in c.takes]
@@ -176,9 +177,10 @@ class Source:
 DETECTED = ("hf", "webdataset", "parquet")
 
 
-def source_for(src: str, kind: str | None = None, **options) -> Source:
+def source_for(src: str, kind: str | None = None, *, workers: int = 1, **options) -> Source:
     """The source ``src`` is: of ``kind`` (a name in ``SOURCES``), else the kind its
-    options (``labels``, ``coco``, ``masks``) or its look (``DETECTED``) say.
+    options (``labels``, ``coco``, ``masks``) or its look (``DETECTED``) say; ``workers``: the
+    processes its scan may use.
 
     Raises:
         ValueError: an unknown kind (naming the kinds), or an option the source does not
@@ -191,4 +193,4 @@ def source_for(src: str, kind: str | None = None, **options) -> Source:
                              f"of label")
         kind = given[0] if given else next(
             (k for k in DETECTED if SOURCES[k].claims(src)), "folder")
-    return SOURCES[choice("source", kind, sorted(SOURCES))](src, **options)
+    return SOURCES[choice("source", kind, sorted(SOURCES))](src, workers=workers, **options)

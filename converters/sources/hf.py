@@ -95,10 +95,12 @@ class HFSource(Source):
 
     def scan(self, *, progress: bool) -> Scan:
         if is_url(self.src) or not os.path.isdir(self.src):
-            return ParquetSource(self.src, **self.options).scan(progress=progress)
+            return ParquetSource(self.src, workers=self.workers, **self.options).scan(
+                progress=progress)
         folder = self._split_folder(os.path.abspath(self.src))
         if folder is None:      # the hub's layout
-            return ParquetSource(self.src, **self.options).scan(progress=progress)
+            return ParquetSource(self.src, workers=self.workers, **self.options).scan(
+                progress=progress)
         state = _json(os.path.join(folder, "state.json"))
         info = _json(os.path.join(folder, "dataset_info.json"))
         files = [f.get("filename") for f in state.get("_data_files") or []
