@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
+
+from fastdata.ops.targets import moved
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,15 +45,6 @@ class BatchFields:
             fn = self.transforms.get(name)
             batch[name] = value if fn is None else fn(value)
         return batch
-
-
-def moved(n: int, drawn, stored: int, out: int) -> tuple:
-    """``ShardSet.field_values``' ``moved`` of a batch of ``n``: its crops and flips
-    (``drawn``; None: the stored squares as they are, to ``stored`` pixels)."""
-    if drawn is None:
-        return np.tile([0, 0, stored, stored], (n, 1)), np.zeros(n, bool), stored, stored
-    crops, flips = drawn
-    return np.asarray(crops).reshape(n, 4), np.asarray(flips, bool).reshape(n), stored, out
 
 
 def batch_fields(dataset, fields: Sequence[str] | None,

@@ -127,18 +127,23 @@ def batch_targets(ds, indices, params, stored: int, crop: int | None, targets: T
     out = (crop or stored) if params is not None else stored
     boxes, flips = params if params is not None else (None, None)
     if ds.label_field is not None:      # class maps in a field: its kind moves them
-        b = len(indices)
-        maps = ds.field_values("label", indices, (
-            np.tile([0, 0, stored, stored], (b, 1)) if boxes is None
-            else np.asarray(boxes).reshape(b, 4),
-            np.zeros(b, bool) if flips is None else np.asarray(flips, bool).reshape(b),
-            stored, out))
+        maps = ds.field_values("label", indices, moved(len(indices), params, stored, out))
         return ds.label_field.collate(maps).long()
     ann = ds.annotations
     if ann.kind == "segmentation":
         return crop_class_maps(ann, indices, boxes, flips, stored, out)
     t = crop_targets(ann, indices, boxes, flips, stored, out, targets)
     return padded(t, out) if targets.form == "padded" else t
+
+
+def moved(n: int, drawn, stored: int, out: int) -> tuple:
+    """``ShardSet.field_values``' ``moved`` of a batch of ``n``: its crops and flips
+    (``drawn``; None: the stored squares as they are, to ``stored`` pixels), to ``out``
+    pixels."""
+    if drawn is None:
+        return np.tile([0, 0, stored, stored], (n, 1)), np.zeros(n, bool), stored, stored
+    crops, flips = drawn
+    return np.asarray(crops).reshape(n, 4), np.asarray(flips, bool).reshape(n), stored, out
 
 
 def crop_class_maps(maps, indices, crops, flips, stored: int, out: int) -> torch.Tensor:
