@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.harness import interleaved, medians, tree_cpu_seconds, write_results
+from benchmarks.harness import interleaved, medians, write_results
 
 RUN = """
 import json, sys, time
