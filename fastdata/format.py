@@ -73,12 +73,6 @@ SPATIAL_KINDS = ("detection", "segmentation")
 #: the label kinds whose labels a set holds as the field ``label`` (version 4), by the field
 #: kind that holds them (``label_params``: its parameters)
 LABEL_FIELDS = {"multi_label": "multilabel", "regression": "float", "segmentation": "classmap"}
-
-
-def label_params(kind: str, classes: list[str]) -> dict:
-    """The parameters of the field that holds a set's labels of ``kind``: its ``classes`` (the
-    targets' names, for regression their number)."""
-    return {"length": len(classes)} if kind == "regression" else {"classes": list(classes)}
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
@@ -326,10 +320,10 @@ def _is_label_field(m: dict, e: dict) -> bool:
         kind, m["classes"])
 
 
-def label_field(m: dict) -> dict | None:
-    """A checked manifest's entry of the field that holds its labels (``LABEL_FIELDS``), or
-    None where its labels are stored otherwise."""
-    return next((e for e in m.get("fields") or () if e["name"] == "label"), None)
+def label_params(kind: str, classes: list[str]) -> dict:
+    """The parameters of the field that holds a set's labels of ``kind``: its ``classes`` (the
+    targets' names, for regression their number)."""
+    return {"length": len(classes)} if kind == "regression" else {"classes": list(classes)}
 
 
 def label_kind(m: dict) -> str:

@@ -100,16 +100,16 @@ def _map_pixels(ds) -> tuple:
     import numpy as np
 
     from fastdata.fields.classmap import IGNORE
-    from fastdata.ops.targets import Targets, batch_targets
+    from fastdata.ops.targets import moved
 
     side = ds.sizes[-1]
     if ds.url is not None:
         return None, {"ignored_pixels": None, "map_size": side}
     pixels = np.zeros(256, np.int64)
-    for a in range(0, len(ds), 256):
-        maps = batch_targets(ds, np.arange(a, min(a + 256, len(ds))), None, side, None,
-                             Targets())
-        pixels += np.bincount(maps.numpy().ravel(), minlength=256)
+    for a in range(0, len(ds), 64):
+        idx = np.arange(a, min(a + 64, len(ds)))
+        for m in ds.field_values("label", idx, moved(len(idx), None, side, side)):
+            pixels += np.bincount(m.ravel(), minlength=256)
     return pixels[:len(ds.classes)], {"ignored_pixels": int(pixels[IGNORE]), "map_size": side}
 
 
