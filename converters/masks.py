@@ -6,9 +6,10 @@ value a pixel (mode ``L``, or ``P`` whose palette indices are the classes, as Pa
 each a class index, 255 for pixels of no class. The classes are ``"0"`` to the largest index
 found. An image without a class map is skipped and reported; one whose map is not such a PNG
 of its size (stored, or upright: ``fastdata.converters.geometry``) is kept, of no class, with a
-note. The maps are read as the source is scanned (in processes), turned upright, and become
-the set's field ``label`` of kind ``classmap`` (``fastdata.fields.classmap``): placed on the
-square as the fit placed the pixels, a pad's borders 255.
+note. The maps are read as the source is scanned (in processes), turned upright (one of more
+than 4096 x 4096 pixels resampled nearest to fewer: ``classmap``'s limit), and become the set's
+field ``label`` of kind ``classmap`` (``fastdata.fields.classmap``): placed on the square as the
+fit placed the pixels, a pad's borders 255.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from fastdata.converters.geometry import frame
 from fastdata.converters.scan import FieldValues, Files, Scan, walk_images
 from fastdata.converters.units import read_limited
-from fastdata.fields.classmap import IGNORE, ClassMapField
+from fastdata.fields.classmap import IGNORE, ClassMapField, within_limit
 
 #: a class map file larger than this is refused before it is read
 MAX_MAP_BYTES = 64 << 20
@@ -124,7 +125,8 @@ def _chunk_maps(job: tuple) -> list[tuple]:
                           f"all of it of no class ({IGNORE})"}]))
             continue
         labelled = m[m != IGNORE]
-        out.append((kind.to_bytes(m), int(labelled.max()) if labelled.size else -1, []))
+        out.append((kind.to_bytes(within_limit(m)), int(labelled.max()) if labelled.size
+                    else -1, []))
     return out
 
 

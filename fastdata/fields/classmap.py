@@ -47,6 +47,18 @@ def encode_runs(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.diff(np.append(starts, flat.size)).astype(np.uint32), flat[starts]
 
 
+def within_limit(m: np.ndarray) -> np.ndarray:
+    """The map ``m``, or where it holds more than ``MAX_MAP_PIXELS``, the most of its shape
+    that does, resampled nearest at pixel centres."""
+    h, w = m.shape
+    if h * w <= MAX_MAP_PIXELS:
+        return m
+    k = (MAX_MAP_PIXELS / (h * w)) ** 0.5
+    oh, ow = max(1, int(h * k)), max(1, int(w * k))
+    return m[((np.arange(oh) + 0.5) * h / oh).astype(np.int64)][
+        :, ((np.arange(ow) + 0.5) * w / ow).astype(np.int64)]
+
+
 @register
 class ClassMapField(FieldKind):
     """A class per pixel.

@@ -165,3 +165,26 @@ def test_an_inconsistent_class_maps_file_is_refused(tmp_path):
             json.dump({**m, "annotations": entry}, f)
         with pytest.raises(ShardFormatError, match=why):
             _ = fastdata.open(out).annotations
+
+
+@pytest.mark.parametrize("fit", ["crop", "stretch"])
+def test_a_map_larger_than_a_class_maps_limit_is_resampled_to_it(tmp_path, fit):
+    """A photo of more than 4096 x 4096 pixels with its map: the map is stored at the most of
+    its shape the ``classmap`` kind holds, and still lies on its pixels."""
+    src, maps = tmp_path / "src", tmp_path / "maps"
+    for d in (src, maps):
+        (d / "img").mkdir(parents=True)
+    w, h = 4104, 4097
+    picture = np.zeros((h, w, 3), np.uint8)
+    picture[:, w // 2:] = 255                      # white on the right half
+    Image.fromarray(picture).save(src / "img" / "big.png", compress_level=1)
+    m = np.zeros((h, w), np.uint8)
+    m[:, w // 2:] = 1
+    Image.fromarray(m).save(maps / "img" / "big.png", compress_level=1)
+    out = str(tmp_path / "out")
+    convert(str(src), out, sizes=[32], masks=str(maps), fit=fit, progress=False)
+    ds = fastdata.open(out)
+    stored = ds[0][1]
+    assert stored.size <= 1 << 24 and verify(out) == []
+    got, image = stored_maps(ds, 32)[0], ds.read_batch([0])[0].mean(-1)
+    assert ((got == 1) == (image > 127)).mean() > 0.95 and (got == 1).any() and (got == 0).any()
