@@ -1,6 +1,7 @@
 """A detection batch's targets moved with its images: boxes and instance masks through the same
 crop, resize and flip as the pixels, for the whole batch at once (no per-box Python); a
-segmentation batch's class maps likewise.
+segmentation batch's class maps by the ``classmap`` field kind (``fastdata.fields.classmap``),
+whether a set stores them as its field ``label`` or, at version 3, in ``annotations.bin``.
 
 A box is clipped to the crop and kept where what is left is at least ``Targets.min_size``
 output pixels wide and high (torchvision's ``SanitizeBoundingBoxes`` rule: by default 1) and
@@ -18,8 +19,11 @@ import numpy as np
 import torch
 
 from fastdata.fields.boxes import moved_boxes
+from fastdata.fields.classmap import ClassMapField
 
 TARGET_FORMATS = ("list", "padded")
+#: how a segmentation set's class maps are moved and batched, whichever way they are stored
+_CLASS_MAPS = ClassMapField()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,13 +129,13 @@ def batch_targets(ds, indices, params, stored: int, crop: int | None, targets: T
     crops and flips in stored pixels (``CropStage.params``), to ``crop`` pixels (None: the
     stored size); without ``params``, the stored squares as they are."""
     out = (crop or stored) if params is not None else stored
+    ann = ds.annotations if ds.label_field is None else None
+    if ann is None or ann.kind == "segmentation":   # class maps: the classmap kind moves them
+        m = moved(len(indices), params, stored, out)
+        maps = ds.field_values("label", indices, m) if ann is None else _CLASS_MAPS.move_batch(
+            [ann.class_map(i, stored) for i in np.asarray(indices).tolist()], *m)
+        return _CLASS_MAPS.collate(maps).long()
     boxes, flips = params if params is not None else (None, None)
-    if ds.label_field is not None:      # class maps in a field: its kind moves them
-        maps = ds.field_values("label", indices, moved(len(indices), params, stored, out))
-        return ds.label_field.collate(maps).long()
-    ann = ds.annotations
-    if ann.kind == "segmentation":
-        return crop_class_maps(ann, indices, boxes, flips, stored, out)
     t = crop_targets(ann, indices, boxes, flips, stored, out, targets)
     return padded(t, out) if targets.form == "padded" else t
 
@@ -144,21 +148,6 @@ def moved(n: int, drawn, stored: int, out: int) -> tuple:
         return np.tile([0, 0, stored, stored], (n, 1)), np.zeros(n, bool), stored, stored
     crops, flips = drawn
     return np.asarray(crops).reshape(n, 4), np.asarray(flips, bool).reshape(n), stored, out
-
-
-def crop_class_maps(maps, indices, crops, flips, stored: int, out: int) -> torch.Tensor:
-    """The class maps of the samples ``indices`` through their crops and flips (as
-    ``crop_targets``): int64 ``(B, out, out)``, class indices and ``IGNORE``."""
-    b = len(indices)
-    result = np.empty((b, out, out), np.int64)
-    for k, index in enumerate(np.asarray(indices, np.int64).tolist()):
-        crop = (0, 0, stored, stored) if crops is None else crops[k].tolist()
-        r, c = sample_grid(crop, out)
-        if flips is not None and flips[k]:
-            c = c[::-1]
-        m = maps.class_map(index, stored).ravel()
-        result[k] = np.take(m, (r[:, None] * stored + c).ravel()).reshape(out, out)
-    return torch.from_numpy(result)
 
 
 def _masks(ann, index: int, keep: np.ndarray, crop, flip: bool, stored: int,
