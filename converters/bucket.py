@@ -27,10 +27,8 @@ import time
 
 from fastdata.converters.units import manifest_options
 from fastdata.format import (
-    ANNOTATIONS,
     MANIFEST,
     MAX_MANIFEST_BYTES,
-    TARGETS,
     ShardFormatError,
     ShardMeta,
 )
@@ -224,12 +222,8 @@ class Bucket:
         self.remote.put(JOURNAL, json.dumps({**self._header, "shards": self.journal}).encode())
         self._beat()
 
-    def finish(self, folder: str, manifest: dict) -> None:
-        """The targets or annotations (if any) and the manifest from ``folder`` into the
-        store, the manifest last."""
-        for name, key in ((TARGETS, "targets"), (ANNOTATIONS, "annotations")):
-            if key in manifest:
-                self.remote.put_file(name, os.path.join(folder, name))
+    def finish(self, folder: str) -> None:
+        """The manifest from ``folder`` into the store, after every shard."""
         with open(os.path.join(folder, MANIFEST), "rb") as f:
             self.remote.put(MANIFEST, f.read())
 

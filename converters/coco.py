@@ -17,28 +17,35 @@ Coordinates are in the frame the file's ``width`` and ``height`` describe: the i
 EXIF orientation applied, as its pixels are stored), or as stored if that is the frame they
 match (an orientation that swaps the sides); where both match, upright (detectron2's
 convention). An image whose size matches neither keeps its pixels, without boxes (reported).
-Boxes and masks go through the same orientation and fit to the square as the pixels; a box is
-clipped to the square, and dropped (reported) when nothing of it is left. Masks are decoded at
-the image's size exactly as pycocotools decodes them, then resampled (nearest) to each stored
-size. An annotation without a ``segmentation`` in a set with masks gets its box as its mask.
+They are read as the source is scanned (in processes) and become the set's field ``label`` of
+kind ``boxes`` (``fastdata.fields.boxes``: ``detection_field``), with crowd flags, masks and
+keypoints: turned upright with the pixels and placed on the square as the fit placed them (a
+box clipped to it; dropped, reported, when nothing of it is left). A mask is kept as outlines,
+drawn at each batch's output size: a polygon's as the file gives them (pixel edges at whole
+coordinates, as a ``bbox``'s: a pixel is inside where its centre is, so a polygon along a
+region's edges gives its pixels, where pycocotools' rasterisation can add a pixel at the right
+and bottom), a crowd region's RLE decoded as pycocotools decodes it and kept as the
+``rectangles`` that tile it (drawn again exactly at the image's size). An annotation without a
+``segmentation`` in a set with masks gets its box as its mask.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm import tqdm
 
 from fastdata.converters.geometry import frame
-from fastdata.converters.scan import Files, Scan, source_folder, walk_images
+from fastdata.converters.scan import FieldValues, Files, Scan, source_folder, walk_images
 from fastdata.converters.table import relative
 from fastdata.converters.units import read_limited
 from fastdata.fields import field_of
+from fastdata.fields.base import check_bytes
+from fastdata.fields.boxes import BoxesField
 from fastdata.fields.keypoints import KeypointsField
-from fastdata.shards.annotations import encode_masks
 
 #: an annotations file larger than this is refused before it is parsed (COCO 2017's largest,
 #: train instances, is 448 MiB; parsed, JSON takes several times its size in memory)
@@ -47,9 +54,9 @@ MAX_COCO_BYTES = 1 << 30
 MAX_BOXES = 2048
 #: an annotation whose polygons have more points than this in all is skipped
 MAX_POINTS = 100_000
-#: nor one whose outlines, traced at pycocotools' 5x, are longer than this many points in all
-#: (a hostile zigzag of long edges would take GBs to trace)
-MAX_TRACE = 4_000_000
+#: nor one whose outlines are longer than this many pixels in all: a hostile zigzag of
+#: long edges would take as long to draw into every batch that holds it
+MAX_TRACE = 1_000_000
 
 
 @dataclass
@@ -62,7 +69,6 @@ class Coco:
     images: dict[str, tuple[int, int, int]]
     annotations: dict[int, list[dict]]
     masks: bool
-    digest: str
     keypoints: KeypointsField | None = None
 
 
@@ -70,9 +76,8 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _load(path: str) -> tuple[dict, str]:
-    """The file parsed, and its SHA-256 (opened without blocking, checked before a byte is
-    read)."""
+def _load(path: str) -> dict:
+    """The file parsed (opened without blocking, checked before a byte is read)."""
     data = read_limited(path, MAX_COCO_BYTES, "annotations file")
     try:
         d = json.loads(data)
@@ -82,7 +87,7 @@ def _load(path: str) -> tuple[dict, str]:
                                           ("images", "annotations", "categories")):
         raise ValueError(f"annotations file {path} is not COCO's: it needs lists images, "
                          f"annotations and categories")
-    return d, hashlib.sha256(data).hexdigest()
+    return d
 
 
 def _categories(path: str, cats: list) -> tuple[list[str], dict[int, int]]:
@@ -159,9 +164,10 @@ def _polygons_problem(seg: list, h: int, w: int) -> str | None:
         if not np.isfinite(a).all() or (np.abs(a[0::2]) > 2 * w).any() \
                 or (np.abs(a[1::2]) > 2 * h).any():
             return "a polygon's points are not finite numbers near the image"
-        x, y = np.trunc(5 * a[0::2] + 0.5), np.trunc(5 * a[1::2] + 0.5)
-        trace += int(np.maximum(np.abs(np.roll(x, -1) - x), np.abs(np.roll(y, -1) - y)).sum())
-    return f"polygon outlines of more than {MAX_TRACE} points" if trace > MAX_TRACE else None
+        x, y = a[0::2], a[1::2]
+        trace += int(np.ceil(np.maximum(np.abs(np.roll(x, -1) - x),
+                                        np.abs(np.roll(y, -1) - y))).sum())
+    return f"polygon outlines of more than {MAX_TRACE} pixels" if trace > MAX_TRACE else None
 
 
 def _rle_problem(seg: dict, h: int, w: int) -> str | None:
@@ -232,7 +238,7 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
         ValueError: not a regular file, too large, not JSON, not COCO's layout, or categories
             that are not distinct.
     """
-    d, digest = _load(path)
+    d = _load(path)
     classes, cats = _categories(path, d["categories"])
     keypoints = _keypoints_of(path, d["categories"])
     skipped: list[dict] = []
@@ -248,12 +254,13 @@ def read_coco(path: str) -> tuple[Coco, list[dict]]:
         else:
             annotations.setdefault(a["image_id"], []).append(ann)
     masks = any(x["segmentation"] is not None for v in annotations.values() for x in v)
-    return Coco(classes, images, annotations, masks, digest, keypoints), skipped
+    return Coco(classes, images, annotations, masks, keypoints), skipped
 
 
-def scan_coco(root: str, path: str) -> Scan:
-    """The images under ``root`` that the COCO file ``path`` lists, sorted by path; what
-    either side lacks becomes a skipped entry (``read_coco``'s errors)."""
+def scan_coco(root: str, path: str, *, workers: int = 1, progress: bool = False) -> Scan:
+    """The images under ``root`` that the COCO file ``path`` lists, sorted by path, their
+    annotations read (``read_targets``); what either side lacks becomes a skipped entry
+    (``read_coco``'s errors)."""
     root = source_folder(root)
     coco, skipped = read_coco(path)
     ignored: dict[str, int] = {}
@@ -272,68 +279,12 @@ def scan_coco(root: str, path: str) -> Scan:
             paths.append(p)
     files = Files()
     files.extend(paths, 0)
-    return Scan(root, coco.classes, files.freeze(), ignored, skipped=skipped,
-                label_kind="detection", coco=coco)
+    values, notes = read_targets(root, paths, coco, workers=workers, progress=progress)
+    return Scan(root, coco.classes, files.freeze(), ignored, skipped=skipped + notes,
+                label_kind="detection", values=values)
 
 
-# ---- masks, decoded as pycocotools decodes them ----
-
-def _polygon_toggles(xy: np.ndarray, h: int, w: int) -> np.ndarray:
-    """Column-major positions where a polygon's mask changes value, by pycocotools' rule:
-    the outline traced at 5x, then where it crosses each column's centre."""
-    x = np.trunc(5 * xy[0::2] + 0.5).astype(np.int64)       # C's (int): toward zero
-    y = np.trunc(5 * xy[1::2] + 0.5).astype(np.int64)
-    xe, ye = np.roll(x, -1), np.roll(y, -1)
-    dx, dy = np.abs(xe - x), np.abs(ye - y)
-    flip = ((dx >= dy) & (x > xe)) | ((dx < dy) & (y > ye))
-    xs, xe = np.where(flip, xe, x), np.where(flip, x, xe)
-    ys, ye = np.where(flip, ye, y), np.where(flip, y, ye)
-    along_x = dx >= dy
-    steps = np.maximum(dx, dy)
-    slope = np.where(along_x, ye - ys, xe - xs) / np.maximum(steps, 1)
-    n = steps + 1
-    edge = np.repeat(np.arange(len(n)), n)
-    d = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-    t = np.where(flip[edge], steps[edge] - d, d)
-    ax = along_x[edge]
-    u = np.where(ax, t + xs[edge], np.trunc(xs[edge] + slope[edge] * t + 0.5))
-    v = np.where(ax, np.trunc(ys[edge] + slope[edge] * t + 0.5), t + ys[edge])
-    u, v = u.astype(np.int64), v.astype(np.int64)
-    moved = np.flatnonzero(u[1:] != u[:-1]) + 1
-    xd = (np.where(u[moved] < u[moved - 1], u[moved], u[moved] - 1) + 0.5) / 5 - 0.5
-    yd = (np.minimum(v[moved], v[moved - 1]) + 0.5) / 5 - 0.5
-    keep = (np.floor(xd) == xd) & (xd >= 0) & (xd <= w - 1)
-    yd = np.ceil(np.clip(yd[keep], 0, h))
-    return xd[keep].astype(np.int64) * h + yd.astype(np.int64)
-
-
-def _columns(toggles: np.ndarray, h: int, w: int) -> tuple[int, np.ndarray]:
-    """From column-major toggle positions (two at one place cancel), the mask's columns
-    that hold any of it: ``(first column, (columns, h) uint8)``, column-major."""
-    inside = toggles[toggles < h * w]
-    if not len(inside):
-        return 0, np.zeros((0, h), np.uint8)
-    first, last = int(inside.min()) // h, int(inside.max()) // h
-    flips = np.bincount(inside - first * h, minlength=(last - first + 1) * h)
-    return first, (np.cumsum(flips) & 1).astype(np.uint8).reshape(-1, h)
-
-
-def _mask_columns(segmentation, h: int, w: int) -> tuple[int, np.ndarray]:
-    """A COCO segmentation as ``_columns`` gives it: its polygons' union, or its RLE."""
-    if isinstance(segmentation, dict):
-        c = segmentation["counts"]
-        return 0, _rle(_string_counts(c) if isinstance(c, str) else c, h, w).T
-    parts = [_columns(_polygon_toggles(np.asarray(p, np.float64), h, w), h, w)
-             for p in segmentation]
-    parts = [(x, m) for x, m in parts if len(m)]
-    if not parts:
-        return 0, np.zeros((0, h), np.uint8)
-    first = min(x for x, _ in parts)
-    out = np.zeros((max(x + len(m) for x, m in parts) - first, h), np.uint8)
-    for x, m in parts:      # several polygons: their union
-        out[x - first:x - first + len(m)] |= m
-    return first, out
-
+# ---- a crowd region's RLE, decoded as pycocotools decodes it ----
 
 def _string_counts(s: str) -> list[int]:
     """pycocotools' compressed RLE counts (6 bits a character, deltas from the count two
@@ -364,102 +315,136 @@ def _rle(counts: list[int], h: int, w: int) -> np.ndarray:
     return np.repeat(values, a).reshape(w, h).T
 
 
-def coco_mask(segmentation, h: int, w: int) -> np.ndarray:
-    """A COCO segmentation (polygons, or RLE with string or list counts) as an ``(h, w)``
-    uint8 mask of 0 and 1: pycocotools' ``annToMask``. Raises ValueError on malformed RLE."""
-    first, columns = _mask_columns(segmentation, h, w)
-    mask = np.zeros((w, h), np.uint8)
-    mask[first:first + len(columns)] = columns
-    return mask.T
+def rle_mask(segmentation: dict, h: int, w: int) -> np.ndarray:
+    """A COCO RLE segmentation (string or list counts) as an ``(h, w)`` uint8 mask of 0 and 1:
+    pycocotools' ``annToMask``. Raises ValueError on malformed RLE."""
+    c = segmentation["counts"]
+    return _rle(_string_counts(c) if isinstance(c, str) else c, h, w)
 
 
-def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], masks: bool, sizes,
-                   fit: str, skipped: list):
-    """One image's ``(boxes (k, 4), classes, iscrowd, {size: each mask's runs})`` in the
-    square; ``entry``: its (id, width, height) in the file."""
+def rectangles(mask: np.ndarray) -> np.ndarray:
+    """The rectangles that tile a mask's 1s: ``(n, 4)`` int64 ``x0, y0, x1, y1`` on pixel
+    edges (pixel ``(c, r)`` is ``[c, c + 1) x [r, r + 1)``), each column's runs, those of
+    neighbouring columns over the same rows joined. As outlines they draw the mask again
+    exactly at its size (a pixel is inside where its centre is)."""
+    edges = np.diff(np.pad(mask.T.astype(np.int8), ((0, 0), (1, 1))), axis=1)
+    col, top = np.nonzero(edges == 1)
+    _, bottom = np.nonzero(edges == -1)     # paired with the starts: each column's in order
+    order = np.lexsort((col, bottom, top))
+    col, top, bottom = col[order], top[order], bottom[order]
+    first = np.ones(len(col), bool)
+    first[1:] = (top[1:] != top[:-1]) | (bottom[1:] != bottom[:-1]) | (col[1:] != col[:-1] + 1)
+    a = np.flatnonzero(first)
+    b = np.r_[a[1:], len(col)] - 1
+    return np.stack([col[a], top[a], col[b] + 1, bottom[a]], 1)
+
+
+def detection_field(coco: Coco) -> BoxesField:
+    """The kind of a detection set's field ``label``: boxes of the file's categories, with
+    crowd flags, masks where any annotation has a segmentation, keypoints where the
+    categories name them."""
+    return BoxesField(classes=coco.classes, masks=coco.masks, crowd=True,
+                      keypoints=None if coco.keypoints is None else coco.keypoints.params())
+
+
+def _outlines(a: dict, h: int, w: int) -> list[np.ndarray]:
+    """An annotation's mask as outlines ``(k, 2)`` in the file's pixels: its polygons, its
+    RLE's ``rectangles``, or (none given) its box."""
+    seg = a["segmentation"]
+    if isinstance(seg, dict):
+        r = rectangles(rle_mask(seg, h, w)).astype(np.float64)
+        return list(r[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 4, 2))
+    if seg is None:         # its box, as pycocotools makes a mask of a box
+        x0, y0, bw, bh = a["bbox"]
+        seg = [[x0, y0, x0 + bw, y0, x0 + bw, y0 + bh, x0, y0 + bh]]
+    return [np.asarray(p, np.float64).reshape(-1, 2) for p in seg]
+
+
+def _image_targets(src: str, path: str, entry: tuple, anns: list[dict], kind: BoxesField,
+                   skipped: list):
+    """One image's value of the field ``label`` (``detection_field``), in fractions of the
+    picture upright; ``entry``: its (id, width, height) in the file."""
     _, w, h = entry
-    f = frame(os.path.join(src, path), (w, h), sizes[-1], fit)
+    f = frame(os.path.join(src, path), (w, h))
     b = np.array([a["bbox"] for a in anns], np.float64).reshape(-1, 4)
     x, y = f.points(np.stack([b[:, 0], b[:, 0] + b[:, 2]]), np.stack([b[:, 1], b[:, 1] + b[:, 3]]))
-    s = sizes[-1]
-    boxes = np.stack([x.min(0), y.min(0), x.max(0), y.max(0)], 1).clip(0, s) / s
+    boxes = np.stack([x.min(0), y.min(0), x.max(0), y.max(0)], 1).clip(0, 1)
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
     for k in np.flatnonzero(~keep):
         skipped.append({"path": path, "kind": "note", "reason": f"annotation {k} of the "
-                        f"image: its box is outside the stored square, dropped"})
+                        f"image: its box is outside the picture, dropped"})
     kept = [a for a, k in zip(anns, keep) if k]
-    runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
-    for a in kept if masks else ():
-        seg = a["segmentation"]
-        if seg is None:         # its box, as pycocotools makes a mask of a box
-            x0, y0, bw, bh = a["bbox"]
-            seg = [[x0, y0, x0, y0 + bh, x0 + bw, y0 + bh, x0 + bw, y0]]
-        for size, m in f.mask(_mask_columns(seg, h, w), sizes).items():
-            runs[size] += encode_masks(m[None])
-    points = None
-    if kept and kept[0]["keypoints"] is not None:
-        points = _moved_points(f, np.stack([a["keypoints"] for a in kept]), s)
-    return (boxes[keep].astype(np.float32), [a["category"] for a in kept],
-            [a["iscrowd"] for a in kept], runs, points)
+    rows = np.zeros((len(kept), kind.width), np.float32)
+    rows[:, :4] = boxes[keep]
+    rows[:, 4] = [a["category"] for a in kept]
+    rows[:, 5] = [a["iscrowd"] for a in kept]
+    if kind.points is not None and kept:
+        rows[:, 6:] = _moved_points(f, np.stack([a["keypoints"] for a in kept])).reshape(
+            len(kept), -1)
+    if not kind.masks:
+        return rows
+    polygons = []
+    for a in kept:
+        outlines = []
+        for xy in _outlines(a, h, w):
+            px, py = f.points(xy[:, 0], xy[:, 1])
+            outlines.append(np.stack([px, py], 1).astype(np.float32))
+        polygons.append(outlines)
+    return {"boxes": rows, "polygons": polygons}
 
 
-def _moved_points(f, p: np.ndarray, s: int) -> np.ndarray:
-    """Keypoints ``(n, K, 3)`` in the file's pixels through the image's orientation and fit:
-    as fractions of the square; where they fall off it, or are not labelled, ``v = 0`` (at 0,
-    0). COCO's coordinates are integers in ``[0, W - 1]``: the pixel's centre is half a pixel
-    on (detectron2's rule)."""
+def _moved_points(f, p: np.ndarray) -> np.ndarray:
+    """Keypoints ``(n, K, 3)`` in the file's pixels through the image's orientation: as
+    fractions of the picture upright; where they fall off it, or are not labelled, ``v = 0``
+    (at 0, 0). COCO's coordinates are integers in ``[0, W - 1]``: the pixel's centre is half a
+    pixel on (detectron2's rule)."""
     x, y = f.points(p[..., 0] + 0.5, p[..., 1] + 0.5)
-    v = np.where((x >= 0) & (x < s) & (y >= 0) & (y < s) & (p[..., 2] > 0), p[..., 2], 0)
-    out = np.stack([x / s, y / s, v], -1)
+    v = np.where((x >= 0) & (x < 1) & (y >= 0) & (y < 1) & (p[..., 2] > 0), p[..., 2], 0)
+    out = np.stack([x, y, v], -1)
     out[v == 0] = 0
     return out.astype(np.float32)
 
 
 def _chunk_targets(job: tuple) -> list[tuple]:
-    """A pool task: ``_image_targets`` of each image of a chunk, with what it skipped."""
-    src, images, masks, sizes, fit = job
+    """A pool task: each image's value of the field ``label`` as its column stores it, with
+    what it skipped."""
+    src, images, kind = job
     out = []
+    empty = kind.to_bytes({"boxes": np.zeros((0, kind.width), np.float32), "polygons": []}
+                          if kind.masks else np.zeros((0, kind.width), np.float32))
     for path, entry, anns in images:
         skipped: list[dict] = []
         try:
-            result = _image_targets(src, path, entry, anns, masks, sizes, fit, skipped)
-        except (ValueError, OSError) as e:      # its pixels were read: its annotations not
+            stored = kind.to_bytes(_image_targets(src, path, entry, anns, kind, skipped))
+            check_bytes(len(stored), f"{path}: its annotations")
+        except (ValueError, OSError) as e:      # its pixels are still read: no boxes
             skipped.append({"path": path, "reason": f"annotations: {e}; kept without boxes",
                             "kind": "note"})
-            result = (np.zeros((0, 4), np.float32), [], [], {size: [] for size in sizes}, None)
-        out.append((*result, skipped))
+            stored = empty
+        out.append((stored, skipped))
     return out
 
 
-def write_coco_annotations(out_path: str, src: str, paths, coco: Coco, sizes, fit: str,
-                           skipped: list, *, workers: int = 1, progress=None) -> dict:
-    """The annotations of the converted images ``paths`` (in sample order) into
-    ``out_path``, made by ``workers`` processes (each sent its images' annotations only);
-    what cannot be used is appended to ``skipped``. Returns the manifest's ``annotations``
-    entry."""
-    from fastdata.converters.pool import CHUNK, map_in_processes
-    from fastdata.shards.annotations import write_annotations
+def read_targets(src: str, paths: list[str], coco: Coco, *, workers: int = 1,
+                 progress: bool = False) -> tuple[FieldValues, list[dict]]:
+    """The boxes, masks and keypoints of the images ``paths`` (in this order), made by
+    ``workers`` processes (each sent its images' annotations only).
 
+    Returns:
+        Their values as the field ``label`` (``detection_field``), and the notes on what of
+        them could not be used.
+    """
+    from fastdata.converters.pool import CHUNK, map_in_processes
+
+    kind = detection_field(coco)
+    values, notes = FieldValues({"label": kind}), []
     jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))
-                   for p in paths[i:i + CHUNK]], coco.masks, tuple(sizes), fit)
-            for i in range(0, len(paths), CHUNK))
-    offsets, boxes, classes, crowd, points = [0], [], [], [], []
-    runs: dict[int, list[np.ndarray]] = {size: [] for size in sizes}
-    k = len(coco.keypoints.names) if coco.keypoints is not None else 0
-    for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
-        for b, c, z, r, p, why in chunk:
-            offsets.append(offsets[-1] + len(b))
-            boxes.append(b)
-            points.append(p if p is not None else np.zeros((len(b), k, 3), np.float32))
-            classes += c
-            crowd += z
-            skipped += why
-            for size in sizes:
-                runs[size] += r.get(size, [])
-            if progress is not None:
-                progress()
-    keypoints = None if coco.keypoints is None else (
-        coco.keypoints, np.concatenate(points) if points else np.zeros((0, k, 3), np.float32))
-    return write_annotations(out_path, offsets, np.concatenate(boxes) if boxes else
-                             np.zeros((0, 4)), classes, crowd, runs if coco.masks else None,
-                             keypoints)
+                   for p in paths[i:i + CHUNK]], kind) for i in range(0, len(paths), CHUNK))
+    with tqdm(total=len(paths), unit="img", desc="annotations", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
+            for stored, why in chunk:
+                values.columns[0].append([stored])
+                notes += why
+            bar.update(len(chunk))
+    return values, notes

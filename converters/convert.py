@@ -20,7 +20,6 @@ from typing import Any
 from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer, printable
-from fastdata.converters.coco import write_coco_annotations
 from fastdata.converters.decode import DecodeOptions
 from fastdata.converters.geometry import placed
 from fastdata.converters.pool import Decoder, in_flight
@@ -44,7 +43,6 @@ from fastdata.fields import FieldKind
 from fastdata.fields.infer import field_option
 from fastdata.fields.schema import entries
 from fastdata.format import (
-    ANNOTATIONS,
     CONTAINERS,
     ENCODINGS,
     FIELDS_VERSION,
@@ -52,8 +50,6 @@ from fastdata.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST,
-    SPATIAL_VERSION,
-    TARGETS,
     ShardMeta,
     check_size,
     shard_file,
@@ -259,7 +255,7 @@ def convert(src: str, out: str, *, container: str = "hdf5", sizes: Sequence[int]
                opts=DecodeOptions(sizes=sizes, fit=fit, encoding=encoding, quality=quality),
                labels=labels, coco=coco, masks=masks, shuffle=shuffle, bucket=bucket,
                fields=fields, source=reader.kind, split=split, image_column=image_column,
-               progress=progress, workers=workers)
+               progress=progress)
     if os.path.lexists(out) and not os.path.isdir(out):
         raise NotADirectoryError(f"output {out!r} is a file; give a directory")
     created = not os.path.lexists(out)
@@ -344,7 +340,6 @@ class _Job:
     coco: str | None = None         # the COCO annotations file of a detection set
     masks: str | None = None        # the class maps' folder of a segmentation set
     progress: bool = False
-    workers: int = 1                # processes that make a detection set's annotations
     shuffle: bool = False           # the files in a seeded order, not the folder's
     fields: dict | None = None      # the kinds given for a labels file's columns
     source: str = "folder"          # the source's kind (converters.sources)
@@ -523,9 +518,8 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         if sum(counts) == manifest["num_samples"]:
             manifest["class_counts"] = counts
     manifest.update(_fields_entries(job))
-    if scan.coco is not None:
-        manifest.update(_coco_labels(job, [path for path, _ in scan.files
-                                           if path not in dropped], manifest["skipped"]))
+    if job.coco is not None:            # the boxes are the field "label"
+        manifest["coco_file"] = job.coco
     elif scan.masks is not None:        # the class maps are the field "label"
         manifest["masks_dir"] = job.masks
     return manifest
@@ -538,18 +532,6 @@ def _fields_entries(job: _Job) -> dict:
         return {}
     out = {"version": FIELDS_VERSION, "fields": entries(job.scan.fields)}
     return {**out, "field_kinds": job.fields} if job.fields else out
-
-
-def _coco_labels(job: _Job, paths: list[str], skipped: list[dict]) -> dict:
-    """A detection set's manifest fields, its annotations written (those ``paths`` could not
-    have appended to ``skipped``)."""
-    with tqdm(total=len(paths), unit="img", desc="annotations", disable=not job.progress,
-              dynamic_ncols=True) as bar:
-        return {"version": SPATIAL_VERSION, "coco_file": job.coco,
-                "annotations": write_coco_annotations(
-                    os.path.join(job.out, ANNOTATIONS), job.src, paths, job.scan.coco,
-                    job.opts.sizes, job.opts.fit, skipped, workers=job.workers,
-                    progress=lambda: bar.update(1))}
 
 
 def _log_summary(job: _Job, manifest: dict, out: str) -> None:
@@ -596,8 +578,8 @@ def _write_manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
     manifest = _manifest(job, shards, skipped)
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     if job.bucket is not None:
-        job.bucket.finish(out, manifest)
-        remove_own(out, [MANIFEST, TARGETS, ANNOTATIONS])
+        job.bucket.finish(out)
+        remove_own(out, [MANIFEST])
         out = job.bucket.shown
     _log_summary(job, manifest, out)
     return manifest

@@ -1,8 +1,6 @@
-"""Where a label's coordinates land in the stored square: through the picture's EXIF
-orientation (when the label was made on the picture as stored) and the fit to the square
-(``fit_square``), for boxes (points) and for instance masks (nearest, at the pixel centres
-the pixels are resampled at); and where a picture lies on the square (``square_of``), for the
-fields that are placed on it."""
+"""Where a label's coordinates land on the picture upright, through its EXIF orientation
+(when the label was made on the picture as stored: ``frame``); and where a picture lies on
+the stored square (``square_of``), for the fields that are placed on it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,73 +20,24 @@ _ORIENT = {2: lambda x, y, w, h: (w - x, y), 3: lambda x, y, w, h: (w - x, h - y
 
 @dataclass(frozen=True)
 class Frame:
-    """How an annotation's coordinates reach the stored square of side ``size``: the
-    orientation to apply (1: none), then ``x * kx + ox``, ``y * ky + oy`` (upright pixels →
-    square pixels, as ``fit_square`` places them)."""
+    """How an annotation's coordinates reach the picture upright: the orientation to apply
+    (1: none), then ``x / upright width``, ``y / upright height`` (fractions of the picture, as
+    a moving field's values are given before the fit places them: ``placed``)."""
     orientation: int
     width: int              # of the annotations' frame
     height: int
-    kx: float
-    ky: float
-    ox: float
-    oy: float
-    size: int
 
     def points(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.orientation in _ORIENT:
             x, y = _ORIENT[self.orientation](x, y, self.width, self.height)
-        return x * self.kx + self.ox, y * self.ky + self.oy
-
-    def sources(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """For the square of side ``size``: the annotation frame's column (x) that each of
-        its rows reads, and the row (y) that each of its columns reads, where the orientation
-        swaps the axes; else the row each square row reads and the column each square column
-        reads (nearest, at pixel centres, as the pixels are resampled; -1 off the picture)."""
-        k = self.size / size
-        centre = (np.arange(size) + 0.5) * k
-        up_w, up_h = (self.height, self.width) if self.orientation in (5, 6, 7, 8) else (
+        w, h = (self.height, self.width) if self.orientation in (5, 6, 7, 8) else (
             self.width, self.height)
-        xu = np.floor((centre - self.ox) / self.kx).astype(np.int64)    # upright column
-        yu = np.floor((centre - self.oy) / self.ky).astype(np.int64)    # upright row
-        xu[(xu < 0) | (xu >= up_w)] = -1
-        yu[(yu < 0) | (yu >= up_h)] = -1
-        w, h = self.width, self.height          # upright index → the stored frame's
-        flip = lambda v, n: np.where(v >= 0, n - 1 - v, -1)  # noqa: E731
-        o = self.orientation
-        rows, cols = {1: (yu, xu), 2: (yu, flip(xu, w)), 3: (flip(yu, h), flip(xu, w)),
-                      4: (flip(yu, h), xu), 5: (yu, xu), 6: (yu, flip(xu, h)),
-                      7: (flip(yu, w), flip(xu, h)), 8: (flip(yu, w), xu)}[o]
-        return rows, cols
-
-    def mask(self, columns: tuple[int, np.ndarray], sizes) -> dict[int, np.ndarray]:
-        """A mask (``_mask_columns``: its first column and its columns) at each of
-        ``sizes``, resampled nearest as the pixels are fitted."""
-        first, cols = columns
-        out = {}
-        for size in sizes:
-            a, b = self.sources(size)
-            if self.orientation in (5, 6, 7, 8):    # square rows read stored columns
-                square = _pick(cols, a - first, b)
-            else:
-                square = _pick(cols, b - first, a).T
-            out[size] = square
-        return out
+        return x / w, y / h
 
 
-def _pick(columns: np.ndarray, along: np.ndarray, across: np.ndarray) -> np.ndarray:
-    """``columns[along[i], across[j]]`` as an array, 0 where either index is off them."""
-    out = np.zeros((len(along), len(across)), np.uint8)
-    i = np.flatnonzero((along >= 0) & (along < len(columns)))
-    j = np.flatnonzero(across >= 0)
-    if len(i) and len(j):
-        out[np.ix_(i, j)] = columns[along[i]][:, across[j]]
-    return out
-
-
-def frame(path: str, label_size: tuple[int, int], size: int, fit: str) -> Frame:
+def frame(path: str, label_size: tuple[int, int]) -> Frame:
     """The frame of the labels of the image at ``path``, made on a picture of ``label_size``
-    (width, height): the image upright, or as stored where only that matches; the square's
-    side ``size``, and the conversion's ``fit``.
+    (width, height): the image upright, or as stored where only that matches.
 
     Raises:
         ValueError: the image's size, stored or upright, is not ``label_size``.
@@ -108,7 +57,7 @@ def frame(path: str, label_size: tuple[int, int], size: int, fit: str) -> Frame:
     elif tuple(label_size) != raw:
         raise ValueError(f"its labels' size ({label_size[0]}x{label_size[1]}) is not the "
                          f"image's ({raw[0]}x{raw[1]})")
-    return Frame(orientation, *label_size, *_placement(upright, size, fit), size)
+    return Frame(orientation, *label_size)
 
 
 def _placement(shape: tuple[int, int], size: int, fit: str

@@ -99,7 +99,7 @@ def _upright(path: str, m: np.ndarray) -> np.ndarray:
     Raises:
         ValueError: the map's size is not the image's, stored or upright.
     """
-    f = frame(path, (m.shape[1], m.shape[0]), 1, "stretch")
+    f = frame(path, (m.shape[1], m.shape[0]))
     return m if f.orientation == 1 else np.asarray(Image.fromarray(m).transpose(
         _TRANSPOSE[f.orientation]))
 

@@ -40,8 +40,6 @@ def fingerprint(scan, opts: DecodeOptions, container: str, shard_size: int) -> s
         h.update(f"{label}\0{path}\0".encode("utf-8", "surrogateescape"))
     if scan.targets is not None:
         h.update(scan.targets.tobytes())
-    if scan.coco is not None:
-        h.update(scan.coco.digest.encode())
     if scan.masks is not None:
         h.update(scan.masks[1].encode())
     if scan.values is not None:

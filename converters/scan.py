@@ -163,8 +163,6 @@ class Scan:
     label_kind: str = "class"               # see fastdata.format.LABEL_KINDS
     #: (files, K) float32 targets of a multi-label or regression labels file, else None
     targets: np.ndarray | None = None
-    #: a detection set's annotations (``fastdata.converters.coco.Coco``), else None
-    coco: Any = None
     #: a segmentation set's class maps: (their folder, a digest of their sizes and times)
     masks: tuple[str, str] | None = None
     #: the files' fields (a labels file's other columns), else None

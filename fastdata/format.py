@@ -21,8 +21,8 @@ Labels (``label_kind``, version 2): class indices in ``labels``; or, for multi-l
 regression sets converted before the field ``label`` held them (below), one float32 ``(N, K)``
 array for the whole set in ``TARGETS`` beside the shards (its shape and SHA-256 in the
 manifest; the shards' ``labels`` are then 0), read once when the set's labels are first asked
-for, as the shards' labels are. Detection sets, and segmentation sets of version 3, keep their
-boxes or class maps in ``ANNOTATIONS`` (``fastdata.shards.annotations``).
+for, as the shards' labels are. Detection and segmentation sets of version 3 keep their boxes
+or class maps in ``ANNOTATIONS`` (``fastdata.shards.annotations``).
 
 Fields (version 4): a set whose samples hold named fields beside the image and the label lists
 them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
@@ -31,9 +31,10 @@ them in the manifest's ``fields`` (``[{name, kind, params}]``, kinds from
 a flat uint8 payload) and, for variable-length kinds, ``fields/<name>/offsets`` (int64,
 ``n + 1``); in LMDB the same bytes under ``FIELD_KEY``. The shard checksum then continues,
 field after field in the manifest's order, with the column's values and offsets as stored
-(little endian). A multi-label, regression or segmentation set converted with this version
-holds its labels so, as the field ``label`` (``LABEL_FIELDS``: ``multilabel``, ``float`` or
-``classmap``, of the manifest's ``classes``), not in ``TARGETS`` or ``ANNOTATIONS``.
+(little endian). A multi-label, regression, detection or segmentation set converted with this
+version holds its labels so, as the field ``label`` (``LABEL_FIELDS``: ``multilabel``,
+``float``, ``boxes`` or ``classmap``, of the manifest's ``classes``), not in ``TARGETS`` or
+``ANNOTATIONS``.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ LABEL_KINDS = ("class", "multi_label", "regression", "detection", "segmentation"
 SPATIAL_KINDS = ("detection", "segmentation")
 #: the label kinds whose labels a set holds as the field ``label`` (version 4), by the field
 #: kind that holds them (``label_params``: its parameters)
-LABEL_FIELDS = {"multi_label": "multilabel", "regression": "float", "segmentation": "classmap"}
+LABEL_FIELDS = {"multi_label": "multilabel", "regression": "float", "segmentation": "classmap",
+                "detection": "boxes"}
 TARGETS = "targets.npy"
 ANNOTATIONS = "annotations.bin"
 
@@ -315,15 +317,21 @@ def _check_fields(m: dict, f) -> None:
 def _is_label_field(m: dict, e: dict) -> bool:
     """Whether the fields' entry ``e``, named ``label``, is the field of the set's labels."""
     kind = label_kind(m)
+    params = e.get("params")
+    if kind == "detection" and isinstance(params, dict):    # masks and keypoints: the file's
+        params = {k: v for k, v in params.items() if k not in ("masks", "keypoints")}
     return e.get("name") == "label" and kind in LABEL_FIELDS and e.get("kind") == LABEL_FIELDS[
-        kind] and isinstance(m.get("classes"), list) and e.get("params") == label_params(
+        kind] and isinstance(m.get("classes"), list) and params == label_params(
         kind, m["classes"])
 
 
 def label_params(kind: str, classes: list[str]) -> dict:
     """The parameters of the field that holds a set's labels of ``kind``: its ``classes`` (the
-    targets' names, for regression their number)."""
-    return {"length": len(classes)} if kind == "regression" else {"classes": list(classes)}
+    targets' names, for regression their number); a detection set's boxes have crowd flags
+    (and may have masks and keypoints)."""
+    if kind == "regression":
+        return {"length": len(classes)}
+    return {"classes": list(classes), **({"crowd": True} if kind == "detection" else {})}
 
 
 def label_kind(m: dict) -> str:

@@ -543,16 +543,105 @@ def stored_maps(ds, size: int) -> np.ndarray:
     return batch_targets(ds, np.arange(len(ds)), None, size, None, Targets()).numpy()
 
 
+def _packed(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged ``parts`` as (their offsets, int64 (len + 1,); their concatenation)."""
+    starts = np.cumsum([0] + [len(p) for p in parts], dtype=np.int64)
+    return starts, np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+
+def _write_records(path: str, records: list, masks: bool) -> dict:
+    """A version 3 set's ``annotations.bin``: ``records`` as ``.npy`` records. Returns its
+    manifest entry."""
+    import hashlib
+
+    buf = io.BytesIO()
+    for r in records:
+        np.lib.format.write_array(buf, np.ascontiguousarray(r), allow_pickle=False)
+    data = buf.getvalue()
+    with open(path, "wb") as f:
+        f.write(data)
+    return {"file": "annotations.bin", "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(), "masks": masks}
+
+
+def stored_targets(ds, size: int) -> list[dict]:
+    """A detection set's targets as they lie on its stored squares, at ``size`` (one of its
+    sizes), every box with any area kept: as an uncropped loader gives them."""
+    from fastdata.ops.targets import Targets, batch_targets
+
+    return batch_targets(ds, np.arange(len(ds)), None, size, None, Targets(min_size=0))
+
+
+def encode_masks(masks: np.ndarray) -> list[np.ndarray]:
+    """``(k, S, S)`` masks (nonzero = inside) as a version 3 set's annotations hold them: each
+    one's runs (uint32, even count, starting with the 0-run)."""
+    out = []
+    for m in masks.reshape(len(masks), -1):
+        flat = m != 0
+        cuts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
+        runs = np.diff(np.concatenate([[0], cuts, [flat.size]]))
+        if flat.size and flat[0]:       # starts inside: an empty 0-run first
+            runs = np.concatenate([[0], runs])
+        if len(runs) % 2:
+            runs = np.concatenate([runs, [0]])
+        out.append(runs.astype(np.uint32))
+    return out
+
+
+def write_annotations(path: str, offsets, boxes, classes, iscrowd, masks=None,
+                      keypoints=None) -> dict:
+    """An earlier (version 3) detection set's annotations file (``fastdata.shards.annotations``
+    reads it): ``masks``, per stored size, each box's ``encode_masks``; ``keypoints``, ``(the
+    KeypointsField, each box's points (M, K, 3))``. Returns its manifest entry."""
+    records: list = [np.asarray(offsets, np.int64), np.asarray(boxes, np.float32).reshape(-1, 4),
+                     np.asarray(classes, np.int64), np.asarray(iscrowd, np.uint8)]
+    for size in sorted(masks or {}):
+        records += _packed(masks[size], np.uint32)
+    if keypoints is not None:
+        records.append(np.asarray(keypoints[1], np.float32))
+    entry = _write_records(path, records, masks is not None)
+    return entry if keypoints is None else {**entry, "keypoints": keypoints[0].params()}
+
+
+def earlier_detection_set(src: str, out: str, coco: str, **options) -> str:
+    """The detection set of ``src`` and its COCO file ``coco`` as version 3 stored it, its
+    boxes (with each stored size's masks) in ``annotations.bin``: made from a conversion of
+    the images alone and the targets of today's (``out + "-now"``), converted with
+    ``options``."""
+    import fastdata
+    from fastdata.converters.convert import convert
+
+    convert(src, out + "-now", coco=coco, progress=False, **options)
+    now = fastdata.open(out + "-now")
+    m = convert(src, out, progress=False, **options)       # one class: each label 0
+    side = now.sizes[-1]
+    top = stored_targets(now, side)
+    counts = [len(t["boxes"]) for t in top]
+    masks = {size: [r for t in stored_targets(now, size) for r in encode_masks(
+        t["masks"].numpy())] for size in now.sizes} if now.label_field.masks else None
+    points = None if now.label_field.points is None else (now.label_field.points, np.concatenate(
+        [t["keypoints"].numpy() for t in top]).reshape(sum(counts), -1, 3) / [side, side, 1])
+    entry = write_annotations(
+        os.path.join(out, "annotations.bin"), np.cumsum([0] + counts),
+        np.concatenate([t["boxes"].numpy() for t in top]) / side,
+        np.concatenate([t["labels"].numpy() for t in top]) - 1,
+        np.concatenate([t["iscrowd"].numpy() for t in top]), masks, points)
+    m.update(version=3, label_kind="detection", classes=now.classes, empty_classes=[],
+             annotations=entry)
+    m.pop("class_counts", None)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return out
+
+
 def write_class_maps(path: str, maps: dict[int, list]) -> dict:
     """An earlier (version 3) segmentation set's annotations file: per stored size, each
     sample's ``fastdata.fields.classmap.encode_runs``. Returns its manifest entry."""
-    from fastdata.shards.annotations import _packed, _write
-
     records = []
     for size in sorted(maps):
         starts, runs = _packed([r for r, _ in maps[size]], np.uint32)
         records += [starts, runs, _packed([v for _, v in maps[size]], np.uint8)[1]]
-    return _write(path, records, True)
+    return _write_records(path, records, True)
 
 
 def earlier_targets_set(src: str, out: str, classes: list[str], targets: np.ndarray) -> str:

@@ -21,8 +21,8 @@ class _Annotated(Source):
         if self.options[name] is None:
             raise ValueError(f"a {self.kind} source needs --{name}")
         what = os.path.abspath(str(self.options[name]))
-        scan = scan_coco(self.src, what) if self.kind == "coco" else \
-            scan_masks(self.src, what, workers=self.workers, progress=progress)
+        read = scan_coco if self.kind == "coco" else scan_masks
+        scan = read(self.src, what, workers=self.workers, progress=progress)
         if not scan.files:
             raise ConversionError(f"none of the images under {self.src!r} has its labels in "
                                   f"{what} ({len(scan.skipped)} left out, e.g. "

@@ -33,6 +33,8 @@ def info_dict(path: str) -> dict:
         counts = np.bincount(ann.classes, minlength=len(ds.classes))
         extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
                  "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum())}
+    elif ds.label_kind == "detection":          # its boxes the field "label"
+        counts, extra = _boxes_of(ds)
     elif isinstance(ann, ClassMaps):            # segmentation: the pixels of each class
         _, runs, values = ann.maps[ds.sizes[-1]]
         pixels = np.bincount(values, weights=runs, minlength=256)
@@ -92,6 +94,25 @@ def _print_skipped(d: dict) -> None:
     if len(skipped) > SHOWN_SKIPPED:
         echo(f"    ... and {len(skipped) - SHOWN_SKIPPED} more (every one: `fastdata info "
              f"{p(d['path'])} --json`, or the manifest's \"skipped\")")
+
+
+def _boxes_of(ds) -> tuple:
+    """A detection set's boxes of each class, and how many it has, with masks or not, and
+    how many images have none; a remote set's are not counted (that would download the whole
+    set)."""
+    import numpy as np
+
+    kind = ds.label_field
+    extra = {"boxes": None, "instance_masks": kind.masks, "images_without_boxes": None}
+    if ds.url is not None:
+        return None, extra
+    counts, boxes, empty = np.zeros(len(ds.classes), np.int64), 0, 0
+    for a in range(0, len(ds), 256):
+        for v in ds.field_values("label", np.arange(a, min(a + 256, len(ds)))):
+            rows = v["boxes"] if kind.masks else v
+            counts += np.bincount(rows[:, 4].astype(np.int64), minlength=len(ds.classes))
+            boxes, empty = boxes + len(rows), empty + (not len(rows))
+    return counts, {**extra, "boxes": boxes, "images_without_boxes": empty}
 
 
 def _map_pixels(ds) -> tuple:
@@ -154,7 +175,7 @@ def _print_classes(d: dict, kind: str, many: bool) -> None:
             "detection": ("class", "classes", ", detection: boxes of each"),
             "segmentation": ("class", "classes", f", segmentation: pixels of each at "
                                                  f"{d.get('map_size')} px")}[kind]
-    if kind == "detection":
+    if kind == "detection" and d["boxes"] is not None:
         echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}; "
              f"{d['images_without_boxes']} images without any")
     if kind == "segmentation" and d["ignored_pixels"] is not None:

@@ -2,15 +2,21 @@
 set's phrases' regions, objects beside a caption), moved with the crop and mirrored by the flip.
 
 A sample's value is float32 ``(n, 5)``: ``x0, y0, x1, y1`` as fractions of the stored square
-(0 to 1, ``x0 < x1``, ``y0 < y1``) and the box's class index (-1 in a field without classes).
-In a batch, each image's is a dict as torchvision's detection models take it (and as a
-detection set's targets are): ``boxes`` float32 ``(k, 4)`` in output pixels, clipped to the
-crop, those the crop leaves less than a pixel of dropped, and with classes ``labels`` int64
-``(k,)``, the class index + 1 (0 is the background).
+(0 to 1, ``x0 < x1``, ``y0 < y1``) and the box's class index (-1 in a field without classes);
+then, where the field has ``crowd``, each box's crowd flag (COCO's ``iscrowd``: 0 or 1), and
+where it has ``keypoints``, each box's ``K`` points ``x, y, v`` as the ``keypoints`` kind
+stores an instance's (``fastdata.fields.keypoints``): ``(n, 5 + crowd + 3K)`` in all. In a
+batch, each image's is a dict as torchvision's detection models take it (and as a detection
+set's targets are): ``boxes`` float32 ``(k, 4)`` in output pixels, clipped to the crop, those
+the crop leaves less than a pixel of dropped, and with classes ``labels`` int64 ``(k,)``, the
+class index + 1 (0 is the background); with crowd flags ``iscrowd`` int64 ``(k,)``, with
+keypoints ``keypoints`` float32 ``(k, K, 3)`` moved as that kind moves them.
 
 In a labels file or a source's column, a sample's cell is a JSON list of boxes, each
-``[x0, y0, x1, y1]`` or ``{"box": [x0, y0, x1, y1], "label": "cat"}`` (fractions of the image);
-the field's classes are the labels the column names, sorted.
+``[x0, y0, x1, y1]`` or ``{"box": [x0, y0, x1, y1], "label": "cat", "iscrowd": 0,
+"keypoints": ...}`` (fractions of the image; a box's ``keypoints`` as the ``keypoints`` kind
+takes one instance); the field's classes are the labels the column names, sorted, and it has
+crowd flags where a box gives ``iscrowd``.
 
 **Instance masks**: where the column's boxes give ``"polygons"`` (COCO's polygon form: a list of
 flat ``[x1, y1, x2, y2, ...]`` outlines, fractions of the image), the field has ``masks`` and
@@ -41,6 +47,7 @@ from fastdata.fields.base import (
 )
 from fastdata.fields.category import MAX_CLASSES
 from fastdata.fields.cells import json_cell
+from fastdata.fields.keypoints import KeypointsField
 
 #: the most boxes one sample may hold
 MAX_BOXES = 1 << 16
@@ -56,21 +63,36 @@ class BoxesField(FieldKind):
     Args:
         classes: the boxes' class names, in index order; None: boxes without classes.
         masks: whether each box has an instance mask (its outlines; the module's docstring).
+        crowd: whether each box has a crowd flag (COCO's ``iscrowd``).
+        keypoints: the parameters of the ``keypoints`` kind whose instance each box holds
+            (``KeypointsField``: its ``names``...); None: boxes without points.
 
     Raises:
-        ValueError: a name that is not a string, the same name twice, or ``masks`` not a bool.
+        ValueError: a name that is not a string, the same name twice, ``masks`` or ``crowd``
+            not a bool, or ``keypoints`` not the ``keypoints`` kind's parameters.
     """
 
     kind = "boxes"
     fixed = False
     moves = True
 
-    def __init__(self, *, classes=None, masks: bool = False):
+    def __init__(self, *, classes=None, masks: bool = False, crowd: bool = False,
+                 keypoints: dict | None = None):
         self.classes = None if classes is None else class_names(classes)
         self._index = {c: k for k, c in enumerate(self.classes or ())}
-        if not isinstance(masks, bool):
-            raise ValueError(f"masks={masks!r} is not valid; give True or False")
-        self.masks = masks
+        for name, v in (("masks", masks), ("crowd", crowd)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{name}={v!r} is not valid; give True or False")
+        self.masks, self.crowd = masks, crowd
+        if keypoints is not None and not isinstance(keypoints, dict):
+            raise ValueError(f"keypoints={keypoints!r} is not valid; give the keypoints "
+                             f"kind's parameters ({{'names': [...]}}) or None")
+        try:
+            self.points = None if keypoints is None else KeypointsField(**keypoints)
+        except TypeError as e:
+            raise ValueError(f"keypoints={keypoints!r} is not valid ({e})") from None
+        #: the floats of a box's record (the module's docstring)
+        self.width = 5 + crowd + 3 * (len(self.points.names) if self.points else 0)
 
     @classmethod
     def from_column(cls, cells) -> BoxesField:
@@ -80,20 +102,24 @@ class BoxesField(FieldKind):
             ValueError: more than ``MAX_CLASSES`` labels.
         """
         names: set[str] = set()
-        masks = False
+        masks = crowd = False
         for cell in map(json_cell, cells):
             for box in cell if isinstance(cell, list) else ():
                 if isinstance(box, dict):
                     if "label" in box:
                         names.add(str(box["label"]))
                     masks = masks or "polygons" in box
+                    crowd = crowd or "iscrowd" in box
             if len(names) > MAX_CLASSES:
                 raise ValueError(f"a boxes column naming more than {MAX_CLASSES:,} classes")
-        return cls(classes=sorted(names) if names else None, masks=masks)
+        return cls(classes=sorted(names) if names else None, masks=masks, crowd=crowd)
 
     def params(self) -> dict:
         out: dict = {} if self.classes is None else {"classes": self.classes}
-        return {**out, "masks": True} if self.masks else out
+        for name in ("masks", "crowd"):
+            if getattr(self, name):
+                out[name] = True
+        return out if self.points is None else {**out, "keypoints": self.points.params()}
 
     def parse(self, cell, where: str) -> np.ndarray | dict:
         """A JSON list of boxes, each ``[x0, y0, x1, y1]`` or ``{"box": [...], "label":
@@ -105,9 +131,9 @@ class BoxesField(FieldKind):
                 raise FieldError(f"{where}: {cell[:40]!r} is not a JSON list of boxes") from None
         if not isinstance(cell, list):
             raise FieldError(f"{where}: {str(cell)[:40]!r} is not a list of boxes")
-        check_bytes(len(cell) * 20, where, MAX_BOXES * 20)
+        check_bytes(len(cell) * 4 * self.width, where, MAX_BOXES * 4 * self.width)
         rows = self._checked(np.asarray([self._box(b, where) for b in cell],
-                                        np.float32).reshape(-1, 5), where)
+                                        np.float32).reshape(-1, self.width), where)
         if not self.masks:
             return rows
         polygons = [[_outline(p, where) for p in _polygons_of(b, where)] for b in cell]
@@ -115,19 +141,34 @@ class BoxesField(FieldKind):
         return {"boxes": rows, "polygons": polygons}
 
     def _box(self, box, where: str) -> list:
-        label = None
+        """A cell's box as its record (``width`` floats)."""
+        extra = dict(box) if isinstance(box, dict) else {}
+        if "polygons" in extra and not self.masks:
+            raise FieldError(f"{where}: a box with polygons in a field without masks")
+        for name, have in (("iscrowd", self.crowd), ("keypoints", self.points is not None)):
+            if name in extra and not have:
+                raise FieldError(f"{where}: a box with {name} in a field without them")
         if isinstance(box, dict):
-            if "polygons" in box and not self.masks:
-                raise FieldError(f"{where}: a box with polygons in a field without masks")
-            box, label = box.get("box"), box.get("label")
+            box = box.get("box")
         if not isinstance(box, list) or len(box) != 4 or \
                 not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box):
             raise FieldError(f"{where}: {str(box)[:40]!r} is not a box [x0, y0, x1, y1]")
+        row = [*box, self._class_of(extra.get("label"), where)]
+        if self.crowd:
+            row.append(extra.get("iscrowd", 0))
+        if self.points is not None:
+            points = extra.get("keypoints")
+            row += [0.0] * (self.width - len(row)) if points is None else \
+                self.points.parse([points], where).ravel().tolist()
+        return row
+
+    def _class_of(self, label, where: str) -> int:
+        """A box's label as its class index (-1 in a field without classes)."""
         if self.classes is None:
             if label is not None:
                 raise FieldError(f"{where}: a box labelled {str(label)[:40]!r} in a field "
                                  f"without classes")
-            return [*box, -1]
+            return -1
         if label is None:
             raise FieldError(f"{where}: a box without a label, in a field whose boxes have "
                              f"{len(self.classes)} classes")
@@ -135,7 +176,7 @@ class BoxesField(FieldKind):
         if k is None:
             raise FieldError(f"{where}: a box's label {str(label)[:40]!r} is not one of the "
                              f"field's {len(self._index)} classes")
-        return [*box, k]
+        return k
 
     def _checked(self, a: np.ndarray, where: str) -> np.ndarray:
         b, k = a[:, :4], a[:, 4]
@@ -147,7 +188,16 @@ class BoxesField(FieldKind):
             (k >= 0) & (k < len(self.classes)) & (k == np.round(k))
         if not valid.all():
             raise FieldError(f"{where}: a box's class index is not one of the field's")
+        if self.crowd and not np.isin(a[:, 5], (0, 1)).all():
+            raise FieldError(f"{where}: a box's crowd flag is not 0 or 1")
+        if self.points is not None:
+            self.points.check_points(self._points_of(a), where)
         return a
+
+    def _points_of(self, rows: np.ndarray) -> np.ndarray:
+        """The boxes' points ``(n, K, 3)`` of their records (a field with keypoints)."""
+        assert self.points is not None
+        return rows[:, 5 + self.crowd:].reshape(len(rows), len(self.points.names), 3)
 
     def to_bytes(self, value) -> bytes:
         if not self.masks:
@@ -162,25 +212,28 @@ class BoxesField(FieldKind):
     def from_bytes(self, data: bytes, where: str) -> np.ndarray | dict:
         if self.masks:
             return self._with_masks(data, where)
-        check_bytes(len(data), where, MAX_BOXES * 20)
-        if len(data) % 20:
+        per = 4 * self.width
+        check_bytes(len(data), where, MAX_BOXES * per)
+        if len(data) % per:
             raise FieldError(f"{where}: {len(data)} bytes are not whole boxes")
-        return self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), where)
+        return self._checked(np.frombuffer(data, np.float32).reshape(-1, self.width), where)
 
     def _with_masks(self, data: bytes, where: str) -> dict:
         """A stored value of a field with masks (the module's docstring), checked."""
         check_bytes(len(data), where)
         n, p, q = (int(v) for v in np.frombuffer(data[:12].ljust(12, b"\0"), np.uint32))
-        if len(data) != 12 + 24 * n + 4 * p + 8 * q or n > MAX_BOXES:
+        per = 4 * self.width
+        if len(data) != 12 + (per + 4) * n + 4 * p + 8 * q or n > MAX_BOXES:
             raise FieldError(f"{where}: {len(data)} bytes are not {n} boxes with {p} outlines "
                              f"of {q} points")
-        rows = self._checked(np.frombuffer(data, np.float32, 5 * n, 12).reshape(n, 5), where)
-        counts = np.frombuffer(data, np.uint32, n + p, 12 + 20 * n).tolist()
+        rows = self._checked(np.frombuffer(data, np.float32, self.width * n, 12).reshape(
+            n, self.width), where)
+        counts = np.frombuffer(data, np.uint32, n + p, 12 + per * n).tolist()
         per_box, points = counts[:n], counts[n:]
         if sum(per_box) != p or sum(points) != q or min(points, default=3) < 3:
             raise FieldError(f"{where}: its outlines' counts do not add up (or one has fewer "
                              f"than 3 points)")
-        xy = np.frombuffer(data, np.float32, 2 * q, 12 + 24 * n + 4 * p).reshape(q, 2)
+        xy = np.frombuffer(data, np.float32, 2 * q, 12 + (per + 4) * n + 4 * p).reshape(q, 2)
         if not (np.abs(xy) <= MAX_BEYOND).all():        # NaN compares false
             raise FieldError(f"{where}: an outline's point that is not a finite fraction of "
                              f"the square, within {MAX_BEYOND} of it")
@@ -192,18 +245,24 @@ class BoxesField(FieldKind):
     def read(self, column, local) -> list:
         if self.masks:
             return list(super().read(column, local))
-        data, counts = records(column, local, 20, MAX_BOXES * 20)
-        rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, 5), "a value read")
+        per = 4 * self.width
+        data, counts = records(column, local, per, MAX_BOXES * per)
+        rows = self._checked(np.frombuffer(data, np.float32).reshape(-1, self.width),
+                             "a value read")
         return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
 
     def place(self, value, at):
         """The boxes on the stored square (``FieldKind.place``): clipped to it, those left
         without area dropped; their outlines moved as they are (a mask is drawn inside the
-        square only)."""
+        square only), their points as the ``keypoints`` kind places them."""
         sx, sy, ox, oy = at
-        rows = np.array(value["boxes"] if self.masks else value, np.float32).reshape(-1, 5)
+        rows = np.array(value["boxes"] if self.masks else value, np.float32).reshape(
+            -1, self.width)
         rows[:, [0, 2]] = np.clip(rows[:, [0, 2]] * sx + ox, 0, 1)
         rows[:, [1, 3]] = np.clip(rows[:, [1, 3]] * sy + oy, 0, 1)
+        if self.points is not None:
+            rows[:, 5 + self.crowd:] = self.points.place(self._points_of(rows), at).reshape(
+                rows[:, 5 + self.crowd:].shape)
         keep = (rows[:, 2] > rows[:, 0]) & (rows[:, 3] > rows[:, 1])
         if not self.masks:
             return rows[keep]
@@ -217,27 +276,31 @@ class BoxesField(FieldKind):
         pixels and flip: the batch's dict (the module's docstring)."""
         return self.move_batch([value], [crop], [flip], stored, out)[0]
 
-    def move_batch(self, values, crops, flips, stored: int, out: int) -> list[dict]:
+    def move_batch(self, values, crops, flips, stored: int, out: int, *,
+                   min_size: float = 1.0, min_visible: float = 0.0) -> list[dict]:
         """``move`` of a batch's boxes, all at once (and with masks, each kept box's mask
-        drawn)."""
+        drawn); a box is kept where the crop leaves ``min_size`` output pixels of its width
+        and height and ``min_visible`` of its area (``fastdata.Targets``)."""
         import torch
 
-        parts = [np.asarray(v["boxes"] if self.masks else v, np.float32).reshape(-1, 5)
-                 for v in values]
+        parts = [np.asarray(v["boxes"] if self.masks else v, np.float32).reshape(
+            -1, self.width) for v in values]
         counts = [len(v) for v in parts]
-        rows = np.concatenate(parts) if parts else np.zeros((0, 5), np.float32)
+        rows = np.concatenate(parts) if parts else np.zeros((0, self.width), np.float32)
         owner = np.repeat(np.arange(len(parts)), counts)
         crops = np.asarray(crops, np.float64).reshape(-1, 4)
         flips = np.asarray(flips, bool).reshape(-1)
         boxes, keep = moved_boxes(rows[:, :4].astype(np.float64) * stored, crops[owner],
-                                  flips[owner], out)
+                                  flips[owner], out, min_size, min_visible)
         kept = np.bincount(owner[keep], minlength=len(parts)).tolist()
         # one tensor of the batch's kept boxes, each image's a view of it
         result: list[dict] = [{"boxes": b} for b in torch.from_numpy(boxes[keep]).split(kept)]
-        if self.classes is not None:
-            labels = torch.from_numpy(rows[keep, 4].astype(np.int64) + 1).split(kept)
-            for r, c in zip(result, labels):
-                r["labels"] = c
+        columns = {"labels": rows[keep, 4].astype(np.int64) + 1 if self.classes else None,
+                   "iscrowd": rows[keep, 5].astype(np.int64) if self.crowd else None}
+        for name, column in columns.items():
+            for r, c in zip(result, () if column is None else torch.from_numpy(column).split(
+                    kept)):
+                r[name] = c
         if self.masks:      # the batch's kept boxes' masks in one array, each image's a view
             polygons = [b for v in values for b in v["polygons"]]
             at = np.flatnonzero(keep)
@@ -245,16 +308,22 @@ class BoxesField(FieldKind):
                            flips[owner[at]], stored, out)
             for r, m in zip(result, torch.from_numpy(masks).split(kept)):
                 r["masks"] = m
+        if self.points is not None:     # each kept box's points, through its image's crop
+            points = np.split(self._points_of(rows[keep]), np.cumsum(kept)[:-1])
+            for r, p in zip(result, self.points.move_batch(points, crops, flips, stored, out)):
+                r["keypoints"] = torch.from_numpy(p)
         return result
 
     def collate(self, values):
         return list(values)
 
     def describe(self, column) -> str:
-        what = f"classes={len(self.classes)}" if self.classes else "no classes"
+        what = ", ".join([f"classes={len(self.classes)}" if self.classes else "no classes"]
+                         + ["masks"] * self.masks + ["crowd flags"] * self.crowd
+                         + ([f"points={len(self.points.names)}"] if self.points else []))
         if not self.masks:
-            return f"boxes ({what}): {spread(column, 20, 'boxes')}"
-        return f"boxes ({what}, masks): {spread(column, 1, 'bytes')}"
+            return f"boxes ({what}): {spread(column, 4 * self.width, 'boxes')}"
+        return f"boxes ({what}): {spread(column, 1, 'bytes')}"
 
 
 def moved_boxes(xyxy: np.ndarray, crop: np.ndarray, flip: np.ndarray, out: int,

@@ -113,7 +113,7 @@ class KeypointsField(FieldKind):
             raise FieldError(f"{where}: not instances of {len(self.names)} points [x, y, v] "
                              f"each") from None
         check_bytes(a.size * 4, where, MAX_POINTS * 12)
-        return self._checked(a.astype(np.float32), where)
+        return self.check_points(a.astype(np.float32), where)
 
     def _named(self, instance: dict, where: str) -> list:
         """An instance of named points as the field's ``K`` points (those not named: 0, 0,
@@ -129,7 +129,8 @@ class KeypointsField(FieldKind):
             points[k] = [*p, 2] if len(p) == 2 else p
         return points
 
-    def _checked(self, a: np.ndarray, where: str) -> np.ndarray:
+    def check_points(self, a: np.ndarray, where: str) -> np.ndarray:
+        """``a`` (``(..., K, 3)``), checked: finite ``x, y``; ``v`` 0, 1 or 2."""
         if not np.isfinite(a).all() or not np.isin(a[..., 2], (0, 1, 2)).all():
             raise FieldError(f"{where}: keypoints whose x, y are not finite or whose v is not "
                              f"0, 1 or 2")
@@ -144,13 +145,14 @@ class KeypointsField(FieldKind):
         if len(data) % per:
             raise FieldError(f"{where}: {len(data)} bytes are not whole instances of "
                              f"{len(self.names)} points")
-        return self._checked(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
+        return self.check_points(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
                              where)
 
     def read(self, column, local) -> list[np.ndarray]:
         k = len(self.names)
         data, counts = records(column, local, 12 * k, MAX_POINTS * 12)
-        points = self._checked(np.frombuffer(data, np.float32).reshape(-1, k, 3), "a value read")
+        points = self.check_points(np.frombuffer(data, np.float32).reshape(-1, k, 3),
+                                   "a value read")
         return np.split(points, np.cumsum(counts)[:-1]) if len(counts) else []
 
     def place(self, value: np.ndarray, at) -> np.ndarray:

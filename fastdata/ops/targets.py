@@ -1,7 +1,8 @@
-"""A detection batch's targets moved with its images: boxes and instance masks through the same
-crop, resize and flip as the pixels, for the whole batch at once (no per-box Python); a
-segmentation batch's class maps by the ``classmap`` field kind (``fastdata.fields.classmap``),
-whether a set stores them as its field ``label`` or, at version 3, in ``annotations.bin``.
+"""A detection or segmentation batch's targets moved with its images, whether a set stores
+them as its field ``label`` (moved by the ``boxes`` or ``classmap`` field kind:
+``fastdata.fields``) or, at version 3, in ``annotations.bin``: boxes and instance masks through
+the same crop, resize and flip as the pixels, for the whole batch at once (no per-box Python);
+class maps by the ``classmap`` kind whichever way they are stored.
 
 A box is clipped to the crop and kept where what is left is at least ``Targets.min_size``
 output pixels wide and high (torchvision's ``SanitizeBoundingBoxes`` rule: by default 1) and
@@ -18,7 +19,7 @@ import math
 import numpy as np
 import torch
 
-from fastdata.fields.boxes import moved_boxes
+from fastdata.fields.boxes import BoxesField, moved_boxes
 from fastdata.fields.classmap import ClassMapField
 
 TARGET_FORMATS = ("list", "padded")
@@ -130,13 +131,18 @@ def batch_targets(ds, indices, params, stored: int, crop: int | None, targets: T
     stored size); without ``params``, the stored squares as they are."""
     out = (crop or stored) if params is not None else stored
     ann = ds.annotations if ds.label_field is None else None
-    if ann is None or ann.kind == "segmentation":   # class maps: the classmap kind moves them
-        m = moved(len(indices), params, stored, out)
+    m = moved(len(indices), params, stored, out)
+    if ds.label_kind == "segmentation":     # class maps: the classmap kind moves them
         maps = ds.field_values("label", indices, m) if ann is None else _CLASS_MAPS.move_batch(
             [ann.class_map(i, stored) for i in np.asarray(indices).tolist()], *m)
         return _CLASS_MAPS.collate(maps).long()
-    boxes, flips = params if params is not None else (None, None)
-    t = crop_targets(ann, indices, boxes, flips, stored, out, targets)
+    if ann is None:                         # boxes: the boxes kind moves them
+        assert isinstance(ds.label_field, BoxesField)
+        t = ds.label_field.move_batch(ds.field_values("label", indices), *m,
+                                      min_size=targets.min_size,
+                                      min_visible=targets.min_visible)
+    else:
+        t = crop_targets(ann, indices, m[0], m[1], stored, out, targets)
     return padded(t, out) if targets.form == "padded" else t
 
 

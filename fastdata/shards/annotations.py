@@ -1,5 +1,6 @@
-"""A detection set's boxes, their classes and instance masks, or an earlier (version 3)
-segmentation set's class maps: one file beside the shards.
+"""An earlier (version 3) detection set's boxes, their classes and instance masks, or
+segmentation set's class maps: one file beside the shards (a later set holds them as its
+field ``label``: ``fastdata.format``).
 
 ``annotations.bin`` is a sequence of ``.npy`` records (NumPy's format, no pickles). A detection
 set's, in this order, ``N`` samples holding ``M`` boxes in all:
@@ -17,8 +18,7 @@ set's, in this order, ``N`` samples holding ``M`` boxes in all:
   parameters), ``keypoints`` float32 ``(M, K, 3)``: each box's points as that kind stores a
   sample's (``fastdata.fields.keypoints``).
 
-A version 3 segmentation set's (a later one holds its maps as the field ``label``:
-``fastdata.format``), for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
+A segmentation set's, for each stored size ``S`` ascending: ``run_offsets`` int64 ``(N + 1,)``,
 ``runs`` uint32 and ``values`` uint8: sample ``i``'s class map at ``S x S``, row-major, is
 ``values[a:b]`` repeated ``runs[a:b]`` times (``a, b = run_offsets[i], run_offsets[i + 1]``);
 each value is a class index or ``IGNORE``.
@@ -39,62 +39,7 @@ import numpy as np
 
 from fastdata.fields import FieldError, field_of
 from fastdata.fields.classmap import IGNORE
-from fastdata.format import ANNOTATIONS, ShardFormatError, write_atomic
-
-
-def _record(out, array: np.ndarray) -> None:
-    np.lib.format.write_array(out, np.ascontiguousarray(array), allow_pickle=False)
-
-
-def encode_masks(masks: np.ndarray) -> list[np.ndarray]:
-    """``(k, S, S)`` masks (nonzero = inside) → each one's runs (uint32, even count, starting
-    with the 0-run)."""
-    out = []
-    for m in masks.reshape(len(masks), -1):
-        flat = m != 0
-        cuts = np.flatnonzero(flat[1:] != flat[:-1]) + 1
-        edges = np.concatenate([[0], cuts, [flat.size]])
-        runs = np.diff(edges)
-        if flat.size and flat[0]:       # starts inside: an empty 0-run first
-            runs = np.concatenate([[0], runs])
-        if len(runs) % 2:
-            runs = np.concatenate([runs, [0]])
-        out.append(runs.astype(np.uint32))
-    return out
-
-
-def _packed(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged ``parts`` as (their offsets, int64 (len + 1,); their concatenation)."""
-    starts = np.cumsum([0] + [len(p) for p in parts], dtype=np.int64)
-    return starts, np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
-
-
-def write_annotations(path: str, offsets, boxes, classes, iscrowd,
-                      masks: dict[int, list[np.ndarray]] | None = None,
-                      keypoints: tuple | None = None) -> dict:
-    """Write a detection set's annotations to ``path`` (through a temporary file renamed into
-    place); ``masks``: per stored size, each box's runs (``encode_masks``); ``keypoints``:
-    ``(their KeypointsField, each box's points (M, K, 3))``. Returns the manifest's
-    ``annotations`` entry."""
-    records: list = [np.asarray(offsets, np.int64), np.asarray(boxes, np.float32).reshape(-1, 4),
-               np.asarray(classes, np.int64), np.asarray(iscrowd, np.uint8)]
-    for size in sorted(masks or {}):
-        records += _packed(masks[size], np.uint32)  # type: ignore[index]
-    if keypoints is not None:
-        records.append(np.asarray(keypoints[1], np.float32))
-    entry = _write(path, records, masks is not None)
-    return entry if keypoints is None else {**entry, "keypoints": keypoints[0].params()}
-
-
-def _write(path: str, records: list, masks: bool) -> dict:
-    """``records`` into ``path`` (``write_atomic``)."""
-    buf = io.BytesIO()
-    for r in records:
-        _record(buf, r)
-    data = buf.getvalue()
-    write_atomic(path, data)
-    return {"file": ANNOTATIONS, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-            "masks": masks}
+from fastdata.format import ANNOTATIONS, ShardFormatError
 
 
 class _Records:

@@ -59,15 +59,15 @@ class ShardSet:
         self.sizes: tuple[int, ...] = tuple(m["sizes"])
         self.classes: list[str] = list(m["classes"])
         #: "class" (``labels`` int64 (N,)), "multi_label" or "regression" (float32 (N, K);
-        #: ``classes`` then names the K columns), or "detection" or "segmentation"
-        #: (``annotations``)
+        #: ``classes`` then names the K columns), or "detection" or "segmentation" (the field
+        #: ``label``, or at version 3 ``annotations``)
         self.label_kind = label_kind(m)
         stored = fields_of(m, os.path.join(self.location, MANIFEST))
         #: the fields each sample holds beside its image and label (name -> kind, in their
         #: stored order; ``fastdata.fields``)
         self.fields: dict[str, FieldKind] = {k: v for k, v in stored.items() if k != "label"}
-        #: the kind of the field that holds the labels (multi-hot rows, regression targets or
-        #: class maps: ``fastdata.format.LABEL_FIELDS``), else None
+        #: the kind of the field that holds the labels (multi-hot rows, regression targets,
+        #: boxes or class maps: ``fastdata.format.LABEL_FIELDS``), else None
         self.label_field: FieldKind | None = stored.get("label")
         self._stored = stored
         #: whether ``labels`` are the field's values (multi-hot rows, regression targets)

@@ -109,14 +109,15 @@ def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
 
 
 def test_a_detection_set_in_a_bucket_reads_as_from_a_folder(s3, tmp_path):
-    """The annotations go up before the manifest; a reader fetches and checks them."""
+    """The boxes go up in the shards; a reader fetches and checks them with them."""
     src, ann = detection_folder(tmp_path / "src", n=6)
     url = f"s3://{BUCKET}/detection"
     up = convert(src, url, coco=ann, **OPTIONS)
     local = convert(src, str(tmp_path / "local"), coco=ann, **OPTIONS)
-    assert _objects(s3, "detection")["annotations.bin"] == \
-        (tmp_path / "local" / "annotations.bin").read_bytes()
-    assert up["annotations"] == local["annotations"]
+    stored = _objects(s3, "detection")
+    assert "annotations.bin" not in stored and up["fields"] == local["fields"]
+    for e in local["shards"]:
+        assert stored[e["file"]] == (tmp_path / "local" / e["file"]).read_bytes()
     kw = {"batch_size": 3, "crop": 16, "device": "cpu", "num_workers": 0, "seed": 1}
     remote = fastdata.Loader(url, cache_dir=tmp_path / "read", **kw)
     for (_, a), (_, b) in zip(remote, fastdata.Loader(str(tmp_path / "local"), **kw),

@@ -1,6 +1,7 @@
-"""Detection sets from COCO annotations: masks decoded as pycocotools decodes them, the
-converter's rules for what it keeps, EXIF orientation, the annotations file's checks, and
-hostile annotations refused or skipped with a reason."""
+"""Detection sets from COCO annotations: crowd regions decoded as pycocotools decodes them and
+drawn again exactly, the converter's rules for what it keeps, EXIF orientation, a version 3
+set's annotations file and its checks, and hostile annotations refused or skipped with a
+reason."""
 from __future__ import annotations
 
 import json
@@ -11,51 +12,60 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import fastdata
 from fastdata.cli import main as cli
-from fastdata.converters.coco import MAX_BOXES, MAX_POINTS, coco_mask
+from fastdata.cli.info import info_dict
+from fastdata.converters.coco import MAX_BOXES, MAX_POINTS, rectangles, rle_mask
 from fastdata.converters.convert import convert
+from fastdata.fields.boxes import _masks
 from fastdata.format import ShardFormatError
-from fastdata.shards.annotations import write_annotations
 from fastdata.shards.verify import verify
-from tests.helpers import PEAK_KIB, colour_regions, detection_folder
+from tests.helpers import (
+    PEAK_KIB,
+    colour_regions,
+    detection_folder,
+    earlier_detection_set,
+    stored_targets,
+    write_annotations,
+)
 
 mask_api = pytest.importorskip("pycocotools.mask")
 # pycocotools' decode passes copy=False to NumPy 2's __array__: a warning per call, not ours
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
 
 
-def test_polygons_decode_to_pycocotools_masks():
-    rng = np.random.default_rng(0)
-    for it in range(200):
-        h, w = (int(v) for v in rng.integers(4, 90, 2))
-        polygons = []
-        for _ in range(int(rng.integers(1, 4))):
-            k = int(rng.integers(3, 14))
-            pts = np.stack([rng.uniform(-4, w + 4, k), rng.uniform(-4, h + 4, k)], 1)
-            if it % 3 == 0:             # vertices on pixel corners, repeated points
-                pts = np.round(pts)
-            polygons.append(pts.ravel().tolist())
-        want = mask_api.decode(mask_api.merge(mask_api.frPyObjects(polygons, h, w)))
-        assert np.array_equal(coco_mask(polygons, h, w), want), it
+def _rle_of(m: np.ndarray) -> tuple[str, list[int]]:
+    """A mask's COCO RLE, compressed (pycocotools') and as counts."""
+    flat = m.T.ravel()
+    edges = np.flatnonzero(np.diff(flat)) + 1
+    counts = np.diff(np.concatenate([[0], edges, [flat.size]])).tolist()
+    return mask_api.encode(np.asfortranarray(m))["counts"].decode(), \
+        [0] + counts if flat[0] else counts
 
 
-def test_rle_strings_and_counts_decode_to_pycocotools_masks():
+def test_rle_decodes_as_pycocotools_and_its_rectangles_draw_it_again():
     rng = np.random.default_rng(1)
-    for _ in range(50):
+    for it in range(50):
         h, w = (int(v) for v in rng.integers(1, 70, 2))
         m = (rng.random((h, w)) < rng.uniform(0.05, 0.95)).astype(np.uint8)
-        rle = mask_api.encode(np.asfortranarray(m))
-        assert np.array_equal(coco_mask({"counts": rle["counts"].decode(), "size": [h, w]},
-                                        h, w), m)
-        flat = m.T.ravel()                          # COCO's uncompressed form: counts
-        edges = np.flatnonzero(np.diff(flat)) + 1
-        counts = np.diff(np.concatenate([[0], edges, [flat.size]])).tolist()
-        if flat[0]:
-            counts = [0] + counts
+        if it % 5 == 0:                 # blobs: runs that neighbouring columns share
+            m = np.zeros((h, w), np.uint8)
+            m[h // 4:h // 2 + 1, w // 5:w - 1] = 1
+        text, counts = _rle_of(m)
+        assert np.array_equal(rle_mask({"counts": text, "size": [h, w]}, h, w), m)
         want = mask_api.decode(mask_api.frPyObjects({"counts": counts, "size": [h, w]}, h, w))
-        assert np.array_equal(coco_mask({"counts": counts, "size": [h, w]}, h, w), want)
+        assert np.array_equal(rle_mask({"counts": counts, "size": [h, w]}, h, w), want)
+        r = rectangles(m)
+        side = max(h, w)
+        outlines = list((r[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(-1, 4, 2) / side).astype(
+            np.float32))
+        drawn = _masks([outlines], np.array([[0, 0, side, side]]), np.zeros(1, bool), side,
+                       side)[0]
+        assert np.array_equal(drawn[:h, :w], m) and not drawn[h:].any() and \
+            not drawn[:, w:].any(), it
+        assert len(r) <= int(m.sum())
 
 
 @pytest.mark.parametrize("container", ["hdf5", "lmdb"])
@@ -78,7 +88,9 @@ def test_convert_keeps_what_the_file_and_folder_share(tmp_path, container):
     shutil.copy(os.path.join(src, "img", "0.png"), os.path.join(src, "img", "extra.png"))
     out = str(tmp_path / "out")
     m = convert(src, out, container=container, sizes=[32, 64], coco=ann, progress=False)
-    assert m["version"] == 3 and m["label_kind"] == "detection" and m["classes"] == ["cat", "dog"]
+    assert m["version"] == 4 and m["label_kind"] == "detection" and m["classes"] == ["cat", "dog"]
+    assert m["fields"] == [{"name": "label", "kind": "boxes", "params": {
+        "classes": ["cat", "dog"], "masks": True, "crowd": True}}] and "annotations" not in m
     reasons = {s["path"]: s["reason"] for s in m["skipped"]}
     assert "not in the annotations file" in reasons["img/extra.png"]
     assert "not an image in the source folder" in reasons["img/gone.png"]
@@ -88,13 +100,12 @@ def test_convert_keeps_what_the_file_and_folder_share(tmp_path, container):
     assert "RLE" in reasons["annotation 504"]
     assert "near the image" in reasons["annotation 505"]
     ds = fastdata.open(out)
-    a = ds.annotations
-    assert len(ds) == 6 and a.has_masks and len(a.boxes) == len(json.load(open(
-        tmp_path / "src" / "instances.json"))["annotations"]) - 6
+    assert len(ds) == 6 and ds.annotations is None and ds.label_field.masks
+    assert info_dict(out)["boxes"] == len(json.load(open(ann))["annotations"]) - 6
     assert verify(out) == []
     again = convert(src, out, container=container, sizes=[32, 64], coco=ann, progress=False,
                     resume=True)
-    assert again["annotations"] == m["annotations"]        # finished: recognised
+    assert again["shards"] == m["shards"]        # finished: recognised
 
 
 def test_boxes_and_masks_land_on_their_pixels_in_the_stored_squares(tmp_path):
@@ -104,15 +115,12 @@ def test_boxes_and_masks_land_on_their_pixels_in_the_stored_squares(tmp_path):
     ds = fastdata.open(out)
     images = ds.read_batch(np.arange(len(ds)))
     regions = colour_regions(images)
-    a = ds.annotations
-    for i in range(len(ds)):
-        masks = a.masks(i, 64)
-        for j, row in enumerate(a.rows([i])):
+    for i, t in enumerate(stored_targets(ds, 64)):
+        for j, (box, mask) in enumerate(zip(t["boxes"].numpy(), t["masks"].numpy())):
             colour = j      # the fixture's k-th box has the k-th colour
             ys, xs = np.nonzero(regions[i] == colour)
-            box = a.boxes[row] * 64
             assert np.abs(box - (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)).max() <= 0.75
-            assert ((masks[j] == 1) == (regions[i] == colour)).mean() > 0.98
+            assert ((mask == 1) == (regions[i] == colour)).mean() > 0.98
 
 
 @pytest.mark.parametrize("orientation", [6, 3])
@@ -124,11 +132,9 @@ def test_annotations_of_a_rotated_photo_follow_its_pixels(tmp_path, orientation)
     convert(src, out, sizes=[64], fit="stretch", coco=ann, progress=False)
     ds = fastdata.open(out)
     regions = colour_regions(ds.read_batch(np.arange(len(ds))))
-    a = ds.annotations
-    for i in range(len(ds)):
-        for j, row in enumerate(a.rows([i])):
+    for i, t in enumerate(stored_targets(ds, 64)):
+        for j, box in enumerate(t["boxes"].numpy()):
             ys, xs = np.nonzero(regions[i] == j)
-            box = a.boxes[row] * 64
             assert np.abs(box - (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)).max() <= 1.5
 
 
@@ -138,7 +144,9 @@ def test_cli_convert_info_and_a_damaged_annotations_file(tmp_path, capsys):
     assert cli(["-q", "convert", src, out, "--coco", ann, "--size", "32"]) == 0
     assert cli(["info", out]) == 0
     shown = capsys.readouterr().out
-    assert "detection" in shown and "with instance masks" in shown
+    boxes = len(json.load(open(ann))["annotations"])
+    assert "detection" in shown and f"{boxes} boxes with instance masks" in shown
+    out = earlier_detection_set(src, str(tmp_path / "v3"), ann, sizes=[32])
     path = os.path.join(out, "annotations.bin")
     data = bytearray(open(path, "rb").read())
     data[-3] ^= 0xFF
@@ -160,8 +168,8 @@ def test_cli_convert_info_and_a_damaged_annotations_file(tmp_path, capsys):
 def test_an_inconsistent_annotations_file_is_refused(tmp_path, bad, why):
     """Checksummed as the manifest says, yet wrong: refused, naming what is wrong."""
     src, ann = detection_folder(tmp_path / "src", n=1)
-    out = str(tmp_path / "out")
-    m = convert(src, out, sizes=[8], coco=ann, progress=False)
+    out = earlier_detection_set(src, str(tmp_path / "out"), ann, sizes=[8])
+    m = json.load(open(os.path.join(out, "manifest.json")))
     a = fastdata.open(out).annotations
     k = len(a.boxes)
     fields = {"offsets": [0, k], "boxes": a.boxes.copy(), "classes": a.classes.copy(),
@@ -242,3 +250,56 @@ def test_a_ten_million_point_polygon_is_skipped_in_bounded_memory(tmp_path):
     skipped, peak_kib = json.loads(r.stdout.splitlines()[-1])
     assert any("more than" in s["reason"] for s in skipped if s["path"] == "annotation 1")
     assert peak_kib < 640 * 2 ** 10
+
+
+def _with_a_crowd_region(src: str, ann: str) -> None:
+    """The first image's first box also annotated as a crowd region: its painted pixels as
+    compressed RLE."""
+    from PIL import Image
+
+    d = json.load(open(ann))
+    a = d["annotations"][0]
+    im = d["images"][0]
+    x0, y0, bw, bh = a["bbox"]
+    m = np.zeros((im["height"], im["width"]), np.uint8)
+    m[y0:y0 + bh, x0:x0 + bw] = 1
+    assert Image.open(os.path.join(src, im["file_name"])).size == (im["width"], im["height"])
+    d["annotations"].append({**a, "id": 999, "iscrowd": 1, "segmentation": {
+        "counts": _rle_of(m)[0], "size": [im["height"], im["width"]]}})
+    with open(ann, "w") as f:
+        json.dump(d, f)
+
+
+def test_a_crowd_region_keeps_its_flag_and_its_pixels(tmp_path):
+    src, ann = detection_folder(tmp_path / "src", n=2)
+    _with_a_crowd_region(src, ann)
+    out = str(tmp_path / "out")
+    convert(src, out, sizes=[64], fit="stretch", coco=ann, progress=False)
+    t = stored_targets(fastdata.open(out), 64)[0]
+    assert t["iscrowd"].tolist()[-1] == 1 and not t["iscrowd"][:-1].any()
+    polygon, crowd = t["masks"][0].numpy(), t["masks"][-1].numpy()
+    assert torch.equal(t["boxes"][0], t["boxes"][-1])
+    assert crowd.sum() > 0 and (polygon == crowd).mean() > 0.99
+
+
+@pytest.mark.parametrize("fit", ["crop", "pad"])
+def test_a_version_3_set_loads_as_todays(tmp_path, fit):
+    """A version 3 set (boxes, crowd flags and each size's masks in ``annotations.bin``) gives
+    the targets today's set gives through the same crops and flips: its masks resampled from
+    the stored squares where today's are drawn at the output size, so theirs within a rim."""
+    src, ann = detection_folder(tmp_path / "src", n=6)
+    _with_a_crowd_region(src, ann)
+    old = earlier_detection_set(src, str(tmp_path / "v3"), ann, sizes=[32, 64], fit=fit)
+    assert fastdata.open(old).annotations.has_masks and verify(old) == []
+    kw = dict(batch_size=3, crop=48, device="cpu", num_workers=0, seed=3, scale=(0.3, 1.0))
+    batches = 0
+    for (_, a), (_, b) in zip(fastdata.Loader(old, **kw), fastdata.Loader(old + "-now", **kw),
+                              strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert list(x) == list(y) == ["boxes", "labels", "iscrowd", "masks"]
+            for k in ("labels", "iscrowd"):
+                assert torch.equal(x[k], y[k])
+            assert torch.allclose(x["boxes"], y["boxes"], atol=1e-4)
+            assert (x["masks"] == y["masks"]).float().mean() > 0.97
+        batches += 1
+    assert batches == 2

@@ -161,8 +161,8 @@ def test_a_set_of_fields_on_ray_is_the_local_one(cluster, tmp_path):
 
 @pytest.mark.parametrize("kind", ["coco", "masks"])
 def test_a_detection_or_segmentation_set_on_ray_is_the_local_one(cluster, tmp_path, kind):
-    """The shards on the cluster (a segmentation set's with its class maps), a detection
-    set's annotations by the driver: byte for byte the local conversion's."""
+    """The shards on the cluster, with a detection set's boxes or a segmentation set's class
+    maps: byte for byte the local conversion's."""
     src, ann = detection_folder(tmp_path / "src", n=7, maps=kind == "masks")
     given = ann if kind == "coco" else f"{src}-maps"
     local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
@@ -171,8 +171,8 @@ def test_a_detection_or_segmentation_set_on_ray_is_the_local_one(cluster, tmp_pa
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "ray" / "manifest.json") as f:
         assert json.load(f) == local
-    files = [s["file"] for s in local["shards"]] + (["annotations.bin"] if kind == "coco" else [])
-    for name in files:
+    assert local["fields"][0]["name"] == "label"
+    for name in [s["file"] for s in local["shards"]]:
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
 
 

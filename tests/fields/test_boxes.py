@@ -127,6 +127,35 @@ def test_a_batch_of_boxes_moves_as_each_image_would():
     assert batch[2]["boxes"].tolist() == [[0.0, 0.0, 10.0, 10.0]]
 
 
+def test_crowd_flags_and_keypoints_ride_with_their_boxes():
+    """A box's crowd flag and points round-trip, are placed and moved with it (the points
+    mirrored by the flip with their names swapped), and bad ones are refused."""
+    kind = field_of("boxes", classes=["person"], crowd=True, keypoints={"names": NAMES})
+    assert field_of("boxes", **kind.params()) == kind and kind.width == 15
+    cell = [{"box": [0.25, 0.25, 0.75, 0.75], "label": "person", "iscrowd": 1,
+             "keypoints": {"nose": [0.5, 0.5], "left_eye": [0.375, 0.375, 1]}},
+            {"box": [0.0, 0.0, 0.2, 0.5], "label": "person"}]
+    value = kind.parse(json.dumps(cell), "row 1")
+    assert np.array_equal(kind.from_bytes(kind.to_bytes(value), ""), value)
+    assert value[:, 5].tolist() == [1, 0] and not value[1, 6:].any()
+    placed = kind.place(value, (2.0, 1.0, -0.5, 0.0))    # a crop of the middle half across
+    assert placed[:, 5].tolist() == [1] and placed[0, 6:9].tolist() == [0.5, 0.5, 2]
+    assert placed[0, 9:12].tolist() == [0.25, 0.375, 1]
+    (t,) = kind.move_batch([value], [[0, 0, 8, 8]], [True], 8, 16)
+    assert t["iscrowd"].tolist() == [1, 0] and t["labels"].tolist() == [1, 1]
+    points = t["keypoints"]
+    assert points.shape == (2, 3, 3) and points[0, 0].tolist() == [8.0, 8.0, 2.0]
+    assert points[0, 2].tolist() == [10.0, 6.0, 1.0] and points[0, 1, 2] == 0  # swapped
+    (kept,) = kind.move_batch([value], [[0, 0, 4, 4]], [False], 8, 8, min_visible=0.5)
+    assert kept["iscrowd"].tolist() == [0] and kept["keypoints"].shape == (1, 3, 3)
+    with pytest.raises(FieldError, match="crowd flag is not 0 or 1"):
+        kind.parse([{"box": [0, 0, 1, 1], "label": "person", "iscrowd": 2}], "row 2")
+    with pytest.raises(FieldError, match="with keypoints in a field without them"):
+        field_of("boxes").parse([{"box": [0, 0, 1, 1], "keypoints": []}], "row 3")
+    with pytest.raises(ValueError, match="keypoints=.* is not valid"):
+        field_of("boxes", keypoints={"nams": NAMES})
+
+
 def test_a_tampered_box_in_a_shard_is_refused_naming_the_shard_and_field(boxes_set, tmp_path):
     import shutil
 

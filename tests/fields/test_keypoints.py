@@ -13,6 +13,7 @@ from PIL import Image
 import fastdata
 from fastdata.converters.convert import convert
 from fastdata.fields import FieldError, field_of
+from tests.helpers import earlier_detection_set
 
 NAMES = ["nose", "left_eye", "right_eye"]
 MARKERS = {"nose": (255, 0, 0), "left_eye": (0, 200, 0), "right_eye": (0, 0, 255)}
@@ -109,7 +110,7 @@ def test_keypoints_land_on_their_markers_after_crop_and_flip(person_set, backend
     if backend == "dali":
         pytest.importorskip("nvidia.dali", reason="needs DALI")
     ds = fastdata.open(person_set)
-    assert ds.annotations.keypoints.shape == (6, 3, 3)
+    assert ds.label_field.points.names == NAMES and len(ds) == 6
     loader = fastdata.Loader(person_set, batch_size=6, crop=48, device="cpu", mean=(0, 0, 0),
                              std=(1, 1, 1), scale=(0.5, 1.0), seed=1, backend=backend)
     flipped = checked = 0
@@ -128,11 +129,28 @@ def test_unflipped_and_uncropped_keypoints_are_the_stored_ones(person_set):
     loader = fastdata.Loader(person_set, batch_size=6, train=False, device="cpu",
                              targets="padded")
     _, targets = next(iter(loader))
-    ann = fastdata.open(person_set).annotations
+    ds = fastdata.open(person_set)
     assert targets["keypoints"].shape == (6, 1, 3, 3)
-    want = ann.keypoints.copy()
+    want = np.stack([v[:, 6:] for v in ds.field_values("label", np.arange(6))]).reshape(
+        6, 3, 3)
     want[..., :2] *= 64
     assert torch.allclose(targets["keypoints"][:, 0], torch.from_numpy(want))
+
+
+def test_a_version_3_person_set_gives_todays_keypoints(tmp_path):
+    """A version 3 set's keypoints (in ``annotations.bin``) move as today's field's."""
+    src, ann = _person_folder(tmp_path / "src")
+    old = earlier_detection_set(src, str(tmp_path / "v3"), ann, sizes=[64])
+    assert fastdata.open(old).annotations.keypoints.shape == (6, 3, 3)
+    kw = dict(batch_size=6, crop=48, device="cpu", num_workers=0, seed=2, scale=(0.3, 1.0))
+    for epoch in range(3):
+        loaders = [fastdata.Loader(p, **kw) for p in (old, old + "-now")]
+        for ld in loaders:
+            ld.set_epoch(epoch)
+        (_, a), (_, b) = (next(iter(ld)) for ld in loaders)
+        for x, y in zip(a, b, strict=True):
+            assert torch.allclose(x["keypoints"], y["keypoints"], atol=1e-4)
+            assert torch.equal(x["labels"], y["labels"])
 
 
 def test_bad_keypoints_in_a_coco_file_skip_their_annotation(tmp_path):

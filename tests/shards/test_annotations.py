@@ -9,18 +9,20 @@ import pytest
 
 from fastdata.fields.classmap import encode_runs
 from fastdata.format import ShardFormatError
-from fastdata.shards.annotations import _Records, encode_masks
+from fastdata.shards.annotations import Annotations, _Records
+from tests.helpers import encode_masks, write_annotations
 
 
-def test_masks_and_class_maps_round_trip_through_their_runs():
+def test_masks_and_class_maps_round_trip_through_their_runs(tmp_path):
     rng = np.random.default_rng(0)
     masks = (rng.random((5, 16, 16)) < 0.4).astype(np.uint8)
     masks[0] = 1                                # starts inside: an empty first run
     masks[1] = 0
-    for m, runs in zip(masks, encode_masks(masks)):
-        assert len(runs) % 2 == 0 and runs.sum() == 256 and runs.dtype == np.uint32
-        values = np.arange(len(runs)) & 1
-        assert np.array_equal(np.repeat(values, runs).reshape(16, 16), m)
+    entry = write_annotations(str(tmp_path / "annotations.bin"), [0, 5],
+                              np.tile([0.1, 0.1, 0.9, 0.9], (5, 1)), [0] * 5, [0] * 5,
+                              {16: encode_masks(masks)})
+    ann = Annotations(str(tmp_path), entry, num_samples=1, num_classes=1, sizes=(16,))
+    assert np.array_equal(ann.masks(0, 16), masks)
     cmap = rng.integers(0, 4, (16, 16)).astype(np.uint8)
     cmap[3:9] = 255
     runs, values = encode_runs(cmap)

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 import fastdata
-from fastdata.converters.convert import convert
 from fastdata.format import ShardFormatError
 from fastdata.shards.cache import ShardCache, shard_key
-from tests.helpers import detection_folder, shard_files
+from tests.helpers import detection_folder, earlier_detection_set, shard_files
 
 pytest.importorskip("obstore", reason="obstore not installed (pip install "
                                       "'fastdata-shards[remote]')")
@@ -94,7 +93,7 @@ def test_a_damaged_download_of_the_manifest_is_fetched_again(http_set, tmp_path,
 def test_a_damaged_download_of_the_annotations_is_fetched_again(http_set, tmp_path):
     server, url = http_set
     src, ann = detection_folder(tmp_path / "src", n=4)
-    convert(src, str(tmp_path / "det"), sizes=[32], coco=ann, progress=False)
+    earlier_detection_set(src, str(tmp_path / "det"), ann, sizes=[32])
     server.root = str(tmp_path / "det")
     want = fastdata.open(str(tmp_path / "det")).annotations.boxes
     server.faults["annotations.bin"] = ["corrupt"]
