@@ -309,7 +309,8 @@ class ShardSet:
         image = self.read_batch([i])[0]         # checks i
         label = None if self.label_kind == "none" else self.field_values("label", [i])[0] \
             if self.label_field is not None else self.labels_of([i])[0]
-        label = int(label) if label is not None and label.ndim == 0 else label
+        if isinstance(label, (np.ndarray, np.generic)) and label.ndim == 0:    # a class
+            label = int(label)
         if not self.fields and label is not None:
             return image, label
         sample = {"image": image} if label is None else {"image": image, "label": label}

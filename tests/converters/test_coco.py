@@ -102,6 +102,9 @@ def test_convert_keeps_what_the_file_and_folder_share(tmp_path, container):
     ds = fastdata.open(out)
     assert len(ds) == 6 and ds.annotations is None and ds.label_field.masks
     assert info_dict(out)["boxes"] == len(json.load(open(ann))["annotations"]) - 6
+    image, label = ds[0]            # its stored boxes: records of 6 floats, and their outlines
+    assert image.shape == (64, 64, 3) and label["boxes"].shape[1] == 6
+    assert len(label["polygons"]) == len(label["boxes"]) > 0
     assert verify(out) == []
     again = convert(src, out, container=container, sizes=[32, 64], coco=ann, progress=False,
                     resume=True)
