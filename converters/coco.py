@@ -20,7 +20,7 @@ convention). An image whose size matches neither keeps its pixels, without boxes
 They are read as the source is scanned (in processes) and become the set's field ``label`` of
 kind ``boxes`` (``fastdata.fields.boxes``: ``detection_field``), with crowd flags, masks and
 keypoints: turned upright with the pixels and placed on the square as the fit placed them (a
-box clipped to it; dropped, reported, when nothing of it is left). A mask is kept as outlines,
+box clipped to it; dropped when nothing of it is left). A mask is kept as outlines,
 drawn at each batch's output size: a polygon's as the file gives them (pixel edges at whole
 coordinates, as a ``bbox``'s: a pixel is inside where its centre is, so a polygon along a
 region's edges gives its pixels, where pycocotools' rasterisation can add a pixel at the right
