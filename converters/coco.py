@@ -179,10 +179,21 @@ def _rle_problem(seg: dict, h: int, w: int) -> str | None:
             counts = _string_counts(counts)
         if isinstance(counts, list) and len(counts) <= h * w + 1 and all(
                 isinstance(c, int) and c >= 0 for c in counts) and sum(counts) == h * w:
-            return None
+            return _column_runs_problem(np.asarray(counts, np.int64), h)
     except ValueError:
         pass
     return f"RLE counts are not a COCO string or list of counts covering {h}x{w} pixels"
+
+
+def _column_runs_problem(counts: np.ndarray, h: int) -> str | None:
+    """Why an RLE's region would be too many outlines to keep (its runs of 1 cut at each
+    column's end, each at most a rectangle: ``rectangles``), or None."""
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    ones = counts[1::2] > 0
+    runs = int(((ends[1::2] - 1) // h - starts[1::2] // h + 1)[ones].sum())
+    return f"RLE of more than {MAX_POINTS // 4} runs in its columns" if \
+        runs > MAX_POINTS // 4 else None
 
 
 def _annotation(a, coco_images: dict[int, tuple[int, int]], cats: dict[int, int],

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fastdata
 from fastdata.cli import main as cli
@@ -207,15 +208,22 @@ def test_hostile_annotations_are_skipped_or_refused(tmp_path):
     box = {"image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5]}
     many = [{**box, "id": k} for k in range(MAX_BOXES + 1)]
     zigzag = [float(v) for _ in range((MAX_POINTS + 2) // 2) for v in (0, 0, 80, 80)]
-    path = _coco_with(tmp_path / "a.json", d["images"], many + [
+    Image.new("RGB", (400, 400), "white").save(os.path.join(src, "img", "big.png"))
+    big = {"id": 3, "file_name": "img/big.png", "width": 400, "height": 400}
+    checkerboard = {"counts": [0] + [1] * 160000, "size": [400, 400]}   # 80,000 runs
+    path = _coco_with(tmp_path / "a.json", d["images"] + [big], many + [
         {**box, "image_id": 2, "id": -1, "segmentation": [zigzag]},
-        {**box, "image_id": 2, "id": -2, "segmentation": [[0, 0, 80, 80] * 20000 + [0, 0]]}])
+        {**box, "image_id": 2, "id": -2, "segmentation": [[0, 0, 80, 80] * 20000 + [0, 0]]},
+        {**box, "image_id": 3, "id": -3, "iscrowd": 1, "segmentation": checkerboard},
+        {**box, "image_id": 3, "id": -4, "iscrowd": 1, "segmentation": {
+            "counts": [400 * 100, 400 * 200, 400 * 100], "size": [400, 400]}}])
     m = convert(src, str(tmp_path / "out"), sizes=[16], coco=path, progress=False)
     reasons = {s["path"]: s["reason"] for s in m["skipped"]}
     assert f"more than {MAX_BOXES}" in reasons["img/0.png"]
     assert f"more than {MAX_POINTS} points" in reasons["annotation -1"]
     assert "outlines of more than" in reasons["annotation -2"]
-    assert m["num_samples"] == 1
+    assert f"RLE of more than {MAX_POINTS // 4} runs" in reasons["annotation -3"]
+    assert "annotation -4" not in reasons and m["num_samples"] == 2     # one rectangle
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:         # 2 GiB, sparse: refused before a byte is read
         f.truncate(2 << 30)
@@ -258,8 +266,6 @@ def test_a_ten_million_point_polygon_is_skipped_in_bounded_memory(tmp_path):
 def _with_a_crowd_region(src: str, ann: str) -> None:
     """The first image's first box also annotated as a crowd region: its painted pixels as
     compressed RLE."""
-    from PIL import Image
-
     d = json.load(open(ann))
     a = d["annotations"][0]
     im = d["images"][0]
