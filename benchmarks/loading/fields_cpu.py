@@ -13,13 +13,16 @@ RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 reader threads
 after an untimed one, each run in a fresh interpreter; images alone, or with the captions
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
 trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
-``TOKENIZERS_PARALLELISM=false``); or tokenised once, before the conversion, into a ``tokens``
-field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5 labelled boxes
-(or the same boxes with an 8-point outline each, their instance masks drawn), 1-2 people's 17
-keypoints, or a class map (a PNG at half the photo's resolution, 1-5 rectangles of classes),
-each moved with each crop and flip (given over the picture, placed on the square by the
-conversion's default centre crop). img/s and CPU ms an image (every thread and process). For
-that set the photos are linked into a scratch folder beside their class maps.
+``TOKENIZERS_PARALLELISM=false``; the thread time spent in that function is reported a
+caption, ``tok_us``), or handed to a batch function that returns them as they are (what a
+field's batch function costs fastdata itself); or tokenised once, before the conversion, into
+a ``tokens`` field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5
+labelled boxes (or the same boxes with an 8-point outline each, their instance masks drawn),
+1-2 people's 17 keypoints, or a class map (a PNG at half the photo's resolution, 1-5
+rectangles of classes), each moved with each crop and flip (given over the picture, placed on
+the square by the conversion's default centre crop). img/s and CPU ms an image (every thread
+and process). For that set the photos are linked into a scratch folder beside their class
+maps.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ from benchmarks.harness import tree_cpu_seconds
 torch.set_num_threads(1)
 path, mode, tok_file = sys.argv[1], sys.argv[2], sys.argv[3]
 kw = {}
+spent = [0.0, 0]      # the tokenizer's thread time, and the captions it tokenised
 if mode != "image":
     kw["fields"] = ["image", "label", mode.split("+")[0]]
 if mode == "caption+tokens":
@@ -59,19 +63,26 @@ if mode == "caption+tokens":
     tok.enable_truncation(32)
 
     def tokenize(texts):
-        return torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
-                                         np.int64))
+        t = time.thread_time()
+        out = torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
+                                        np.int64))
+        spent[0], spent[1] = spent[0] + time.thread_time() - t, spent[1] + len(texts)
+        return out
     kw["field_transforms"] = {"caption": tokenize}
+if mode == "caption+same":
+    kw["field_transforms"] = {"caption": lambda texts: texts}
 loader = fastdata.Loader(path, batch_size=64, crop=224, device="cpu", num_workers=2, **kw)
 for _ in loader:
     pass
+spent[:] = [0.0, 0]
 t, c, n = time.perf_counter(), tree_cpu_seconds(), 0
 for epoch in range(1, 4):
     loader.set_epoch(epoch)
     for batch in loader:
         n += (batch["image"] if isinstance(batch, dict) else batch[0]).shape[0]
 print(json.dumps({"img_s": n / (time.perf_counter() - t),
-                  "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3}))
+                  "cpu_ms": (tree_cpu_seconds() - c) / n * 1e3,
+                  "tok_us": spent[0] / max(spent[1], 1) * 1e6}))
 """
 
 
@@ -235,6 +246,7 @@ def main() -> None:
         load = interleaved({"image": loading(both, "image"),
                             "caption": loading(both, "caption"),
                             "caption+tokens": loading(both, "caption+tokens"),
+                            "caption+same": loading(both, "caption+same"),
                             "emb": loading(both, "emb"),
                             "stored tokens": loading(both, "tokens"),
                             "boxes": loading(both, "boxes"),
@@ -248,7 +260,8 @@ def main() -> None:
     for r in rows:
         r["of_image_only"] = r["img_s"] / base[r["stage"]]
         print(f"{r['stage']:8} {r['variant']:15} {r['img_s']:7.0f} img/s  "
-              f"{r['cpu_ms']:.2f} CPU ms/img  {r['of_image_only']:.3f} of images alone")
+              f"{r['cpu_ms']:.3f} CPU ms/img  {r['of_image_only']:.3f} of images alone"
+              + (f"  (tokenizer {r['tok_us']:.1f} us a caption)" if r.get("tok_us") else ""))
     if a.json:
         write_results(a.json, "loading.fields_cpu", rows)
 
