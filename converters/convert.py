@@ -490,10 +490,12 @@ def _items(job: _Job, first: int):
 
 
 def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
-    """The finished set's manifest; a detection set's annotations written beside it first."""
+    """The finished set's manifest."""
     scan, opts = job.scan, job.opts
     # a class whose images were all unreadable is as empty as an empty folder
     dropped = {s["path"] for s in skipped}
+    # an input not converted has one entry, why: no note on its labels as if it were kept
+    notes = [s for s in scan.skipped if s.get("kind") != "note" or s["path"] not in dropped]
     have = {label for path, label in scan.files if path not in dropped}
     empty = [c for i, c in enumerate(scan.classes) if i not in have] \
         if scan.label_kind == "class" else []
@@ -504,7 +506,7 @@ def _manifest(job: _Job, shards: list[dict], skipped: list[dict]) -> dict:
         "sizes": list(opts.sizes), "fit": opts.fit, "classes": scan.classes,
         "label_kind": scan.label_kind,
         "num_samples": shards[-1]["start"] + shards[-1]["count"], "shards": shards,
-        "skipped": scan.skipped + skipped, "ignored": scan.ignored, "empty_classes": empty,
+        "skipped": notes + skipped, "ignored": scan.ignored, "empty_classes": empty,
         "source": job.src, "config": job.fp, "shard_size": job.shard_size,
         "labels_file": job.labels, "shuffle": job.shuffle,
         **({"source_kind": job.source, "split": job.split, "image_column": job.image_column}

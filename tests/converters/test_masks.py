@@ -188,3 +188,16 @@ def test_a_map_larger_than_a_class_maps_limit_is_resampled_to_it(tmp_path, fit):
     assert stored.size <= 1 << 24 and verify(out) == []
     got, image = stored_maps(ds, 32)[0], ds.read_batch([0])[0].mean(-1)
     assert ((got == 1) == (image > 127)).mean() > 0.95 and (got == 1).any() and (got == 0).any()
+
+
+@pytest.mark.parametrize("option", ["masks", "coco"])
+def test_an_unreadable_image_with_labels_is_one_skipped_entry(tmp_path, option):
+    """Its labels cannot be placed (its size is unknown) and its pixels cannot be read: one
+    entry, unreadable, not a note on its labels as well."""
+    src, ann = detection_folder(tmp_path / "src", n=3, maps=True)
+    with open(os.path.join(src, "img", "1.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n not really")
+    given = ann if option == "coco" else f"{src}-maps"
+    m = convert(src, str(tmp_path / "out"), sizes=[16], progress=False, **{option: given})
+    entries = [s for s in m["skipped"] if s["path"] == "img/1.png"]
+    assert [s["kind"] for s in entries] == ["unreadable"] and m["num_samples"] == 2
