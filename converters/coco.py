@@ -455,7 +455,7 @@ def read_targets(src: str, paths: list[str], coco: Coco, *, workers: int = 1,
               dynamic_ncols=True) as bar:
         for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
             for stored, why in chunk:
-                values.columns[0].append([stored])
+                values.add_stored((stored,))
                 notes += why
             bar.update(len(chunk))
     return values, notes

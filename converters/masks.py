@@ -146,7 +146,7 @@ def read_maps(src: str, masks: str, paths: list[str], *, workers: int, progress:
               dynamic_ncols=True) as bar:
         for chunk in map_in_processes(_chunk_maps, jobs, workers, "class maps"):
             for stored, largest, why in chunk:
-                values.columns[0].append([stored])
+                values.add_stored((stored,))
                 top = max(top, largest)
                 notes += why
             bar.update(len(chunk))

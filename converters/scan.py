@@ -104,6 +104,12 @@ class FieldValues:
             column.append([kind.to_bytes(value)] if not kind.fixed else
                           np.asarray(value, kind.dtype).reshape(1, *kind.shape))
 
+    def add_stored(self, stored: tuple[bytes, ...]) -> None:
+        """The next file's values of variable-length kinds, as their columns store them (made
+        by ``kind.to_bytes`` elsewhere: in a pool's processes)."""
+        for column, data in zip(self.columns, stored):
+            column.append([data])
+
     def __len__(self) -> int:
         return len(self.columns[0]) if self.columns else 0
 
