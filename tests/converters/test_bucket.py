@@ -109,7 +109,7 @@ def test_a_set_converted_into_a_bucket_is_the_set_converted_into_a_folder(
 
 
 def test_a_detection_set_in_a_bucket_reads_as_from_a_folder(s3, tmp_path):
-    """The boxes go up in the shards; a reader fetches and checks them with them."""
+    """The boxes go up inside the shards; a reader fetches and checks them with the shards."""
     src, ann = detection_folder(tmp_path / "src", n=6)
     url = f"s3://{BUCKET}/detection"
     up = convert(src, url, coco=ann, **OPTIONS)
