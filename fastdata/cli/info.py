@@ -32,7 +32,8 @@ def info_dict(path: str) -> dict:
     elif isinstance(ann, Annotations):          # detection: the boxes of each class
         counts = np.bincount(ann.classes, minlength=len(ds.classes))
         extra = {"boxes": len(ann.boxes), "instance_masks": ann.has_masks,
-                 "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum())}
+                 "images_without_boxes": int((ann.counts(np.arange(len(ds))) == 0).sum()),
+                 "keypoints": ann.keypoints_kind and ann.keypoints_kind.names}
     elif ds.label_kind == "detection":          # its boxes the field "label"
         counts, extra = _boxes_of(ds)
     elif isinstance(ann, ClassMaps):            # segmentation: the pixels of each class
@@ -97,13 +98,14 @@ def _print_skipped(d: dict) -> None:
 
 
 def _boxes_of(ds) -> tuple:
-    """A detection set's boxes of each class, and how many it has, with masks or not, and
-    how many images have none; a remote set's are not counted (that would download the whole
-    set)."""
+    """A detection set's boxes of each class, and how many it has, with masks or not, the
+    names of each box's keypoints (if any), and how many images have none; a remote set's
+    are not counted (that would download the whole set)."""
     import numpy as np
 
     kind = ds.label_field
-    extra = {"boxes": None, "instance_masks": kind.masks, "images_without_boxes": None}
+    extra = {"boxes": None, "instance_masks": kind.masks, "images_without_boxes": None,
+             "keypoints": kind.points and kind.points.names}
     if ds.url is not None:
         return None, extra
     counts, boxes, empty = np.zeros(len(ds.classes), np.int64), 0, 0
@@ -176,8 +178,11 @@ def _print_classes(d: dict, kind: str, many: bool) -> None:
             "segmentation": ("class", "classes", f", segmentation: pixels of each at "
                                                  f"{d.get('map_size')} px")}[kind]
     if kind == "detection" and d["boxes"] is not None:
-        echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}; "
-             f"{d['images_without_boxes']} images without any")
+        points = d.get("keypoints")
+        with_points = f", {len(points)} keypoints each ({', '.join(map(printable, points))})" \
+            if points else ""
+        echo(f"  {d['boxes']} boxes{' with instance masks' if d['instance_masks'] else ''}"
+             f"{with_points}; {d['images_without_boxes']} images without any")
     if kind == "segmentation" and d["ignored_pixels"] is not None:
         echo(f"  class maps; {d['ignored_pixels']} pixels of no class (255) at "
              f"{d['map_size']} px")

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import fastdata
+from fastdata.cli.info import info_dict
 from fastdata.converters.convert import convert
 from fastdata.fields import FieldError, field_of
 from tests.helpers import earlier_detection_set
@@ -142,6 +143,8 @@ def test_a_version_3_person_set_gives_todays_keypoints(tmp_path):
     src, ann = _person_folder(tmp_path / "src")
     old = earlier_detection_set(src, str(tmp_path / "v3"), ann, sizes=[64])
     assert fastdata.open(old).annotations.keypoints.shape == (6, 3, 3)
+    for path in (old, old + "-now"):
+        assert info_dict(path)["keypoints"] == NAMES
     kw = dict(batch_size=6, crop=48, device="cpu", num_workers=0, seed=2, scale=(0.3, 1.0))
     for epoch in range(3):
         loaders = [fastdata.Loader(p, **kw) for p in (old, old + "-now")]
