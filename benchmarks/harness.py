@@ -31,6 +31,15 @@ def interleaved(variants: dict[str, Callable[[], dict]], rounds: int) -> dict[st
     return runs
 
 
+def fresh_run(code: str, *args: str, env: dict | None = None) -> dict:
+    """``code`` run with ``args`` in a fresh interpreter (warnings off, the repository's root
+    on its path, ``env`` added to the environment): the last line it prints, read as JSON."""
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), **(env or {})}
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code, *args], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def medians(runs: list[dict]) -> dict:
     """The median of each figure over a variant's rounds."""
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]} if runs else {}

@@ -36,7 +36,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from fastdata.converters.geometry import frame
 from fastdata.converters.scan import FieldValues, Files, Scan, source_folder, walk_images
@@ -419,7 +418,7 @@ def _moved_points(f, p: np.ndarray) -> np.ndarray:
 def _chunk_targets(job: tuple) -> list[tuple]:
     """A pool task: each image's value of the field ``label`` as its column stores it, with
     what it skipped."""
-    src, images, kind = job
+    src, kind, images = job
     out = []
     empty = kind.to_bytes({"boxes": np.zeros((0, kind.width), np.float32), "polygons": []}
                           if kind.masks else np.zeros((0, kind.width), np.float32))
@@ -445,17 +444,13 @@ def read_targets(src: str, paths: list[str], coco: Coco, *, workers: int = 1,
         Their values as the field ``label`` (``detection_field``), and the notes on what of
         them could not be used.
     """
-    from fastdata.converters.pool import CHUNK, map_in_processes
+    from fastdata.converters.pool import each_in_processes
 
     kind = detection_field(coco)
     values, notes = FieldValues({"label": kind}), []
-    jobs = ((src, [(p, coco.images[p], coco.annotations.get(coco.images[p][0], []))
-                   for p in paths[i:i + CHUNK]], kind) for i in range(0, len(paths), CHUNK))
-    with tqdm(total=len(paths), unit="img", desc="annotations", disable=not progress,
-              dynamic_ncols=True) as bar:
-        for chunk in map_in_processes(_chunk_targets, jobs, workers, "boxes and masks"):
-            for stored, why in chunk:
-                values.add_stored((stored,))
-                notes += why
-            bar.update(len(chunk))
+    images = [(p, coco.images[p], coco.annotations.get(coco.images[p][0], [])) for p in paths]
+    for stored, why in each_in_processes(_chunk_targets, (src, kind), images, workers=workers,
+                                         what="annotations", progress=progress):
+        values.add_stored((stored,))
+        notes += why
     return values, notes

@@ -20,7 +20,6 @@ import stat
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from tqdm import tqdm
 
 from fastdata.converters.geometry import frame
 from fastdata.converters.scan import FieldValues, Files, Scan, walk_images
@@ -138,18 +137,15 @@ def read_maps(src: str, masks: str, paths: list[str], *, workers: int, progress:
         Their values as the field ``label`` (``classmap``, its classes ``"0"`` to the largest
         index found), the classes, and the notes on images kept without a usable map.
     """
-    from fastdata.converters.pool import CHUNK, map_in_processes
+    from fastdata.converters.pool import each_in_processes
 
     values, top, notes = FieldValues({"label": ClassMapField()}), -1, []
-    jobs = ((src, masks, paths[i:i + CHUNK]) for i in range(0, len(paths), CHUNK))
-    with tqdm(total=len(paths), unit="img", desc="class maps", disable=not progress,
-              dynamic_ncols=True) as bar:
-        for chunk in map_in_processes(_chunk_maps, jobs, workers, "class maps"):
-            for stored, largest, why in chunk:
-                values.add_stored((stored,))
-                top = max(top, largest)
-                notes += why
-            bar.update(len(chunk))
+    for stored, largest, why in each_in_processes(_chunk_maps, (src, masks), paths,
+                                                  workers=workers, what="class maps",
+                                                  progress=progress):
+        values.add_stored((stored,))
+        top = max(top, largest)
+        notes += why
     classes = [str(k) for k in range(max(top, 0) + 1)]
     values.fields["label"] = ClassMapField(classes=classes)     # its values' bytes as stored
     return values, classes, notes

@@ -238,29 +238,35 @@ class Decoder:
                 continue
             yield self._with_payloads(done[0])
 
-#: images a task of ``map_in_processes`` makes the labels of
+#: images a task of ``each_in_processes`` makes the labels of
 CHUNK = 64
 
 
-def map_in_processes(fn, jobs, workers: int, what: str):
-    """``fn(job)`` for each of ``jobs``, in order, in ``workers`` fresh processes (in this one
-    for a single worker): the labels' work after the shards, whose inputs were all read
-    once already.
+def each_in_processes(fn, head: tuple, items: list, *, workers: int, what: str,
+                      progress: bool = False):
+    """Each result of ``fn((*head, chunk))`` (a list, one an item) over ``items`` in chunks of
+    ``CHUNK``, in order, in ``workers`` fresh processes (in this one for a single worker),
+    under a progress bar named ``what``: the labels a scan reads beside the images.
 
     Raises:
         ConversionError: a worker process died (``what`` says what it was making).
     """
     import concurrent.futures as cf
+    import contextlib
+
+    from tqdm import tqdm
 
     from fastdata.converters.units import ConversionError
 
-    if workers <= 1:
-        yield from map(fn, jobs)
-        return
+    jobs = ((*head, items[i:i + CHUNK]) for i in range(0, len(items), CHUNK))
     context = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with cf.ProcessPoolExecutor(workers, mp_context=context) as pool:
+    pool = cf.ProcessPoolExecutor(workers, mp_context=context) if workers > 1 else None
+    with tqdm(total=len(items), unit="img", desc=what, disable=not progress,
+              dynamic_ncols=True) as bar, pool or contextlib.nullcontext():
         try:
-            yield from pool.map(fn, jobs)
+            for chunk in (map if pool is None else pool.map)(fn, jobs):
+                yield from chunk
+                bar.update(len(chunk))
         except cf.process.BrokenProcessPool:
             raise ConversionError(f"a worker process making {what} died; run the same "
                                   f"command again with --workers 1 to see which input "

@@ -30,12 +30,16 @@ import argparse
 import csv
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
-from benchmarks.harness import interleaved, medians, tree_cpu_seconds, write_results
+from benchmarks.harness import (
+    fresh_run,
+    interleaved,
+    medians,
+    tree_cpu_seconds,
+    write_results,
+)
 
 #: COCO's person keypoints
 POINTS = ("nose left_eye right_eye left_ear right_ear left_shoulder right_shoulder left_elbow "
@@ -228,15 +232,9 @@ def main() -> None:
             print("convert", name, medians(runs), flush=True)
 
         def loading(path, mode):
-            def run():
-                # the tokenizer's own threads off, as Hugging Face advises inside loaders
-                env = {**os.environ, "PYTHONPATH": os.getcwd(),
-                       "TOKENIZERS_PARALLELISM": "false"}
-                out = subprocess.run([sys.executable, "-W", "ignore", "-c", RUN, path, mode,
-                                      tok], check=True, capture_output=True, text=True,
-                                     env=env).stdout
-                return json.loads(out.strip().splitlines()[-1])
-            return run
+            # the tokenizer's own threads off, as Hugging Face advises inside loaders
+            return lambda: fresh_run(RUN, path, mode, tok,
+                                     env={"TOKENIZERS_PARALLELISM": "false"})
 
         # every variant reads one set (its images the same bytes in the same files)
         both = os.path.join(tmp, "set-all")

@@ -15,14 +15,11 @@ thread).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
-from benchmarks.harness import interleaved, medians, write_results
+from benchmarks.harness import fresh_run, interleaved, medians, write_results
 
 RUN = """
 import json, sys, time
@@ -68,12 +65,7 @@ def write_maps(photos: str, masks: str) -> int:
 
 
 def loading(path: str):
-    def run():
-        env = {**os.environ, "PYTHONPATH": os.getcwd()}
-        out = subprocess.run([sys.executable, "-W", "ignore", "-c", RUN, path], check=True,
-                             capture_output=True, text=True, env=env).stdout
-        return json.loads(out.strip().splitlines()[-1])
-    return run
+    return lambda: fresh_run(RUN, path)
 
 
 def main() -> None:

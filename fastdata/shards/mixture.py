@@ -29,7 +29,13 @@ from fastdata.checks import choice, flag, integer
 from fastdata.env import check_fits
 from fastdata.format import SPATIAL_KINDS
 from fastdata.shards.mapped import guard_faults
-from fastdata.shards.set import ShardSet, batch_buffer, sample_indices, stored_size
+from fastdata.shards.set import (
+    ShardSet,
+    batch_buffer,
+    moved_part,
+    sample_indices,
+    stored_size,
+)
 
 CLASS_RULES = ("offset", "union")
 
@@ -277,10 +283,7 @@ class Mixture:
         out: list | np.ndarray = (np.empty((n, *kind.shape), kind.dtype) if kind.fixed
                                   else [None] * n)
         for k, where, local in self._split(indices):
-            mine = None if moved is None else (np.asarray(moved[0]).reshape(-1, 4)[where],
-                                               np.asarray(moved[1]).reshape(-1)[where],
-                                               *moved[2:])
-            values = self.sets[k].field_values(name, local, mine)
+            values = self.sets[k].field_values(name, local, moved_part(moved, where))
             if kind.fixed:
                 out[where] = values
             else:

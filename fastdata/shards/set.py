@@ -200,7 +200,8 @@ class ShardSet:
     def labels(self) -> np.ndarray:
         """Each sample's label: int64 ``(N,)`` class indices, or float32 ``(N, K)`` multi-hot
         rows or regression targets (``label_kind``); a detection or segmentation set's are 0
-        (its boxes or class maps are in ``annotations``)."""
+        (its boxes or class maps: ``field_values("label", ...)``, or at version 3
+        ``annotations``)."""
         if self._labels is None and self.label_kind == "none":
             self._labels = np.zeros(self._n, np.int64)
         if self._labels is None and self._in_field:
@@ -338,11 +339,9 @@ class ShardSet:
         shard, local = self.locate(indices)
         parts = {}
         for sh, rows in _by_shard(shard):
-            mine = None if moved is None else (np.asarray(moved[0]).reshape(-1, 4)[rows],
-                                               np.asarray(moved[1]).reshape(-1)[rows],
-                                               *moved[2:])
             with self._using([sh]):
-                parts[sh] = rows, self.shards[sh].field_values(name, local[rows], mine)
+                parts[sh] = rows, self.shards[sh].field_values(name, local[rows],
+                                                               moved_part(moved, rows))
         if kind.fixed:
             out = np.empty((len(local), *kind.shape), kind.dtype)
             for rows, values in parts.values():
@@ -458,6 +457,16 @@ def batch_buffer(n: int, s: int, out: np.ndarray | None) -> np.ndarray:
     if out.shape != (n, s, s, 3) or out.dtype != np.uint8:
         raise ValueError(f"out must be uint8 {(n, s, s, 3)}, got {out.dtype} {out.shape}")
     return out
+
+
+def moved_part(moved: tuple | None, where) -> tuple | None:
+    """``field_values``' ``moved`` of the batch's samples at positions ``where``: their crops
+    and flips, to the same sizes."""
+    if moved is None:
+        return None
+    crops, flips, *sizes = moved
+    return (np.asarray(crops).reshape(-1, 4)[where], np.asarray(flips).reshape(-1)[where],
+            *sizes)
 
 
 def sample_indices(indices, n: int) -> np.ndarray:
