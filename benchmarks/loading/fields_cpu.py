@@ -12,8 +12,9 @@ an embedding. Conversion: the photos through a labels file (``path,label`` for i
 RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 reader threads, 3 epochs
 after an untimed one, each run in a fresh interpreter; images alone, or with the captions
 as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
-trained on the captions, padded to 32; ``encode_batch_fast``, its own threads off:
-``TOKENIZERS_PARALLELISM=false``; the thread time spent in that function is reported a
+trained on the captions, to 32 ids: ``fastdata.transforms.Tokenize``, or the tokenizer's own
+padding and truncation with ``encode_batch_fast`` and the ids made a tensor; its own threads
+off: ``TOKENIZERS_PARALLELISM=false``; the thread time spent in that function is reported a
 caption, ``tok_us``), or handed to a batch function that returns them as they are (what a
 field's batch function costs fastdata itself); or tokenised once, before the conversion, into
 a ``tokens`` field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5
@@ -60,16 +61,23 @@ kw = {}
 spent = [0.0, 0]      # the tokenizer's thread time, and the captions it tokenised
 if mode != "image":
     kw["fields"] = ["image", "label", mode.split("+")[0]]
-if mode == "caption+tokens":
+if mode in ("caption+tokens", "caption+padded"):
     from tokenizers import Tokenizer
+    from fastdata.transforms import Tokenize
     tok = Tokenizer.from_file(tok_file)
-    tok.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
-    tok.enable_truncation(32)
+    if mode == "caption+tokens":
+        ids = Tokenize(tok, length=32, pad_id=1)
+    else:           # the tokenizer pads and truncates, the ids made a tensor
+        tok.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
+        tok.enable_truncation(32)
+
+        def ids(texts):
+            return torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
+                                             np.int64))
 
     def tokenize(texts):
         t = time.thread_time()
-        out = torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
-                                        np.int64))
+        out = ids(texts)
         spent[0], spent[1] = spent[0] + time.thread_time() - t, spent[1] + len(texts)
         return out
     kw["field_transforms"] = {"caption": tokenize}
@@ -244,6 +252,7 @@ def main() -> None:
         load = interleaved({"image": loading(both, "image"),
                             "caption": loading(both, "caption"),
                             "caption+tokens": loading(both, "caption+tokens"),
+                            "caption+padded": loading(both, "caption+padded"),
                             "caption+same": loading(both, "caption+same"),
                             "emb": loading(both, "emb"),
                             "stored tokens": loading(both, "tokens"),

@@ -150,7 +150,17 @@ class FieldKind:
         o, v = column.offsets, column.values
         if o is None:
             raise FieldError(f"a {self.kind} column without offsets")
-        return [self.from_bytes(v[o[k]:o[k + 1]].tobytes(), f"value {k}") for k in local]
+        local = np.asarray(local, np.int64)
+        data = memoryview(np.ascontiguousarray(v))
+        values: list = []
+        try:
+            for a, b in zip(o[local].tolist(), o[local + 1].tolist()):
+                values.append(self.from_bytes(data[a:b].tobytes(), "a value"))
+        except FieldError:      # read again naming the value (a name made per value costs)
+            k = int(local[len(values)])
+            self.from_bytes(data[o[k]:o[k + 1]].tobytes(), f"value {k}")
+            raise
+        return values
 
     def collate(self, values: list | np.ndarray):
         """A batch of values as the loader yields it: a tensor for fixed-size kinds, else a

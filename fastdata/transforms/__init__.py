@@ -19,14 +19,18 @@ image on the images' device and what is per batch on the host, from the ``genera
 loader passes (seeded by ``(seed, epoch, rank, batch)``), so no transform makes the host wait
 for the device and both backends draw the same values. The functional operations they are
 made of are in ``fastdata.ops``.
+
+``Tokenize`` is a text field's batch function (``Loader(field_transforms=...)``), run in the
+reader workers: a batch's strings as a fixed-length tensor of token ids.
 """
 from fastdata.ops.batch import BatchTransform
 from fastdata.transforms.color import ColorJitter, RandomGrayscale
 from fastdata.transforms.compose import Compose, PerImage, RandomChoice
 from fastdata.transforms.erasing import RandomErasing
 from fastdata.transforms.mix import CutMix, MixUp, check_classes, soft_targets
+from fastdata.transforms.tokenize import Tokenize
 from fastdata.transforms.trivial import TRIVIAL_OPS, TrivialAugment
 
 __all__ = ["BatchTransform", "ColorJitter", "Compose", "CutMix", "MixUp", "PerImage",
            "RandomChoice", "RandomErasing", "RandomGrayscale", "TRIVIAL_OPS", "TrivialAugment",
-           "check_classes", "soft_targets"]
+           "Tokenize", "check_classes", "soft_targets"]

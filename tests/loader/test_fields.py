@@ -100,41 +100,36 @@ def test_a_mixture_of_sets_with_the_same_fields_and_not_others(fields_set, tmp_p
         fastdata.Mixture([fields_set["hdf5"], str(plain)])
 
 
-def test_a_tokenizer_runs_in_the_reader_workers(fields_set, tmp_path):
+@pytest.mark.parametrize("backend, workers", [("torch", "thread"), ("torch", "process"),
+                                              ("dali", "thread")])
+def test_a_tokenizer_runs_in_the_reader_workers(fields_set, backend, workers):
     tokenizers = pytest.importorskip("tokenizers")
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali", reason="needs DALI")
     from tokenizers import models, pre_tokenizers, trainers
+
+    from fastdata.transforms import Tokenize
 
     tok = tokenizers.Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([caption_of(k) for k in range(18)],
                             trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]",
                                                                                 "[PAD]"]))
-    tok.enable_padding(pad_id=1, pad_token="[PAD]")
+    fn = Tokenize(tok, length=32, pad_id=1, mask=True)
+    tok.enable_padding(pad_id=1, pad_token="[PAD]", length=32)      # the ids to expect
     tok.enable_truncation(32)
-    fn = _Tokenize(tok)
-    for workers in ("thread", "process"):
-        loader = _loader(fields_set["hdf5"], backend=backend_of("torch", workers), seed=1,
-                         field_transforms={"caption": fn})
-        ids = _ids(loader.dataset)
-        for batch in loader:
-            nhwc = batch["image"].permute(0, 2, 3, 1).contiguous().numpy()
-            idx = [ids[hashlib.md5(x.tobytes()).hexdigest()] for x in nhwc]
-            want = fn([caption_of(i) for i in idx])
-            assert torch.equal(batch["caption"]["input_ids"], want["input_ids"])
-            assert batch["caption"]["input_ids"].shape[0] == 4
-        loader.close()
-
-
-class _Tokenize:
-    """Captions to padded token ids (B, L) and their attention mask."""
-
-    def __init__(self, tok):
-        self.tok = tok
-
-    def __call__(self, texts):
-        enc = self.tok.encode_batch(texts)
-        return {"input_ids": torch.tensor([e.ids for e in enc]),
-                "attention_mask": torch.tensor([e.attention_mask for e in enc])}
+    loader = _loader(fields_set["hdf5"], backend=backend_of(backend, workers), seed=1,
+                     field_transforms={"caption": fn})
+    ids = _ids(loader.dataset)
+    for batch in loader:
+        nhwc = batch["image"].permute(0, 2, 3, 1).contiguous().numpy()
+        want = tok.encode_batch([caption_of(ids[hashlib.md5(x.tobytes()).hexdigest()])
+                                 for x in nhwc])
+        got = batch["caption"]
+        assert torch.equal(got["input_ids"], torch.tensor([e.ids for e in want]))
+        assert torch.equal(got["attention_mask"], torch.tensor([e.attention_mask for e in want]))
+        assert got["input_ids"].shape == (4, 32)
+    loader.close()
 
 
 def test_fields_of_a_set_in_a_bucket(fields_set, tmp_path):

@@ -87,8 +87,9 @@ def test_a_set_of_fields_verifies_and_a_damaged_caption_is_found(tmp_path, conta
     problems = [str(p) for p in verify(out)]
     assert any("field caption" in p and "not UTF-8" in p for p in problems), problems
     assert any("checksum mismatch" in p for p in problems), problems
-    with pytest.raises(OSError, match="field caption"):
-        fastdata.open(out).field_values("caption", [3])
+    for batch in ([3], [1, 2, 3, 4]):
+        with pytest.raises(OSError, match="field caption: value 3: not UTF-8"):
+            fastdata.open(out).field_values("caption", batch)
 
 
 def test_hostile_offsets_are_refused_as_the_shard_opens(tmp_path):
