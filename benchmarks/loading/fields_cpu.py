@@ -15,8 +15,9 @@ as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokeni
 trained on the captions, to 32 ids: ``fastdata.transforms.Tokenize``, or the tokenizer's own
 padding and truncation with ``encode_batch_fast`` and the ids made a tensor; its own threads
 off: ``TOKENIZERS_PARALLELISM=false``; the thread time spent in that function is reported a
-caption, ``tok_us``), or handed to a batch function that returns them as they are (what a
-field's batch function costs fastdata itself); or tokenised once, before the conversion, into
+caption, ``tok_us``, and each way of tokenising timed alone, in one thread), or handed to a
+batch function that returns them as they are (what a field's batch function costs fastdata
+itself); or tokenised once, before the conversion, into
 a ``tokens`` field (the labels file's ``tokens`` column of JSON lists of ids); or with 1-5
 labelled boxes (or the same boxes with an 8-point outline each, their instance masks drawn),
 1-2 people's 17 keypoints, or a class map (a PNG at half the photo's resolution, 1-5
@@ -210,6 +211,39 @@ def tokenizer(captions: str, path: str):
     return tok
 
 
+def tokenizing_alone(captions: str, tok_file: str, repeats: int = 5) -> list[dict]:
+    """The thread time a caption of each way to tokenise them (as the loading variants do, and
+    with no padding at all), over the captions in batches of 64 in this thread alone: the
+    best of ``repeats`` passes."""
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer
+
+    from fastdata.transforms import Tokenize
+
+    texts = open(captions).read().split("\n")
+    batches = [texts[i:i + 64] for i in range(0, len(texts), 64)]
+    bare = Tokenizer.from_file(tok_file)
+    bare.enable_truncation(32)
+    padded = Tokenizer.from_file(tok_file)
+    padded.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
+    padded.enable_truncation(32)
+    ways = {"Tokenize": Tokenize(bare, length=32, pad_id=1),
+            "own padding": lambda b: torch.from_numpy(np.array(
+                [e.ids for e in padded.encode_batch_fast(b)], np.int64)),
+            "no padding": bare.encode_batch_fast}
+    rows = []
+    for name, fn in ways.items():
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.thread_time()
+            for b in batches:
+                fn(b)
+            best = min(best, time.thread_time() - t)
+        rows.append({"stage": "tokenize", "variant": name, "us": best / len(texts) * 1e6})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
@@ -263,6 +297,12 @@ def main() -> None:
         for name, runs in load.items():
             rows.append({"stage": "load", "variant": name, **medians(runs), "rounds": runs})
             print("load", name, medians(runs), flush=True)
+        alone = fresh_run("import json, sys\n"
+                          "from benchmarks.loading.fields_cpu import tokenizing_alone\n"
+                          "print(json.dumps(tokenizing_alone(*sys.argv[1:])))",
+                          files["captions"], tok, env={"TOKENIZERS_PARALLELISM": "false"})
+    for r in alone:
+        print(f"tokenize {r['variant']:15} {r['us']:.1f} us a caption, alone")
     base = {r["stage"]: r["img_s"] for r in rows if r["variant"] == "image"}
     for r in rows:
         r["of_image_only"] = r["img_s"] / base[r["stage"]]
@@ -270,7 +310,7 @@ def main() -> None:
               f"{r['cpu_ms']:.3f} CPU ms/img  {r['of_image_only']:.3f} of images alone"
               + (f"  (tokenizer {r['tok_us']:.1f} us a caption)" if r.get("tok_us") else ""))
     if a.json:
-        write_results(a.json, "loading.fields_cpu", rows)
+        write_results(a.json, "loading.fields_cpu", rows + alone)
 
 
 if __name__ == "__main__":
