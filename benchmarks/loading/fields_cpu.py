@@ -9,9 +9,9 @@ Each photo gets a caption of 8-20 words drawn from a fixed vocabulary (COCO-like
 an embedding. Conversion: the photos through a labels file (``path,label`` for images alone,
 ``path,label,caption``, ``path,label,emb`` and ``path,label,tokens`` with fields), raw HDF5 at
 256 px, the default decode workers. Loading, every variant from one set holding all of them:
-RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 reader threads, 3 epochs
-after an untimed one, each run in a fresh interpreter; images alone, or with the captions
-as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
+RandomResizedCrop(224) + flip + normalise to float32, batch 64, 2 reader threads, 8 epochs
+(``--epochs``) after an untimed one, each run in a fresh interpreter; images alone, or with the
+captions as lists of str, or tokenised in the reader threads by a BPE tokenizer (``tokenizers``,
 trained on the captions, to 32 ids: ``fastdata.transforms.Tokenize``, or the tokenizer's own
 padding and truncation with ``encode_batch_fast`` and the ids made a tensor; its own threads
 off: ``TOKENIZERS_PARALLELISM=false``; the thread time spent in that function is reported a
@@ -57,7 +57,7 @@ import json, sys, time
 import numpy as np, torch, fastdata
 from benchmarks.harness import tree_cpu_seconds
 torch.set_num_threads(1)
-path, mode, tok_file = sys.argv[1], sys.argv[2], sys.argv[3]
+path, mode, tok_file, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 kw = {}
 spent = [0.0, 0]      # the tokenizer's thread time, and the captions it tokenised
 if mode != "image":
@@ -89,7 +89,7 @@ for _ in loader:
     pass
 spent[:] = [0.0, 0]
 t, c, n = time.perf_counter(), tree_cpu_seconds(), 0
-for epoch in range(1, 4):
+for epoch in range(1, epochs + 1):
     loader.set_epoch(epoch)
     for batch in loader:
         n += (batch["image"] if isinstance(batch, dict) else batch[0]).shape[0]
@@ -248,6 +248,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("photos")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=8, help="timed epochs a loading run")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args()
     from fastdata.converters.convert import convert
@@ -275,7 +276,7 @@ def main() -> None:
 
         def loading(path, mode):
             # the tokenizer's own threads off, as Hugging Face advises inside loaders
-            return lambda: fresh_run(RUN, path, mode, tok,
+            return lambda: fresh_run(RUN, path, mode, tok, str(a.epochs),
                                      env={"TOKENIZERS_PARALLELISM": "false"})
 
         # every variant reads one set (its images the same bytes in the same files)

@@ -22,8 +22,8 @@ class Tokenize:
             (strategy, direction) to ``length``, keeping the special tokens its
             post-processor adds; its padding's direction and id, where it pads.
         length: the ids' length, special tokens included.
-        pad_id: the id that pads a shorter text (default: the tokenizer's padding id, or 0
-            where it does not pad).
+        pad_id: the id that pads a shorter text, one of the vocabulary's (default: the
+            tokenizer's padding id, or 0 where it does not pad).
         mask: return ``{"input_ids": ids, "attention_mask": mask}`` (1 for a token, 0 for
             padding), as Hugging Face models take them, instead of the ids alone.
         dtype: ``torch.int64`` (the default) or ``torch.int32``.
@@ -42,13 +42,14 @@ class Tokenize:
                  mask: bool = False, dtype: torch.dtype = torch.int64):
         tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not all(hasattr(tok, a) for a in ("to_str", "from_str", "encode_batch",
-                                             "enable_truncation", "no_padding")):
+                                             "enable_truncation", "no_padding",
+                                             "get_vocab_size")):
             raise TypeError(f"Tokenize takes a tokenizers.Tokenizer or a Hugging Face fast "
                             f"tokenizer, not {type(tokenizer).__name__}")
         self.length = integer("length", length, 1)
         padding = tok.padding or {}
         self.pad_id = integer("pad_id", padding.get("pad_id", 0) if pad_id is None else pad_id,
-                              0)
+                              0, tok.get_vocab_size(with_added_tokens=True) - 1)
         self.left = padding.get("direction") == "left"
         self.mask = flag("mask", mask)
         if dtype not in _DTYPES:

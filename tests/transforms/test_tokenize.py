@@ -81,9 +81,12 @@ def test_bad_arguments_are_named(tok, kw, error, match):
         Tokenize(**{"tokenizer": tok, "length": 8, **kw})
 
 
-def test_no_room_beside_the_special_tokens_and_a_single_string_are_refused(tok):
+def test_refused_a_pad_id_outside_the_vocabulary_no_room_for_text_and_one_string(tok):
     from tokenizers import processors
 
+    n = tok.get_vocab_size()
+    with pytest.raises(ValueError, match=f"pad_id={n} is not valid; use an integer in 0..{n - 1}"):
+        Tokenize(tok, length=8, pad_id=n)
     fn = Tokenize(tok, length=8)
     with pytest.raises(TypeError, match="batch's list of str"):
         fn("a dog")
