@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from fastdata.checks import choice, flag, integer, printable
 from fastdata.converters.decode import DecodeOptions
-from fastdata.converters.geometry import placed
+from fastdata.converters.geometry import cut_away, placed
 from fastdata.converters.pool import Decoder, in_flight
 from fastdata.converters.resume import (
     changed_shards,
@@ -456,8 +456,10 @@ def _write_shards(job: _Job, kept: list[ShardMeta], *, workers: int, on_error: s
                             os.path.join(out, shard_file(container, len(shards))),
                             sizes=job.opts.sizes, encoding=job.opts.encoding, capacity=end - pos,
                             fields=job.scan.fields)
-                    shard.add(label, payloads, crcs,
-                              placed(job.scan.fields, values, shape, job.opts))
+                    stored = placed(job.scan.fields, values, shape, job.opts)
+                    shard_skipped += cut_away(path, job.scan.fields, values, stored,
+                                              job.opts.fit)
+                    shard.add(label, payloads, crcs, stored)
                 # a range of the source ends (the last one after the workers are told to stop)
                 if shard is not None and pos + 1 == end < len(files):
                     flush(end)

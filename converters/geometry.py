@@ -88,6 +88,20 @@ def square_of(shape: tuple[int, int], size: int, fit: str) -> tuple[float, float
     return kx * shape[0] / size, ky * shape[1] / size, ox / size, oy / size
 
 
+def cut_away(path: str, fields: dict, given: tuple, stored: tuple, fit: str) -> list[dict]:
+    """The note (a skipped entry of kind ``note``) on the sample at ``path`` where some of its
+    instances (boxes) lay wholly outside the square that ``fit`` kept of its picture, so that
+    ``placed`` dropped them: ``[]`` where none did."""
+    lost = []
+    for (name, kind), a, b in zip(fields.items(), given, stored):
+        n = kind.instances(a) if kind.moves else None
+        if n is not None and kind.instances(b) < n:
+            lost.append(f"field {name}: {n - kind.instances(b)} of its {n} boxes")
+    return [{"path": path, "kind": "note", "reason": f"{'; '.join(lost)} lie outside the "
+             f"square --fit {fit} keeps of the picture, so are not stored (--fit pad keeps "
+             f"every box)"}] if lost else []
+
+
 def placed(fields: dict, values: tuple, shape: tuple[int, int], opts) -> tuple:
     """A sample's field values as its shard stores them: those that move with the pixels
     (given over the whole picture) placed on the stored square as the fit placed the picture

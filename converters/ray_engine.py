@@ -28,7 +28,7 @@ import socket
 
 from fastdata._optional import require
 from fastdata.converters.decode import prepare_batch
-from fastdata.converters.geometry import placed
+from fastdata.converters.geometry import cut_away, placed
 from fastdata.converters.resume import kept_entries
 from fastdata.converters.units import ConversionError, range_end
 from fastdata.converters.writers import WRITERS
@@ -78,7 +78,9 @@ def convert_range(images, out: str, container: str, opts, options: dict, fp: str
                 writer = WRITERS[container](os.path.join(out, shard_file(container, 0)),
                                             sizes=opts.sizes, encoding=opts.encoding,
                                             capacity=end - pos, fields=fields)
-            writer.add(label, payloads, crcs, placed(fields or {}, v, shape, opts))
+            stored = placed(fields or {}, v, shape, opts)
+            skipped += cut_away(path, fields or {}, v, stored, opts.fit)
+            writer.add(label, payloads, crcs, stored)
             writer.write_pending()
         if writer is None:
             return {"tmp": None, "count": 0, "sha256": None, "skipped": skipped}

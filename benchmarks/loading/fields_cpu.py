@@ -221,7 +221,8 @@ def tokenizing_alone(captions: str, tok_file: str, repeats: int = 5) -> list[dic
 
     from fastdata.transforms import Tokenize
 
-    texts = open(captions).read().split("\n")
+    with open(captions) as f:
+        texts = f.read().split("\n")
     batches = [texts[i:i + 64] for i in range(0, len(texts), 64)]
     bare = Tokenizer.from_file(tok_file)
     bare.enable_truncation(32)

@@ -151,7 +151,7 @@ class FieldKind:
         if o is None:
             raise FieldError(f"a {self.kind} column without offsets")
         local = np.asarray(local, np.int64)
-        data = memoryview(np.ascontiguousarray(v))
+        data = np.ascontiguousarray(v).data
         values: list = []
         try:
             for a, b in zip(o[local].tolist(), o[local + 1].tolist()):
@@ -186,6 +186,11 @@ class FieldKind:
             FieldError: ``data`` is not a value of this kind (naming ``where``).
         """
         raise NotImplementedError
+
+    def instances(self, value) -> int | None:
+        """How many instances a value holds that a fit may cut away whole (boxes); None for
+        a kind whose values are not such instances."""
+        return None
 
     def place(self, value, at: tuple[float, float, float, float]):
         """A moving kind's value given over the whole picture (as a source gives it), placed

@@ -251,6 +251,9 @@ class BoxesField(FieldKind):
                              "a value read")
         return np.split(rows, np.cumsum(counts)[:-1]) if len(counts) else []
 
+    def instances(self, value) -> int:
+        return len(value["boxes"] if self.masks else value)
+
     def place(self, value, at):
         """The boxes on the stored square (``FieldKind.place``): clipped to it, those left
         without area dropped; their outlines moved as they are (a mask is drawn inside the

@@ -192,3 +192,29 @@ def test_a_set_without_fields_is_written_as_before(captioned, tmp_path):
     assert ds.fields == {} and isinstance(ds[0], tuple)
     reader = ds.shards[0]
     assert shard_checksum(reader.labels(), [reader.crcs(16)]) == m["shards"][0]["sha256"]
+
+
+@pytest.mark.parametrize("fit, cut", [("crop", 1), ("pad", 0), ("stretch", 0)])
+def test_boxes_the_fit_cuts_away_are_noted(tmp_path, fit, cut):
+    """A 2:1 picture with a box in its left fifth (outside the centre square that --fit crop
+    keeps) and one in its middle: the crop's note names the box it dropped; pad and stretch
+    keep both."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    src.mkdir()
+    Image.new("RGB", (64, 32), (200, 30, 30)).save(src / "wide.png")
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"path": "wide.png", "objects": [
+        {"box": [0.02, 0.2, 0.15, 0.8], "label": "a"},
+        {"box": [0.4, 0.2, 0.6, 0.8], "label": "b"}]}) + "\n")
+    m = convert(str(src), str(tmp_path / "set"), sizes=[16], labels=str(labels),
+                fields={"objects": "boxes"}, fit=fit, progress=False)
+    notes = [s for s in m["skipped"] if s["kind"] == "note"]
+    assert len(fastdata.open(str(tmp_path / "set")).field_values("objects", [0])[0]) == 2 - cut
+    if cut:
+        assert notes == [{"path": "wide.png", "kind": "note", "reason": "field objects: 1 of its "
+                          "2 boxes lie outside the square --fit crop keeps of the picture, so "
+                          "are not stored (--fit pad keeps every box)"}]
+    else:
+        assert notes == []
