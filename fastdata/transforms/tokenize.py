@@ -3,6 +3,8 @@ that makes a batch's strings a fixed-length tensor of token ids, as CLIP-style t
 and Hugging Face models take them."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -38,7 +40,7 @@ class Tokenize:
             or a ``length`` that leaves no room beside the tokenizer's special tokens.
     """
 
-    def __init__(self, tokenizer, *, length: int, pad_id: int | None = None,
+    def __init__(self, tokenizer: Any, *, length: int, pad_id: int | None = None,
                  mask: bool = False, dtype: torch.dtype = torch.int64):
         tok = getattr(tokenizer, "backend_tokenizer", tokenizer)
         if not all(hasattr(tok, a) for a in ("to_str", "from_str", "encode_batch",
