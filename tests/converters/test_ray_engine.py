@@ -132,28 +132,34 @@ def test_ray_writes_the_shards_the_local_converter_writes(cluster, source, tmp_p
 
 
 def test_a_set_of_fields_on_ray_is_the_local_one(cluster, tmp_path):
-    """Captions, embeddings and keypoints go to the tasks with their files, the keypoints
-    placed there as each picture's crop placed it: the same bytes."""
+    """Captions, embeddings, keypoints and boxes go to the tasks with their files, the
+    keypoints and boxes placed there as each picture's crop placed it: the same bytes, and the
+    same notes on the boxes the crop cut away."""
     import csv
 
     src, plain = captioned_folder(tmp_path, per_class=3)
     labels = str(tmp_path / "pose.csv")
+    corner = json.dumps([[0, 0, 0.04, 0.04], [0.4, 0.4, 0.6, 0.6]])
     with open(plain, newline="") as f, open(labels, "w", newline="") as g:
         rows = list(csv.reader(f))
         w = csv.writer(g)
-        w.writerow([*rows[0], "pose"])
+        w.writerow([*rows[0], "pose", "objects"])
         for k, row in enumerate(rows[1:]):
-            w.writerow([*row, json.dumps([{"nose": [k / 10, 0.5], "tail": [0.9, k / 10]}])])
+            w.writerow([*row, json.dumps([{"nose": [k / 10, 0.5], "tail": [0.9, k / 10]}]),
+                        corner])
     local = convert(src, str(tmp_path / "local"), sizes=[8, 16], shard_size=SHARD,
-                    labels=labels, fields={"pose": "keypoints"}, num_workers=1, progress=False)
+                    labels=labels, fields={"pose": "keypoints", "objects": "boxes"},
+                    num_workers=1, progress=False)
     pose = fastdata.open(str(tmp_path / "local")).field_values("pose", [0, 3])
     assert pose[0][0, 0, 2] == 0 and pose[1][0, 0, 2] == 2     # the crop cut the first away
+    assert any("objects: 1 of its 2 boxes" in s["reason"] for s in local["skipped"])
     r = _ray_convert(src, tmp_path / "ray", cluster, "--labels", labels, "--field",
-                     "pose=keypoints")
+                     "pose=keypoints", "--field", "objects=boxes")
     assert r.returncode == 0, r.stderr
     with open(tmp_path / "ray" / "manifest.json") as f:
         on_ray = json.load(f)
     assert on_ray["fields"] == local["fields"] and on_ray["shards"] == local["shards"]
+    assert on_ray["skipped"] == local["skipped"]
     for s in local["shards"]:
         assert (tmp_path / "ray" / s["file"]).read_bytes() == \
             (tmp_path / "local" / s["file"]).read_bytes(), s["file"]
