@@ -95,8 +95,8 @@ def cut_away(path: str, fields: dict, given: tuple, stored: tuple, fit: str) -> 
     lost = []
     for (name, kind), a, b in zip(fields.items(), given, stored):
         n = kind.instances(a) if kind.moves else None
-        if n is not None and kind.instances(b) < n:
-            lost.append(f"field {name}: {n - kind.instances(b)} of its {n} boxes")
+        if n is not None and (kept := kind.instances(b)) < n:
+            lost.append(f"field {name}: {n - kept} of its {n} boxes")
     return [{"path": path, "kind": "note", "reason": f"{'; '.join(lost)} lie outside the "
              f"square --fit {fit} keeps of the picture, so are not stored (--fit pad keeps "
              f"every box)"}] if lost else []

@@ -54,7 +54,7 @@ WORDS = ("a man woman child dog cat sits stands on the in with near next to larg
 
 RUN = """
 import json, sys, time
-import numpy as np, torch, fastdata
+import torch, fastdata
 from benchmarks.harness import tree_cpu_seconds
 torch.set_num_threads(1)
 path, mode, tok_file, epochs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -63,18 +63,8 @@ spent = [0.0, 0]      # the tokenizer's thread time, and the captions it tokenis
 if mode != "image":
     kw["fields"] = ["image", "label", mode.split("+")[0]]
 if mode in ("caption+tokens", "caption+padded"):
-    from tokenizers import Tokenizer
-    from fastdata.transforms import Tokenize
-    tok = Tokenizer.from_file(tok_file)
-    if mode == "caption+tokens":
-        ids = Tokenize(tok, length=32, pad_id=1)
-    else:           # the tokenizer pads and truncates, the ids made a tensor
-        tok.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
-        tok.enable_truncation(32)
-
-        def ids(texts):
-            return torch.from_numpy(np.array([e.ids for e in tok.encode_batch_fast(texts)],
-                                             np.int64))
+    from benchmarks.loading.fields_cpu import tokenizing
+    ids = tokenizing(tok_file)["Tokenize" if mode == "caption+tokens" else "own padding"]
 
     def tokenize(texts):
         t = time.thread_time()
@@ -211,30 +201,35 @@ def tokenizer(captions: str, path: str):
     return tok
 
 
-def tokenizing_alone(captions: str, tok_file: str, repeats: int = 5) -> list[dict]:
-    """The thread time a caption of each way to tokenise them (as the loading variants do, and
-    with no padding at all), over the captions in batches of 64 in this thread alone: the
-    best of ``repeats`` passes."""
+def tokenizing(tok_file: str) -> dict:
+    """The ways of tokenising a batch of captions to 32 ids that the benchmark compares:
+    ``Tokenize``; the tokenizer's own padding and truncation with ``encode_batch_fast``, the
+    ids made a tensor; and (timed alone only) the tokenizer truncating, with no padding."""
     import numpy as np
     import torch
     from tokenizers import Tokenizer
 
     from fastdata.transforms import Tokenize
 
-    with open(captions) as f:
-        texts = f.read().split("\n")
-    batches = [texts[i:i + 64] for i in range(0, len(texts), 64)]
     bare = Tokenizer.from_file(tok_file)
     bare.enable_truncation(32)
     padded = Tokenizer.from_file(tok_file)
     padded.enable_padding(pad_id=1, pad_token="[PAD]", length=32)
     padded.enable_truncation(32)
-    ways = {"Tokenize": Tokenize(bare, length=32, pad_id=1),
+    return {"Tokenize": Tokenize(bare, length=32, pad_id=1),
             "own padding": lambda b: torch.from_numpy(np.array(
                 [e.ids for e in padded.encode_batch_fast(b)], np.int64)),
             "no padding": bare.encode_batch_fast}
+
+
+def tokenizing_alone(captions: str, tok_file: str, repeats: int = 5) -> list[dict]:
+    """The thread time a caption of each of the ways of ``tokenizing``, over the captions in
+    batches of 64 in this thread alone: the best of ``repeats`` passes."""
+    with open(captions) as f:
+        texts = f.read().split("\n")
+    batches = [texts[i:i + 64] for i in range(0, len(texts), 64)]
     rows = []
-    for name, fn in ways.items():
+    for name, fn in tokenizing(tok_file).items():
         best = float("inf")
         for _ in range(repeats):
             t = time.thread_time()

@@ -145,8 +145,8 @@ class KeypointsField(FieldKind):
         if len(data) % per:
             raise FieldError(f"{where}: {len(data)} bytes are not whole instances of "
                              f"{len(self.names)} points")
-        return self.check_points(np.frombuffer(data, np.float32).reshape(-1, len(self.names), 3),
-                             where)
+        return self.check_points(np.frombuffer(data, np.float32).reshape(
+            -1, len(self.names), 3), where)
 
     def read(self, column, local) -> list[np.ndarray]:
         k = len(self.names)
